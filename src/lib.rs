@@ -1,2 +1,9 @@
 //! mirrorguard: a Kafka-protocol sidecar proxy that makes cross-cluster
 //! mirroring safe for idempotent and transactional producers.
+//!
+//! The modules follow the data path:
+//! frame codec ([`codec`]) → routing/correlation ([`proxy`]) → per-API
+//! handlers ([`handlers`], built on the bounds-checked primitives of [`wire`])
+//! → record-batch engine ([`records`], [`pid`]) → producer state
+//! ([`producer_state`]) → admin/metrics ([`admin`], [`metrics`]).
+//! [`dump`] is the offline log-segment reader behind `mirrorguard dump`.
