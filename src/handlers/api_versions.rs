@@ -1,0 +1,164 @@
+//! ApiVersionsResponse (API key 18) v0-v4: clamp advertised versions.
+//!
+//! Clients pick the highest version both sides support; for the APIs the
+//! proxy decodes, that must not exceed what the proxy can parse, or a broker
+//! advertising (say) Fetch v19 would make responses undecodable. Only the
+//! `max_version` of the listed keys is lowered; every other key, unknown
+//! ones included (Confluent Cloud advertises 10000), and every other byte
+//! (throttle time, supported/finalized features tags) is copied verbatim.
+//!
+//! Layout: `error_code: i16`, `api_keys: [api_key: i16, min_version: i16,
+//! max_version: i16, tags (v3+)]`, `throttle_time_ms: i32 (v1+)`, tags (v3+).
+//! The response header is always v0, and a broker that does not support the
+//! requested version answers with a v0 body carrying UNSUPPORTED_VERSION:
+//! like Kafka's own client, parsing falls back to v0 when the requested
+//! version does not parse.
+
+use super::check_version;
+use crate::wire::{Reader, Splicer, WireResult, Writer};
+
+/// One entry of the api_keys array, with its byte range.
+struct Entry {
+    api_key: i16,
+    min: i16,
+    max: i16,
+    start: usize,
+    end: usize,
+}
+
+/// Parses the body at `version`, returning the array length prefix range and
+/// the entries.
+fn parse(
+    version: i16,
+    body: &[u8],
+    mut each: impl FnMut(Entry),
+) -> WireResult<std::ops::Range<usize>> {
+    let flexible = version >= 3;
+    let mut r = Reader::new(body);
+    r.read_i16("ApiVersionsResponse.error_code")?;
+    let len_start = r.position();
+    let n = r.read_array_len_v(
+        flexible,
+        if flexible { 7 } else { 6 },
+        "ApiVersionsResponse.api_keys",
+    )?;
+    let len_end = r.position();
+    for _ in 0..n {
+        let start = r.position();
+        let api_key = r.read_i16("ApiVersionsResponse.api_keys.api_key")?;
+        let min = r.read_i16("ApiVersionsResponse.api_keys.min_version")?;
+        let max = r.read_i16("ApiVersionsResponse.api_keys.max_version")?;
+        r.skip_tagged_fields_v(flexible, "ApiVersionsResponse.api_keys._tagged_fields")?;
+        each(Entry {
+            api_key,
+            min,
+            max,
+            start,
+            end: r.position(),
+        });
+    }
+    if version >= 1 {
+        r.read_i32("ApiVersionsResponse.throttle_time_ms")?;
+    }
+    r.skip_tagged_fields_v(flexible, "ApiVersionsResponse._tagged_fields")?;
+    Ok(len_start..len_end)
+}
+
+/// The highest version of an API the proxy can parse, as given in a clamp
+/// table: either the maximum itself or a version range (as in
+/// [`DECODED_VERSIONS`](super::DECODED_VERSIONS)).
+pub trait MaxVersion {
+    /// The highest parseable version.
+    fn max_version(&self) -> i16;
+}
+
+impl MaxVersion for i16 {
+    fn max_version(&self) -> i16 {
+        *self
+    }
+}
+
+impl MaxVersion for std::ops::RangeInclusive<i16> {
+    fn max_version(&self) -> i16 {
+        *self.end()
+    }
+}
+
+/// Clamps an ApiVersionsResponse body: for each `(api_key, max)` in `table`
+/// (`max` an `i16` or a version range),
+/// an advertised `max_version` above `max` is lowered to `max`. An entry
+/// whose `min_version` is already above `max` cannot be used through the
+/// proxy at all and is removed (the array length is rewritten).
+///
+/// Returns `Ok(None)` when nothing changed.
+pub fn clamp_api_versions_response<M: MaxVersion>(
+    version: i16,
+    body: &[u8],
+    table: &[(i16, M)],
+) -> WireResult<Option<Vec<u8>>> {
+    check_version("ApiVersionsResponse", version, 0..=4)?;
+    let limit = |key: i16| {
+        table
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, m)| m.max_version())
+    };
+    // First pass: validate, and count entries to remove (their count goes in
+    // the length prefix, which precedes them).
+    let tally = |v: i16| -> WireResult<(usize, usize)> {
+        let (mut count, mut removed) = (0usize, 0usize);
+        parse(v, body, |e: Entry| {
+            count += 1;
+            if limit(e.api_key).is_some_and(|m| e.min > m) {
+                removed += 1;
+            }
+        })?;
+        Ok((count, removed))
+    };
+    let (version, count, removed) = match tally(version) {
+        Ok((c, r)) => (version, c, r),
+        Err(e) if version > 0 => {
+            let (c, r) = tally(0).map_err(|_| e)?;
+            (0, c, r)
+        }
+        Err(e) => return Err(e),
+    };
+    let flexible = version >= 3;
+    let mut sp = Splicer::new(body);
+    let mut err = None;
+    let len_range = parse(version, body, |e| {
+        let Some(m) = limit(e.api_key) else { return };
+        let res = if e.min > m {
+            sp.replace(e.start, e.end, &[])
+        } else if e.max > m {
+            // max_version sits 4 bytes into the entry.
+            sp.replace(e.start + 4, e.start + 6, &m.to_be_bytes())
+        } else {
+            Ok(())
+        };
+        if let Err(x) = res {
+            err.get_or_insert(x);
+        }
+    })?;
+    if let Some(e) = err {
+        return Err(e);
+    }
+    if removed == 0 {
+        return Ok(sp.finish());
+    }
+    // Entries were removed: splice a new length prefix in front of the
+    // already spliced tail.
+    let Some(out) = sp.finish() else {
+        return Ok(None);
+    };
+    let mut w = Writer::new(Vec::with_capacity(out.len()));
+    w.put_raw(&body[..len_range.start]);
+    w.put_array_len_v(
+        flexible,
+        Some(count - removed),
+        "ApiVersionsResponse.api_keys",
+    )?;
+    let mut v = w.into_inner();
+    v.extend_from_slice(out.get(len_range.end..).unwrap_or_default());
+    Ok(Some(v))
+}
