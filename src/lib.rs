@@ -7,3 +7,4 @@
 //! → record-batch engine ([`records`], [`pid`]) → producer state
 //! ([`producer_state`]) → admin/metrics ([`admin`], [`metrics`]).
 //! [`dump`] is the offline log-segment reader behind `mirrorguard dump`.
+pub mod producer_state;

@@ -1,0 +1,719 @@
+//! Shadow producer state of one destination partition.
+//!
+//! Modelled on Kafka's `ProducerStateManager` / `ProducerAppendInfo` as the
+//! destination applies it on the replication path: every batch is accepted
+//! and the state is updated the way the destination updates it (an epoch
+//! may go backwards, a marker closes whatever transaction its PID has open),
+//! while the CLIENT-path checks the destination skips are evaluated here and
+//! reported as [`Anomaly`]s. Each entry also remembers the origin of its
+//! mapped PID, which the destination cannot know.
+
+use std::collections::HashMap;
+use std::mem::size_of;
+
+use serde::{Deserialize, Serialize};
+
+use super::anomaly::{Anomaly, AnomalyDetail};
+use super::hash::MixState;
+use super::salt::SaltTable;
+use super::{BatchObservation, ControlKind, Origin, PartitionKey};
+
+/// Sequences live in `0..=i32::MAX`; Kafka wraps `i32::MAX + 1` to 0.
+const SEQUENCE_SPACE: i64 = 1 << 31;
+
+/// `seq + delta` with Kafka's wrap at `i32::MAX` (`DefaultRecordBatch.incrementSequence`).
+#[inline]
+pub(crate) fn add_sequence(seq: i32, delta: i32) -> i32 {
+    let sum = i64::from(seq) + i64::from(delta);
+    // Both inputs are non-negative in valid batches; rem_euclid keeps the
+    // result in range for any input so this can never panic or overflow.
+    sum.rem_euclid(SEQUENCE_SPACE) as i32
+}
+
+/// Sentinel for "no transaction open" in [`ProducerEntry`] (saves the 8
+/// bytes an `Option<i64>` would add per producer).
+const NO_TXN: i64 = -1;
+
+/// State of one mapped PID (Kafka's `ProducerStateEntry`, keeping only the
+/// last batch's metadata as Kafka's snapshot does, plus the origin).
+///
+/// 72 bytes; see [`PartitionState::memory_bytes`].
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct ProducerEntry {
+    /// The origin that holds this mapped PID: the owner of the open
+    /// transaction while one is open, otherwise the last origin seen.
+    pub origin: Origin,
+    /// Offset of the last data batch (markers do not move it, as in Kafka).
+    pub last_offset: i64,
+    /// Max timestamp of the last batch (client-controlled under CreateTime).
+    pub last_timestamp: i64,
+    /// Wall-clock ms of the last batch; expiry uses this, not the batch
+    /// timestamp, so a batch stamped 0 does not expire its producer at once.
+    pub last_seen_ms: i64,
+    /// First offset of the open transaction, -1 when none.
+    txn_first_offset: i64,
+    /// Coordinator epoch of the last marker, -1 when none seen.
+    pub coordinator_epoch: i32,
+    /// Last sequence of the last data batch, -1 when unknown (new epoch).
+    pub last_sequence: i32,
+    /// Producer epoch, -1 when unknown.
+    pub epoch: i16,
+}
+
+impl ProducerEntry {
+    /// First offset of the open transaction, if any.
+    pub fn transaction_first_offset(&self) -> Option<i64> {
+        (self.txn_first_offset >= 0).then_some(self.txn_first_offset)
+    }
+}
+
+/// An open transaction, as needed for an ABORT marker at the seal.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize)]
+pub struct OpenTransaction {
+    /// The mapped PID (the marker's PID).
+    pub mapped_pid: i64,
+    /// The producer's current epoch (the marker's epoch).
+    pub epoch: i16,
+    /// The transaction's first offset.
+    pub first_offset: i64,
+    /// The origin that opened it.
+    pub origin: Origin,
+}
+
+/// What [`PartitionState::observe`] did with a batch.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum ObserveOutcome {
+    /// The batch updated producer state (anomalies, if any, were reported).
+    Applied,
+    /// A MIRROR_PID_RESET barrier: all producer state was expired.
+    Reset,
+    /// The batch lies entirely below offsets already observed: a re-fetch of
+    /// data already accounted for, so state is left alone (re-applying it
+    /// would report every re-delivered batch as a duplicate).
+    Replayed,
+    /// No producer state involved (PID -1, e.g. KRaft control batches).
+    Ignored,
+}
+
+/// Producer state of one destination partition.
+#[derive(Clone, Debug)]
+pub struct PartitionState {
+    key: PartitionKey,
+    producers: HashMap<i64, ProducerEntry, MixState>,
+    salts: SaltTable,
+    /// One past the last offset observed; batches below it are re-deliveries.
+    next_offset: i64,
+}
+
+impl PartitionState {
+    /// Empty state for `key`.
+    pub fn new(key: PartitionKey) -> Self {
+        Self {
+            key,
+            producers: HashMap::default(),
+            salts: SaltTable::default(),
+            next_offset: 0,
+        }
+    }
+
+    /// The partition's key.
+    pub fn key(&self) -> &PartitionKey {
+        &self.key
+    }
+
+    /// Number of tracked producers.
+    pub fn producer_count(&self) -> usize {
+        self.producers.len()
+    }
+
+    /// The entry of a mapped PID.
+    pub fn producer(&self, mapped_pid: i64) -> Option<&ProducerEntry> {
+        self.producers.get(&mapped_pid)
+    }
+
+    /// All tracked producers (arbitrary order), for the admin API.
+    pub fn producers(&self) -> impl Iterator<Item = (i64, &ProducerEntry)> {
+        self.producers.iter().map(|(pid, e)| (*pid, e))
+    }
+
+    /// One past the highest offset observed.
+    pub fn next_offset(&self) -> i64 {
+        self.next_offset
+    }
+
+    /// The partition's salt records.
+    pub fn salts(&self) -> &SaltTable {
+        &self.salts
+    }
+
+    /// The partition's salt records, for applying `__mirror_state` records.
+    pub fn salts_mut(&mut self) -> &mut SaltTable {
+        &mut self.salts
+    }
+
+    /// Updates state with one batch and pushes any anomalies into `sink`.
+    ///
+    /// `origin` is where the batch comes from; `batch.producer_id` is the
+    /// PID as it leaves the proxy. `now_ms` is wall-clock time (for expiry).
+    /// O(1); allocates only when an anomaly is reported and `sink` must grow.
+    pub fn observe(
+        &mut self,
+        origin: &Origin,
+        batch: &BatchObservation,
+        now_ms: i64,
+        sink: &mut Vec<Anomaly>,
+    ) -> ObserveOutcome {
+        if batch.last_offset < self.next_offset {
+            return ObserveOutcome::Replayed;
+        }
+        self.next_offset = batch.last_offset.saturating_add(1);
+
+        if batch.control == Some(ControlKind::MirrorPidReset) {
+            self.reset();
+            return ObserveOutcome::Reset;
+        }
+        // Kafka's PSM rejects exactly -1; every other value, including the
+        // negative sign-bit layout, is tracked so anomalies are still seen.
+        if batch.producer_id == -1 {
+            return ObserveOutcome::Ignored;
+        }
+        match batch.control {
+            None => self.observe_data(origin, batch, now_ms, sink),
+            Some(ControlKind::Commit { coordinator_epoch }) => {
+                self.observe_marker(origin, batch, true, coordinator_epoch, now_ms, sink)
+            }
+            Some(ControlKind::Abort { coordinator_epoch }) => {
+                self.observe_marker(origin, batch, false, coordinator_epoch, now_ms, sink)
+            }
+            Some(ControlKind::Unknown(control_type)) => {
+                // A stock follower throws on this and fails the partition;
+                // its state is not updated, so neither is ours.
+                sink.push(self.anomaly(
+                    origin,
+                    batch,
+                    AnomalyDetail::UnknownControlType { control_type },
+                ));
+            }
+            Some(ControlKind::MirrorPidReset) => {}
+        }
+        ObserveOutcome::Applied
+    }
+
+    fn anomaly(&self, origin: &Origin, batch: &BatchObservation, detail: AnomalyDetail) -> Anomaly {
+        Anomaly {
+            partition: self.key.clone(),
+            offset: batch.base_offset,
+            last_offset: batch.last_offset,
+            mapped_pid: batch.producer_id,
+            origin: *origin,
+            detail,
+        }
+    }
+
+    fn observe_data(
+        &mut self,
+        origin: &Origin,
+        batch: &BatchObservation,
+        now_ms: i64,
+        sink: &mut Vec<Anomaly>,
+    ) {
+        let Some(entry) = self.producers.get_mut(&batch.producer_id) else {
+            // Unknown PID: any sequence is accepted (Kafka rule 4).
+            self.producers.insert(
+                batch.producer_id,
+                ProducerEntry {
+                    origin: *origin,
+                    last_offset: batch.last_offset,
+                    last_timestamp: batch.max_timestamp,
+                    last_seen_ms: now_ms,
+                    txn_first_offset: if batch.is_transactional {
+                        batch.base_offset
+                    } else {
+                        NO_TXN
+                    },
+                    coordinator_epoch: -1,
+                    last_sequence: batch.last_sequence,
+                    epoch: batch.producer_epoch,
+                },
+            );
+            return;
+        };
+        // Copy what the checks need so the anomaly constructor can borrow
+        // `self` (cold path only).
+        let before = *entry;
+        let epoch_changed = batch.producer_epoch != before.epoch;
+
+        // Apply the batch the way the destination does on replication.
+        if before.origin != *origin && before.txn_first_offset == NO_TXN {
+            entry.origin = *origin;
+        }
+        if entry.txn_first_offset == NO_TXN && batch.is_transactional {
+            entry.txn_first_offset = batch.base_offset;
+        }
+        entry.epoch = batch.producer_epoch;
+        entry.last_sequence = batch.last_sequence;
+        entry.last_offset = batch.last_offset;
+        entry.last_timestamp = batch.max_timestamp;
+        entry.last_seen_ms = now_ms;
+
+        // Checks (cold unless something is wrong).
+        if before.origin != *origin {
+            sink.push(self.anomaly(
+                origin,
+                batch,
+                AnomalyDetail::PidClaimedByTwoOrigins {
+                    holder: before.origin,
+                },
+            ));
+        }
+        if !batch.is_transactional && before.txn_first_offset != NO_TXN {
+            sink.push(self.anomaly(
+                origin,
+                batch,
+                AnomalyDetail::NonTransactionalInOpenTransaction {
+                    transaction_first_offset: before.txn_first_offset,
+                },
+            ));
+        }
+        if before.epoch == -1 {
+            // No epoch known (Kafka: NO_PRODUCER_EPOCH): any sequence is fine.
+            return;
+        }
+        if batch.producer_epoch < before.epoch {
+            // The sequence is meaningless against a lower epoch; the
+            // regression itself is the finding.
+            sink.push(self.anomaly(
+                origin,
+                batch,
+                AnomalyDetail::EpochRegression {
+                    stored_epoch: before.epoch,
+                    batch_epoch: batch.producer_epoch,
+                },
+            ));
+            return;
+        }
+        if batch.base_sequence < 0 {
+            // NO_SEQUENCE: nothing to check.
+            return;
+        }
+        if epoch_changed {
+            // Epoch bump: the new epoch must start at sequence 0.
+            if batch.base_sequence != 0 {
+                sink.push(self.anomaly(
+                    origin,
+                    batch,
+                    AnomalyDetail::SequenceGap {
+                        epoch: batch.producer_epoch,
+                        expected_sequence: 0,
+                        base_sequence: batch.base_sequence,
+                        previous_offset: before.last_offset,
+                    },
+                ));
+            }
+            return;
+        }
+        // Same epoch. last_sequence -1 (after an epoch-bumping marker) makes
+        // 0 the expected sequence, as Kafka's inSequence(-1, 0) does.
+        let expected = if before.last_sequence < 0 {
+            0
+        } else {
+            add_sequence(before.last_sequence, 1)
+        };
+        if batch.base_sequence == expected {
+            return;
+        }
+        // Decide direction in the wrapping sequence space: less than half
+        // the space ahead is a gap, otherwise the batch is behind (overlap).
+        let ahead =
+            (i64::from(batch.base_sequence) - i64::from(expected)).rem_euclid(SEQUENCE_SPACE);
+        let detail = if before.last_sequence < 0 || ahead < SEQUENCE_SPACE / 2 {
+            AnomalyDetail::SequenceGap {
+                epoch: batch.producer_epoch,
+                expected_sequence: expected,
+                base_sequence: batch.base_sequence,
+                previous_offset: before.last_offset,
+            }
+        } else {
+            AnomalyDetail::SequenceOverlap {
+                epoch: batch.producer_epoch,
+                last_sequence: before.last_sequence,
+                base_sequence: batch.base_sequence,
+                batch_last_sequence: batch.last_sequence,
+                previous_offset: before.last_offset,
+            }
+        };
+        sink.push(self.anomaly(origin, batch, detail));
+    }
+
+    fn observe_marker(
+        &mut self,
+        origin: &Origin,
+        batch: &BatchObservation,
+        commit: bool,
+        coordinator_epoch: i32,
+        now_ms: i64,
+        sink: &mut Vec<Anomaly>,
+    ) {
+        let Some(entry) = self.producers.get_mut(&batch.producer_id) else {
+            // Kafka accepts this and creates an entry with the marker's
+            // epochs; the data may simply predate our state.
+            self.producers.insert(
+                batch.producer_id,
+                ProducerEntry {
+                    origin: *origin,
+                    last_offset: -1,
+                    last_timestamp: batch.max_timestamp,
+                    last_seen_ms: now_ms,
+                    txn_first_offset: NO_TXN,
+                    coordinator_epoch,
+                    last_sequence: -1,
+                    epoch: batch.producer_epoch,
+                },
+            );
+            sink.push(self.anomaly(
+                origin,
+                batch,
+                AnomalyDetail::MarkerWithoutTransaction {
+                    commit,
+                    known_producer: false,
+                },
+            ));
+            return;
+        };
+        let before = *entry;
+
+        // Apply as Kafka's appendEndTxnMarker: epoch (clearing the sequence
+        // if it changed), coordinator epoch, timestamp; close the txn.
+        if batch.producer_epoch != before.epoch {
+            entry.epoch = batch.producer_epoch;
+            entry.last_sequence = -1;
+        }
+        entry.coordinator_epoch = coordinator_epoch;
+        entry.txn_first_offset = NO_TXN;
+        entry.origin = *origin;
+        entry.last_timestamp = batch.max_timestamp;
+        entry.last_seen_ms = now_ms;
+
+        if before.epoch != -1 && batch.producer_epoch < before.epoch {
+            sink.push(self.anomaly(
+                origin,
+                batch,
+                AnomalyDetail::EpochRegression {
+                    stored_epoch: before.epoch,
+                    batch_epoch: batch.producer_epoch,
+                },
+            ));
+        }
+        if before.txn_first_offset != NO_TXN {
+            // The marker closes whatever transaction the PID has open; that
+            // is only right if the same origin opened it. (This specific
+            // finding replaces PidClaimedByTwoOrigins for this batch.)
+            if before.origin != *origin {
+                sink.push(self.anomaly(
+                    origin,
+                    batch,
+                    AnomalyDetail::MarkerForeignOrigin {
+                        commit,
+                        transaction_origin: before.origin,
+                        transaction_first_offset: before.txn_first_offset,
+                    },
+                ));
+            }
+        } else {
+            if before.origin != *origin {
+                sink.push(self.anomaly(
+                    origin,
+                    batch,
+                    AnomalyDetail::PidClaimedByTwoOrigins {
+                        holder: before.origin,
+                    },
+                ));
+            }
+            sink.push(self.anomaly(
+                origin,
+                batch,
+                AnomalyDetail::MarkerWithoutTransaction {
+                    commit,
+                    known_producer: true,
+                },
+            ));
+        }
+    }
+
+    /// Expires all producer state (MIRROR_PID_RESET barrier). Salt records
+    /// are kept: they are durable mappings, not producer state, and an
+    /// origin PID must keep its mapped PID after the barrier.
+    pub fn reset(&mut self) {
+        // Replace rather than clear so the memory of a large table is freed.
+        self.producers = HashMap::default();
+    }
+
+    /// Drops producers with no open transaction whose last batch is at
+    /// least `max_idle_ms` old (Kafka's `removeExpiredProducers`, on
+    /// wall-clock time). Returns the number removed. O(producers): run it
+    /// periodically (Kafka checks every 10 minutes), not per batch.
+    pub fn expire_idle(&mut self, now_ms: i64, max_idle_ms: i64) -> usize {
+        let before = self.producers.len();
+        self.producers.retain(|_, e| {
+            e.txn_first_offset != NO_TXN || now_ms.saturating_sub(e.last_seen_ms) < max_idle_ms
+        });
+        let removed = before - self.producers.len();
+        if removed > 0 && self.producers.capacity() > 4 * self.producers.len().max(16) {
+            // Give memory back after a mass expiry.
+            self.producers.shrink_to_fit();
+        }
+        removed
+    }
+
+    /// Transactions still open, ordered by first offset then mapped PID, so
+    /// the ABORT markers at the seal come out in a deterministic order.
+    /// O(producers log producers); meant for the seal, not the batch path.
+    pub fn open_transactions(&self) -> impl Iterator<Item = OpenTransaction> {
+        let mut open: Vec<OpenTransaction> = self
+            .producers
+            .iter()
+            .filter(|(_, e)| e.txn_first_offset != NO_TXN)
+            .map(|(pid, e)| OpenTransaction {
+                mapped_pid: *pid,
+                epoch: e.epoch,
+                first_offset: e.txn_first_offset,
+                origin: e.origin,
+            })
+            .collect();
+        open.sort_unstable_by_key(|t| (t.first_offset, t.mapped_pid));
+        open.into_iter()
+    }
+
+    /// The origin holding `mapped_pid` in this partition, from producer
+    /// state or a salt record, if any.
+    pub fn holder_of(&self, mapped_pid: i64) -> Option<Origin> {
+        self.producers
+            .get(&mapped_pid)
+            .map(|e| e.origin)
+            .or_else(|| self.salts.claimant_of(mapped_pid))
+    }
+
+    /// Estimated heap plus inline bytes of this state (hashbrown layout:
+    /// one slot and one control byte per bucket, plus a 16-byte control
+    /// group tail). Salt records are counted separately by
+    /// [`SaltTable::memory_bytes`] and included here.
+    pub fn memory_bytes(&self) -> usize {
+        size_of::<Self>()
+            + hash_table_bytes::<(i64, ProducerEntry)>(self.producers.capacity())
+            + self.salts.memory_bytes()
+    }
+
+    /// A serialisable copy of the producer state and salts.
+    pub fn snapshot(&self) -> PartitionSnapshot {
+        let mut producers: Vec<ProducerSnapshotEntry> = self
+            .producers
+            .iter()
+            .map(|(pid, e)| ProducerSnapshotEntry {
+                mapped_pid: *pid,
+                origin: e.origin,
+                epoch: e.epoch,
+                last_sequence: e.last_sequence,
+                last_offset: e.last_offset,
+                last_timestamp: e.last_timestamp,
+                last_seen_ms: e.last_seen_ms,
+                coordinator_epoch: e.coordinator_epoch,
+                transaction_first_offset: e.transaction_first_offset(),
+            })
+            .collect();
+        // Stable order makes snapshots comparable and compress better.
+        producers.sort_unstable_by_key(|p| p.mapped_pid);
+        PartitionSnapshot {
+            version: PARTITION_SNAPSHOT_VERSION,
+            key: self.key.clone(),
+            next_offset: self.next_offset,
+            producers,
+            salts: self.salts.records().collect(),
+        }
+    }
+
+    /// Rebuilds state from a snapshot.
+    pub fn restore(snapshot: &PartitionSnapshot) -> Result<Self, SnapshotError> {
+        if snapshot.version != PARTITION_SNAPSHOT_VERSION {
+            return Err(SnapshotError::UnsupportedVersion(snapshot.version));
+        }
+        let mut state = Self::new(snapshot.key.clone());
+        state.next_offset = snapshot.next_offset;
+        state.producers.reserve(snapshot.producers.len());
+        for p in &snapshot.producers {
+            if p.mapped_pid == -1 {
+                return Err(SnapshotError::InvalidProducerId);
+            }
+            let entry = ProducerEntry {
+                origin: p.origin,
+                last_offset: p.last_offset,
+                last_timestamp: p.last_timestamp,
+                last_seen_ms: p.last_seen_ms,
+                txn_first_offset: match p.transaction_first_offset {
+                    Some(o) if o >= 0 => o,
+                    Some(o) => return Err(SnapshotError::InvalidTransactionOffset(o)),
+                    None => NO_TXN,
+                },
+                coordinator_epoch: p.coordinator_epoch,
+                last_sequence: p.last_sequence,
+                epoch: p.epoch,
+            };
+            if state.producers.insert(p.mapped_pid, entry).is_some() {
+                return Err(SnapshotError::DuplicateProducer(p.mapped_pid));
+            }
+        }
+        for r in &snapshot.salts {
+            state.salts.apply(*r);
+        }
+        Ok(state)
+    }
+}
+
+/// Bytes of a hashbrown table with the given usable `capacity`.
+pub(crate) fn hash_table_bytes<T>(capacity: usize) -> usize {
+    if capacity == 0 {
+        return 0;
+    }
+    // Inverse of hashbrown's bucket_mask_to_capacity: tables under 8
+    // buckets use buckets - 1 slots, larger ones 7/8 of the buckets.
+    let buckets = if capacity < 8 {
+        (capacity + 1).next_power_of_two()
+    } else {
+        (capacity / 7 * 8).next_power_of_two()
+    };
+    buckets * (size_of::<T>() + 1) + 16
+}
+
+/// Version of [`PartitionSnapshot`].
+pub const PARTITION_SNAPSHOT_VERSION: u16 = 0;
+
+/// Serialisable producer state of one partition (for `__mirror_state`).
+#[derive(Clone, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct PartitionSnapshot {
+    /// Format version ([`PARTITION_SNAPSHOT_VERSION`]).
+    pub version: u16,
+    /// The partition.
+    pub key: PartitionKey,
+    /// One past the last offset observed.
+    pub next_offset: i64,
+    /// Producers, ordered by mapped PID.
+    pub producers: Vec<ProducerSnapshotEntry>,
+    /// Salt records.
+    pub salts: Vec<super::SaltRecord>,
+}
+
+/// One producer in a [`PartitionSnapshot`].
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
+pub struct ProducerSnapshotEntry {
+    /// The mapped PID.
+    pub mapped_pid: i64,
+    /// Its origin.
+    pub origin: Origin,
+    /// Producer epoch.
+    pub epoch: i16,
+    /// Last sequence, -1 when unknown.
+    pub last_sequence: i32,
+    /// Offset of the last data batch.
+    pub last_offset: i64,
+    /// Max timestamp of the last batch.
+    pub last_timestamp: i64,
+    /// Wall-clock ms of the last batch.
+    pub last_seen_ms: i64,
+    /// Coordinator epoch, -1 when none.
+    pub coordinator_epoch: i32,
+    /// First offset of the open transaction.
+    pub transaction_first_offset: Option<i64>,
+}
+
+/// Why a snapshot could not be restored.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SnapshotError {
+    /// Written by a newer mirrorguard.
+    #[error("unsupported producer-state snapshot version {0}")]
+    UnsupportedVersion(u16),
+    /// A producer entry with PID -1.
+    #[error("producer-state snapshot contains producer id -1")]
+    InvalidProducerId,
+    /// A negative transaction first offset.
+    #[error("producer-state snapshot has invalid transaction first offset {0}")]
+    InvalidTransactionOffset(i64),
+    /// The same mapped PID twice.
+    #[error("producer-state snapshot lists producer {0} twice")]
+    DuplicateProducer(i64),
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::producer_state::ClusterId;
+
+    fn key() -> PartitionKey {
+        PartitionKey::new([7; 16], "t", 0)
+    }
+
+    fn origin(pid: i64) -> Origin {
+        Origin {
+            source_cluster: ClusterId([1; 16]),
+            original_pid: pid,
+        }
+    }
+
+    #[test]
+    fn sequence_wraps_like_kafka() {
+        assert_eq!(add_sequence(i32::MAX, 1), 0);
+        assert_eq!(add_sequence(i32::MAX - 1, 3), 1);
+        assert_eq!(add_sequence(5, 0), 5);
+    }
+
+    #[test]
+    fn entry_stays_small() {
+        assert!(
+            size_of::<ProducerEntry>() <= 72,
+            "{}",
+            size_of::<ProducerEntry>()
+        );
+    }
+
+    #[test]
+    fn hash_table_bytes_matches_hashbrown_capacity() {
+        for n in [1usize, 3, 7, 8, 14, 15, 100, 1000, 100_000] {
+            let mut m: HashMap<i64, ProducerEntry, MixState> = HashMap::default();
+            m.reserve(n);
+            let bytes = hash_table_bytes::<(i64, ProducerEntry)>(m.capacity());
+            // At least n slots and at most twice the minimum bucket count.
+            assert!(bytes >= n * 81, "n={n} bytes={bytes}");
+            assert!(bytes <= (n * 8 / 7 + 8).next_power_of_two() * 2 * 81 + 16);
+        }
+    }
+
+    #[test]
+    fn wrap_is_in_sequence_and_far_back_is_overlap() {
+        let mut s = PartitionState::new(key());
+        let mut sink = Vec::new();
+        let o = origin(1);
+        s.observe(
+            &o,
+            &BatchObservation::data(9, 0, 0, i32::MAX - 1, 2, false),
+            0,
+            &mut sink,
+        );
+        s.observe(
+            &o,
+            &BatchObservation::data(9, 0, 2, 0, 1, false),
+            0,
+            &mut sink,
+        );
+        assert!(sink.is_empty(), "{sink:?}");
+        // Jump back across the wrap: behind, so an overlap.
+        s.observe(
+            &o,
+            &BatchObservation::data(9, 0, 3, i32::MAX, 1, false),
+            0,
+            &mut sink,
+        );
+        assert_eq!(sink.len(), 1);
+        assert!(matches!(
+            sink[0].detail,
+            AnomalyDetail::SequenceOverlap { .. }
+        ));
+    }
+}

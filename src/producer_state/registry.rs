@@ -1,0 +1,278 @@
+//! All partitions' producer state for the process.
+//!
+//! Design: `RwLock<HashMap<PartitionKey, PartitionHandle>>` where each handle
+//! is an `Arc<Mutex<PartitionState>>`.
+//!
+//! * Access is closure-style ([`PartitionHandle::with`]): the guard lives only
+//!   inside a synchronous closure, so it can never be held across `.await`
+//!   (the dashmap trap of `reference/crates.md`), and the closure cannot
+//!   re-enter the registry map because the map lock is released before the
+//!   partition lock is taken.
+//! * One mutex per partition: batches of one partition are serialised
+//!   (they must be, the state is order-dependent) while different partitions
+//!   proceed in parallel. The Fetch path caches the handle per partition, so
+//!   the steady path is one uncontended mutex lock, no map lookup.
+//! * The outer map changes only when a partition is first seen, so an
+//!   `RwLock` (read-mostly) is enough; measured alternatives (dashmap,
+//!   sharding) are within noise on 2 cores and bring the traps above.
+//! * Lock order is map → (released) → partition → (released) → anomaly log;
+//!   no two of them are ever held together.
+//!
+//! Poisoned locks are recovered (`PoisonError::into_inner`): the state is
+//! plain data that every operation leaves consistent, and this code does not
+//! panic; refusing service forever after a foreign panic would be worse.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
+
+use super::anomaly::{Anomaly, AnomalyLog};
+use super::partition::{ObserveOutcome, PartitionSnapshot, PartitionState, SnapshotError};
+use super::{BatchObservation, Origin, PartitionKey, DEFAULT_PRODUCER_ID_EXPIRATION_MS};
+
+/// Registry settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RegistryConfig {
+    /// Idle time after which a producer with no open transaction expires
+    /// (Kafka's `producer.id.expiration.ms`, default 24 h).
+    pub max_idle_ms: i64,
+    /// Anomalies kept for the admin API.
+    pub anomaly_log_capacity: usize,
+}
+
+impl Default for RegistryConfig {
+    fn default() -> Self {
+        Self {
+            max_idle_ms: DEFAULT_PRODUCER_ID_EXPIRATION_MS,
+            anomaly_log_capacity: AnomalyLog::DEFAULT_CAPACITY,
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Shared pieces every handle needs.
+#[derive(Debug)]
+struct Shared {
+    producers: AtomicI64,
+    anomalies: Mutex<AnomalyLog>,
+}
+
+/// A cheap, clonable handle to one partition's state. Cache it per
+/// partition on the Fetch path.
+#[derive(Clone, Debug)]
+pub struct PartitionHandle {
+    key: PartitionKey,
+    state: Arc<Mutex<PartitionState>>,
+    shared: Arc<Shared>,
+}
+
+impl PartitionHandle {
+    /// The partition.
+    pub fn key(&self) -> &PartitionKey {
+        &self.key
+    }
+
+    /// Runs `f` with exclusive access to the state. Keep `f` short and
+    /// synchronous; it cannot hold the guard beyond its return.
+    pub fn with<R>(&self, f: impl FnOnce(&mut PartitionState) -> R) -> R {
+        let mut state = lock(&self.state);
+        let before = state.producer_count();
+        let result = f(&mut state);
+        let after = state.producer_count();
+        drop(state);
+        if after != before {
+            // usize → i64 cannot overflow for any realistic table size.
+            let delta = after as i64 - before as i64;
+            self.shared.producers.fetch_add(delta, Ordering::Relaxed);
+        }
+        result
+    }
+
+    /// [`PartitionState::observe`], then records any anomalies in the
+    /// registry's [`AnomalyLog`] (stamped `now_ms`). The anomalies stay in
+    /// `sink` for the caller's metric and WARN line; clear it between calls.
+    pub fn observe(
+        &self,
+        origin: &Origin,
+        batch: &BatchObservation,
+        now_ms: i64,
+        sink: &mut Vec<Anomaly>,
+    ) -> ObserveOutcome {
+        let start = sink.len();
+        let outcome = self.with(|s| s.observe(origin, batch, now_ms, sink));
+        if let Some(new) = sink.get(start..) {
+            if !new.is_empty() {
+                let mut log = lock(&self.shared.anomalies);
+                for a in new {
+                    log.record(now_ms, a.clone());
+                }
+            }
+        }
+        outcome
+    }
+}
+
+/// Producer state of every destination partition this process feeds.
+#[derive(Debug)]
+pub struct ProducerStateRegistry {
+    partitions: RwLock<HashMap<PartitionKey, PartitionHandle>>,
+    shared: Arc<Shared>,
+    config: RegistryConfig,
+}
+
+impl Default for ProducerStateRegistry {
+    fn default() -> Self {
+        Self::new(RegistryConfig::default())
+    }
+}
+
+impl ProducerStateRegistry {
+    /// An empty registry.
+    pub fn new(config: RegistryConfig) -> Self {
+        Self {
+            partitions: RwLock::new(HashMap::new()),
+            shared: Arc::new(Shared {
+                producers: AtomicI64::new(0),
+                anomalies: Mutex::new(AnomalyLog::new(config.anomaly_log_capacity)),
+            }),
+            config,
+        }
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &RegistryConfig {
+        &self.config
+    }
+
+    /// The handle of `key`, creating empty state on first use.
+    pub fn partition(&self, key: &PartitionKey) -> PartitionHandle {
+        if let Some(h) = self
+            .partitions
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+        {
+            return h.clone();
+        }
+        let mut map = self
+            .partitions
+            .write()
+            .unwrap_or_else(PoisonError::into_inner);
+        map.entry(key.clone())
+            .or_insert_with(|| self.new_handle(PartitionState::new(key.clone())))
+            .clone()
+    }
+
+    /// The handle of `key` if it exists.
+    pub fn get(&self, key: &PartitionKey) -> Option<PartitionHandle> {
+        self.partitions
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(key)
+            .cloned()
+    }
+
+    /// Runs `f` on `key`'s state (created if missing). For one-off access;
+    /// the batch path should cache [`Self::partition`]'s handle.
+    pub fn with_partition<R>(
+        &self,
+        key: &PartitionKey,
+        f: impl FnOnce(&mut PartitionState) -> R,
+    ) -> R {
+        self.partition(key).with(f)
+    }
+
+    fn new_handle(&self, state: PartitionState) -> PartitionHandle {
+        PartitionHandle {
+            key: state.key().clone(),
+            state: Arc::new(Mutex::new(state)),
+            shared: Arc::clone(&self.shared),
+        }
+    }
+
+    fn handles(&self) -> Vec<PartitionHandle> {
+        self.partitions
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// Keys of all known partitions.
+    pub fn partition_keys(&self) -> Vec<PartitionKey> {
+        self.partitions
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .keys()
+            .cloned()
+            .collect()
+    }
+
+    /// Producers tracked over all partitions (for the size metric).
+    pub fn total_producers(&self) -> u64 {
+        self.shared.producers.load(Ordering::Relaxed).max(0) as u64
+    }
+
+    /// Estimated bytes of all partitions' state (locks each briefly).
+    pub fn memory_bytes(&self) -> usize {
+        self.handles()
+            .iter()
+            .map(|h| h.with(|s| s.memory_bytes()))
+            .sum()
+    }
+
+    /// Expires idle producers everywhere (with the configured idle time);
+    /// returns how many were dropped. Call periodically.
+    pub fn expire_idle(&self, now_ms: i64) -> usize {
+        let max_idle = self.config.max_idle_ms;
+        self.handles()
+            .iter()
+            .map(|h| h.with(|s| s.expire_idle(now_ms, max_idle)))
+            .sum()
+    }
+
+    /// Records anomalies produced outside [`PartitionHandle::observe`].
+    pub fn record_anomalies(&self, now_ms: i64, anomalies: &[Anomaly]) {
+        if anomalies.is_empty() {
+            return;
+        }
+        let mut log = lock(&self.shared.anomalies);
+        for a in anomalies {
+            log.record(now_ms, a.clone());
+        }
+    }
+
+    /// A copy of the anomaly log (admin API; serialises with serde).
+    pub fn anomaly_log(&self) -> AnomalyLog {
+        lock(&self.shared.anomalies).clone()
+    }
+
+    /// Snapshots of every partition, ordered by topic, partition.
+    pub fn snapshot(&self) -> Vec<PartitionSnapshot> {
+        let mut out: Vec<PartitionSnapshot> = self
+            .handles()
+            .iter()
+            .map(|h| h.with(|s| s.snapshot()))
+            .collect();
+        out.sort_by(|a, b| {
+            (&a.key.topic, a.key.partition, a.key.topic_id).cmp(&(
+                &b.key.topic,
+                b.key.partition,
+                b.key.topic_id,
+            ))
+        });
+        out
+    }
+
+    /// Replaces (or creates) a partition's state from a snapshot.
+    pub fn restore(&self, snapshot: &PartitionSnapshot) -> Result<(), SnapshotError> {
+        let restored = PartitionState::restore(snapshot)?;
+        let handle = self.partition(&snapshot.key);
+        handle.with(move |s| *s = restored);
+        Ok(())
+    }
+}
