@@ -8,3 +8,6 @@
 //! ([`producer_state`]) → admin/metrics ([`admin`], [`metrics`]).
 //! [`dump`] is the offline log-segment reader behind `mirrorguard dump`.
 pub mod producer_state;
+pub mod records;
+pub mod pid;
+pub mod dump;

@@ -11,10 +11,16 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Dump Kafka log segments (kafka-dump-log layout).
+    Dump(mirrorguard::dump::DumpArgs),
+    /// Map a PID into a region, or decode a mapped PID.
+    Map(mirrorguard::pid::MapArgs),
 }
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     match cli.command {
+        Command::Dump(args) => mirrorguard::dump::run(&args),
+        Command::Map(args) => mirrorguard::pid::run_map(&args),
     }
 }

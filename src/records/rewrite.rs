@@ -1,0 +1,220 @@
+//! In-place producerId rewrite of v2 batches.
+//!
+//! Only bytes 43..51 (producerId) and 17..21 (CRC) ever change. The CRC is
+//! recomputed over bytes 21..end in one pass; the same pass also tells whether
+//! the batch's *original* CRC was valid, because CRC-32C is linear: for two
+//! messages of equal length, `crc(a) ^ crc(b)` depends only on `a ^ b`, which
+//! here is 8 bytes followed by `end - 51` zeros and costs O(log n) to compute.
+//! A batch that arrived corrupt therefore stays corrupt (its stored CRC is
+//! adjusted by the same delta) instead of being laundered into a valid one
+//! that a downstream broker would accept.
+
+use super::batch::{next_entry, BatchError, BatchHeader, Entry};
+use super::{
+    declared_end, read_i64, read_u32, ATTRIBUTES_OFFSET, CRC_OFFSET, MAGIC_OFFSET,
+    PRODUCER_ID_OFFSET,
+};
+
+/// What [`rewrite_producer_id_checked`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RewriteOutcome {
+    /// The batch already carries the requested PID: not a byte touched, no
+    /// CRC work.
+    Unchanged,
+    /// PID replaced and CRC recomputed; the original CRC was valid.
+    Rewritten,
+    /// PID replaced, but the original CRC was already invalid: the stored CRC
+    /// was shifted by the PID delta so the batch still fails verification.
+    RewrittenCrcWasInvalid,
+    /// Not a complete magic-2 batch (too short, truncated, other magic):
+    /// left untouched.
+    NotV2Batch,
+}
+
+/// Replaces the producerId of one v2 batch in place and fixes its CRC.
+///
+/// Returns whether anything changed. `batch` starts at the batch's
+/// baseOffset; bytes past the declared batch end are ignored.
+pub fn rewrite_producer_id(batch: &mut [u8], new_pid: i64) -> bool {
+    matches!(
+        rewrite_producer_id_checked(batch, new_pid),
+        RewriteOutcome::Rewritten | RewriteOutcome::RewrittenCrcWasInvalid
+    )
+}
+
+/// [`rewrite_producer_id`] with the detailed outcome (callers count
+/// corrupt batches in a metric).
+pub fn rewrite_producer_id_checked(batch: &mut [u8], new_pid: i64) -> RewriteOutcome {
+    let Some(end) = declared_end(batch) else {
+        return RewriteOutcome::NotV2Batch;
+    };
+    if batch.get(MAGIC_OFFSET).copied() != Some(2) {
+        return RewriteOutcome::NotV2Batch;
+    }
+    let (Some(old_pid), Some(stored)) = (
+        read_i64(batch, PRODUCER_ID_OFFSET),
+        read_u32(batch, CRC_OFFSET),
+    ) else {
+        return RewriteOutcome::NotV2Batch;
+    };
+    if old_pid == new_pid {
+        return RewriteOutcome::Unchanged;
+    }
+    let Some(pid_field) = batch.get_mut(PRODUCER_ID_OFFSET..PRODUCER_ID_OFFSET + 8) else {
+        return RewriteOutcome::NotV2Batch;
+    };
+    pid_field.copy_from_slice(&new_pid.to_be_bytes());
+    let Some(covered) = batch.get(ATTRIBUTES_OFFSET..end) else {
+        return RewriteOutcome::NotV2Batch;
+    };
+    let computed = crc32c::crc32c(covered);
+    // end >= 61 (declared_end), so this cannot underflow.
+    let zeros_after = end - (PRODUCER_ID_OFFSET + 8);
+    let delta = crc_delta(&(old_pid ^ new_pid).to_be_bytes(), zeros_after);
+    let (crc, outcome) = if stored ^ delta == computed {
+        (computed, RewriteOutcome::Rewritten)
+    } else {
+        (stored ^ delta, RewriteOutcome::RewrittenCrcWasInvalid)
+    };
+    if let Some(f) = batch.get_mut(CRC_OFFSET..CRC_OFFSET + 4) {
+        f.copy_from_slice(&crc.to_be_bytes());
+    }
+    outcome
+}
+
+/// Summary of a [`rewrite_all`] pass.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RewriteStats {
+    /// Complete v2 batches seen.
+    pub batches: usize,
+    /// Batches whose PID was rewritten.
+    pub rewritten: usize,
+    /// Rewritten batches whose original CRC was already invalid.
+    pub crc_was_invalid: usize,
+    /// Legacy v0/v1 entries passed through.
+    pub legacy: usize,
+    /// Whether the blob ended in a truncated entry (left untouched).
+    pub truncated_tail: bool,
+}
+
+/// Walks a mutable records blob and rewrites each v2 batch's producerId to
+/// whatever `decide` returns (`None` or the same PID leaves it untouched).
+///
+/// Stops at the first corrupt entry and returns its error; batches before it
+/// have been processed, bytes from it on are untouched.
+pub fn rewrite_all(
+    buf: &mut [u8],
+    mut decide: impl FnMut(&BatchHeader) -> Option<i64>,
+) -> Result<RewriteStats, BatchError> {
+    let mut stats = RewriteStats::default();
+    let mut pos = 0;
+    while let Some(entry) = next_entry(buf, pos) {
+        match entry? {
+            Entry::V2(h) => {
+                stats.batches += 1;
+                pos = h.range.end;
+                if let Some(pid) = decide(&h) {
+                    if let Some(batch) = buf.get_mut(h.range.clone()) {
+                        match rewrite_producer_id_checked(batch, pid) {
+                            RewriteOutcome::Rewritten => stats.rewritten += 1,
+                            RewriteOutcome::RewrittenCrcWasInvalid => {
+                                stats.rewritten += 1;
+                                stats.crc_was_invalid += 1;
+                            }
+                            RewriteOutcome::Unchanged | RewriteOutcome::NotV2Batch => {}
+                        }
+                    }
+                }
+            }
+            Entry::Legacy { range, .. } => {
+                stats.legacy += 1;
+                pos = range.end;
+            }
+            Entry::Truncated { .. } => {
+                stats.truncated_tail = true;
+                break;
+            }
+        }
+    }
+    Ok(stats)
+}
+
+/// Reflected CRC-32C polynomial.
+const POLY: u32 = 0x82F6_3B78;
+
+/// Multiplies two polynomials modulo POLY in the reflected representation
+/// (bit 31 is x^0), as zlib's `multmodp`.
+const fn multmodp(a: u32, mut b: u32) -> u32 {
+    if a == 0 {
+        return 0;
+    }
+    let mut m: u32 = 1 << 31;
+    let mut p: u32 = 0;
+    loop {
+        if a & m != 0 {
+            p ^= b;
+            if a & (m - 1) == 0 {
+                break;
+            }
+        }
+        m >>= 1;
+        b = if b & 1 != 0 { (b >> 1) ^ POLY } else { b >> 1 };
+    }
+    p
+}
+
+/// `X2N[k]` = x^(2^k) mod POLY.
+const X2N: [u32; 64] = {
+    let mut t = [0u32; 64];
+    let mut p: u32 = 1 << 30; // x^1
+    let mut k = 0;
+    while k < 64 {
+        t[k] = p;
+        p = multmodp(p, p);
+        k += 1;
+    }
+    t
+};
+
+/// x^(8 * bytes) mod POLY: the operator that appends `bytes` zero bytes to
+/// a raw (zero-init, no xorout) CRC state.
+fn x8nmodp(mut bytes: usize) -> u32 {
+    let mut p: u32 = 1 << 31; // x^0
+    let mut k = 3; // 2^3 bits per byte
+    while bytes != 0 {
+        if bytes & 1 != 0 {
+            p = multmodp(X2N.get(k).copied().unwrap_or(1 << 31), p);
+        }
+        bytes >>= 1;
+        k += 1;
+    }
+    p
+}
+
+/// `crc(a) ^ crc(b)` for equal-length messages whose XOR is `diff` followed
+/// by `zeros_after` zero bytes (leading zeros contribute nothing).
+pub(crate) fn crc_delta(diff: &[u8], zeros_after: usize) -> u32 {
+    // Raw CRC of `diff` from a zero state: crc32c_append inverts on entry and
+    // exit, so feed it the inverted zero state and invert the result.
+    let raw = !crc32c::crc32c_append(!0, diff);
+    multmodp(x8nmodp(zeros_after), raw)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delta_matches_direct_computation() {
+        for len in [0usize, 1, 7, 8, 100, 4096, 100_000] {
+            let mut a = vec![0x5au8; 30 + len];
+            let b0 = crc32c::crc32c(&a);
+            let diff = [1u8, 2, 3, 4, 5, 6, 7, 8];
+            for (x, d) in a.iter_mut().skip(22).zip(diff) {
+                *x ^= d;
+            }
+            let b1 = crc32c::crc32c(&a);
+            assert_eq!(b0 ^ b1, crc_delta(&diff, len), "len {len}");
+        }
+    }
+}
