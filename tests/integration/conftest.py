@@ -1,0 +1,139 @@
+"""Fixtures: Tansu brokers and mirrorguard proxies on free loopback ports.
+
+`--mg-target=proxy` (default) runs the client tests through mirrorguard;
+`--mg-target=direct` runs them against Tansu directly (to validate the tests and
+the harness without the proxy); `--mg-target=both` runs both. Env: MG_TARGET.
+Tests that are about the proxy itself (metrics, hostile input, ...) always use it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import harness  # noqa: E402
+from harness import Proxy, TansuBroker  # noqa: E402
+
+LOGS_KEY = pytest.StashKey[list]()
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--mg-target",
+        default=os.environ.get("MG_TARGET", "proxy"),
+        choices=["proxy", "direct", "both"],
+        help="where the client tests send their traffic",
+    )
+
+
+def pytest_generate_tests(metafunc):
+    if "kafka" in metafunc.fixturenames:
+        t = metafunc.config.getoption("--mg-target")
+        targets = ["proxy", "direct"] if t == "both" else [t]
+        metafunc.parametrize("mg_target", targets, indirect=True)
+
+
+def _register_log(request, name: str, path: Path) -> None:
+    logs = request.node.stash.setdefault(LOGS_KEY, [])
+    logs.append((name, path))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        for name, path in item.stash.get(LOGS_KEY, []):
+            try:
+                data = Path(path).read_bytes()
+            except OSError:
+                continue
+            text = data[-60_000:].decode(errors="replace")
+            report.sections.append((f"{name} log ({path}) [{report.when}]", text))
+
+
+@pytest.fixture
+def broker_factory(request, tmp_path):
+    """Starts Tansu brokers; all of them are stopped at teardown, pass or fail."""
+    started: list[TansuBroker] = []
+
+    def make(port: int | None = None, cid: str | None = None, start: bool = True) -> TansuBroker:
+        b = TansuBroker(tmp_path, port=port, cid=cid, name=f"tansu{len(started)}")
+        started.append(b)
+        _register_log(request, b.name, b.log_path)
+        if start:
+            b.start()
+        return b
+
+    yield make
+    for b in started:
+        b.stop()
+
+
+@pytest.fixture
+def broker(broker_factory) -> TansuBroker:
+    return broker_factory()
+
+
+@pytest.fixture
+def proxy_factory(request, tmp_path):
+    """Starts mirrorguard processes. At teardown each one gets SIGTERM and must exit 0
+    within its grace period, and its log must show no panic."""
+    started: list[Proxy] = []
+
+    def make(upstream: list[str], wait_ready: bool = True, **kw) -> Proxy:
+        p = Proxy(tmp_path, upstream, name=f"mirrorguard{len(started)}", **kw)
+        started.append(p)
+        _register_log(request, p.name, p.log_path)
+        p.start(wait_ready=wait_ready)
+        return p
+
+    yield make
+    problems = []
+    for p in started:
+        rc = p.terminate()
+        if rc != 0:
+            problems.append(f"{p.name}: exit code {rc} after SIGTERM (None = still running after grace)")
+        log = p.log_path.read_text(errors="replace") if p.log_path.exists() else ""
+        if "panicked" in log:
+            problems.append(f"{p.name}: panic in log")
+    if problems:
+        pytest.fail("; ".join(problems), pytrace=False)
+
+
+@pytest.fixture
+def proxy(broker, proxy_factory) -> Proxy:
+    return proxy_factory([broker.bootstrap])
+
+
+@dataclass
+class Target:
+    """Where a client test sends its traffic."""
+
+    name: str
+    bootstrap: str
+    broker: TansuBroker
+    proxy: Proxy | None
+
+    @property
+    def via_proxy(self) -> bool:
+        return self.proxy is not None
+
+
+@pytest.fixture
+def mg_target(request):
+    return request.param
+
+
+@pytest.fixture
+def kafka(mg_target, broker, proxy_factory) -> Target:
+    if mg_target == "direct":
+        return Target("direct", broker.bootstrap, broker, None)
+    p = proxy_factory([broker.bootstrap])
+    return Target("proxy", p.bootstrap, broker, p)

@@ -1,0 +1,582 @@
+"""Process and client helpers for the integration tests.
+
+Everything binds to 127.0.0.1 only, every wait has a deadline, and every process
+started here runs in its own process group so that it can always be stopped.
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+import rawkafka
+
+ROOT = Path(__file__).resolve().parents[2]
+TANSU_BIN = Path(os.environ.get("TANSU_BIN", ROOT / ".tools" / "bin" / "tansu"))
+MIRRORGUARD_BIN = Path(os.environ.get("MIRRORGUARD_BIN", ROOT / "target" / "debug" / "mirrorguard"))
+HOST = "127.0.0.1"
+TANSU_NODE_ID = 111  # Tansu is always node 111
+
+# Consumer-group settings that keep group tests fast against Tansu: its JoinGroup
+# answers only after about half of session.timeout.ms (23 s with the default 45 s,
+# about 1 s with 2 s), so a short session timeout makes a join take ~1 s.
+FAST_GROUP_CONF = {
+    "session.timeout.ms": 2000,
+    "heartbeat.interval.ms": 500,
+    "partition.assignment.strategy": "range",
+}
+
+
+class HarnessError(Exception):
+    pass
+
+
+# --------------------------------------------------------------------------
+# ports and ids
+
+
+def cluster_id() -> str:
+    """A Kafka-style cluster id: URL-safe base64 of 16 random bytes, 22 chars."""
+    cid = base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("=")
+    assert len(cid) == 22
+    return cid
+
+
+def _port_is_free(port: int) -> bool:
+    if not 1024 <= port <= 65535:
+        return False
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind((HOST, port))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def free_port(exclude: set[int] | None = None) -> int:
+    exclude = exclude or set()
+    for _ in range(100):
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.bind((HOST, 0))
+        port = s.getsockname()[1]
+        s.close()
+        if port not in exclude:
+            return port
+    raise HarnessError("no free port found")
+
+
+def free_node_port_base(exclude: set[int] | None = None, node: int = TANSU_NODE_ID) -> int:
+    """A node_port_base such that base + node is a free port."""
+    exclude = exclude or set()
+    for _ in range(200):
+        base = random.randint(20000, 60000 - node)
+        if base + node not in exclude and _port_is_free(base + node):
+            return base
+    raise HarnessError("no free node port base found")
+
+
+def wait_until(pred, timeout: float, interval: float = 0.05, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    last_exc = None
+    while True:
+        try:
+            v = pred()
+            if v:
+                return v
+        except Exception as e:  # noqa: BLE001 - reported below
+            last_exc = e
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} not reached within {timeout}s (last error: {last_exc!r})")
+        time.sleep(interval)
+
+
+# --------------------------------------------------------------------------
+# processes
+
+
+class ManagedProcess:
+    """A child process in its own process group, with its output in a log file."""
+
+    def __init__(self, name: str, argv: list[str], log_path: Path, env: dict | None = None):
+        self.name = name
+        self.argv = argv
+        self.log_path = log_path
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(log_path, "ab")
+        self._log.write(f"$ {' '.join(map(str, argv))}\n".encode())
+        self._log.flush()
+        self.proc = subprocess.Popen(
+            [str(a) for a in argv],
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env=env,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_text(self, tail: int = 200_000) -> str:
+        try:
+            data = self.log_path.read_bytes()
+        except OSError:
+            return ""
+        return data[-tail:].decode(errors="replace")
+
+    def send_signal(self, sig: int) -> None:
+        if self.alive():
+            os.kill(self.proc.pid, sig)
+
+    def wait(self, timeout: float) -> int | None:
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def kill_group(self) -> None:
+        """SIGKILL the whole process group (used as the last resort)."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.wait(5)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 5.0) -> int | None:
+        """Sends `sig`, waits up to `timeout`; returns the exit code, or None if it had to be killed."""
+        if self.alive():
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+        rc = self.wait(timeout)
+        if rc is None:
+            self.kill_group()
+        # Stray children of the group, if any.
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self._log.close()
+        return rc
+
+
+class TansuBroker:
+    """A Tansu broker on 127.0.0.1 with memory storage."""
+
+    def __init__(self, log_dir: Path, port: int | None = None, cid: str | None = None, name: str = "tansu"):
+        self.port = port or free_port()
+        self.cluster_id = cid or cluster_id()
+        self.name = name
+        self.log_path = log_dir / f"{name}-{self.port}.log"
+        self.proc: ManagedProcess | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{HOST}:{self.port}"
+
+    def start(self, ready_timeout: float = 10.0) -> "TansuBroker":
+        url = f"tcp://{HOST}:{self.port}"
+        self.proc = ManagedProcess(
+            self.name,
+            [
+                TANSU_BIN,
+                "broker",
+                "--cluster-id",
+                self.cluster_id,
+                "--listener-url",
+                url,
+                "--advertised-listener-url",
+                url,
+                "--storage-engine",
+                "memory://tansu/",
+            ],
+            self.log_path,
+        )
+        try:
+            self.wait_ready(ready_timeout)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def wait_ready(self, timeout: float) -> None:
+        def ready():
+            if not self.proc.alive():
+                raise HarnessError(f"tansu exited with {self.proc.proc.returncode}:\n{self.proc.log_text()}")
+            with rawkafka.Connection(HOST, self.port, timeout=1.0) as c:
+                return rawkafka.API_FETCH in rawkafka.api_versions(c)
+
+        try:
+            wait_until(ready, timeout, what=f"tansu on {self.port} answering ApiVersions")
+        except TimeoutError as e:
+            raise HarnessError(f"{e}\n{self.proc.log_text()}") from e
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.stop(signal.SIGTERM, timeout=5.0)
+
+
+def http_get(url: str, timeout: float = 2.0) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+
+
+@dataclass
+class ProxyPorts:
+    bootstrap: int
+    admin: int
+    node_port_base: int
+
+    @property
+    def node_port(self) -> int:
+        return self.node_port_base + TANSU_NODE_ID
+
+
+class Proxy:
+    """mirrorguard in front of one upstream, configured on free loopback ports."""
+
+    def __init__(
+        self,
+        work_dir: Path,
+        upstream: list[str],
+        *,
+        max_frame_bytes: int = 104857600,
+        shutdown_grace_ms: int = 5000,
+        connect_timeout_ms: int = 2000,
+        metadata_refresh_ms: int = 2000,
+        log_level: str = "info,mirrorguard=debug",
+        name: str = "mirrorguard",
+    ):
+        taken: set[int] = set()
+        bs = free_port(taken)
+        taken.add(bs)
+        admin = free_port(taken)
+        taken.add(admin)
+        for u in upstream:
+            taken.add(int(u.rsplit(":", 1)[1]))
+        base = free_node_port_base(taken)
+        self.ports = ProxyPorts(bs, admin, base)
+        self.upstream = upstream
+        self.max_frame_bytes = max_frame_bytes
+        self.shutdown_grace_ms = shutdown_grace_ms
+        self.name = name
+        self.config_path = work_dir / f"{name}.toml"
+        self.log_path = work_dir / f"{name}.log"
+        ups = ", ".join(f'"{u}"' for u in upstream)
+        self.config_path.write_text(
+            f"""# written by tests/integration/harness.py
+[admin]
+listen = "{HOST}:{admin}"
+
+[logging]
+format = "text"
+level = "{log_level}"
+
+[limits]
+max_frame_bytes = {max_frame_bytes}
+shutdown_grace_ms = {shutdown_grace_ms}
+
+[[listener]]
+name = "main"
+bootstrap = "{HOST}:{bs}"
+listen_host = "{HOST}"
+advertised_host = "{HOST}"
+node_port_base = {base}
+upstream_bootstrap = [{ups}]
+connect_timeout_ms = {connect_timeout_ms}
+metadata_refresh_ms = {metadata_refresh_ms}
+"""
+        )
+        self.proc: ManagedProcess | None = None
+        self.exit_code: int | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{HOST}:{self.ports.bootstrap}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://{HOST}:{self.ports.admin}"
+
+    def start(self, wait_ready: bool = True, ready_timeout: float = 20.0) -> "Proxy":
+        if not MIRRORGUARD_BIN.exists():
+            raise HarnessError(f"{MIRRORGUARD_BIN} does not exist (cargo build --bins, or set MIRRORGUARD_BIN)")
+        env = dict(os.environ)
+        env.setdefault("RUST_BACKTRACE", "1")
+        self.proc = ManagedProcess(
+            self.name, [MIRRORGUARD_BIN, "run", "--config", self.config_path], self.log_path, env=env
+        )
+        if wait_ready:
+            try:
+                self.wait_ready(ready_timeout)
+            except BaseException:
+                self.proc.stop(signal.SIGKILL, timeout=5.0)
+                raise
+        else:
+            self.wait_admin(ready_timeout)
+        return self
+
+    def _check_alive(self):
+        if not self.proc.alive():
+            raise HarnessError(f"mirrorguard exited with {self.proc.proc.returncode}; log:\n{self.proc.log_text()}")
+
+    def readyz(self) -> int:
+        try:
+            return http_get(self.admin_url + "/readyz", timeout=1.0)[0]
+        except OSError:
+            return -1
+
+    def wait_admin(self, timeout: float) -> None:
+        def up():
+            self._check_alive()
+            return http_get(self.admin_url + "/healthz", timeout=1.0)[0] == 200
+
+        wait_until(up, timeout, what="mirrorguard /healthz == 200")
+
+    def wait_ready(self, timeout: float) -> None:
+        def ready():
+            self._check_alive()
+            return self.readyz() == 200
+
+        try:
+            wait_until(ready, timeout, interval=0.05, what="mirrorguard /readyz == 200")
+        except TimeoutError as e:
+            raise HarnessError(f"{e}; log:\n{self.proc.log_text()}") from e
+
+    def metrics_text(self) -> str:
+        status, body = http_get(self.admin_url + "/metrics", timeout=5.0)
+        if status != 200:
+            raise HarnessError(f"/metrics returned {status}: {body[:500]}")
+        return body
+
+    def metrics(self) -> "Metrics":
+        return Metrics(parse_prometheus(self.metrics_text()))
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.alive()
+
+    def terminate(self, extra_s: float = 3.0) -> int | None:
+        """SIGTERM, then wait up to the grace period plus `extra_s`. Returns the exit code or
+        None if the process did not exit in time (it is then killed)."""
+        if self.proc is None:
+            return None
+        if self.exit_code is not None or not self.proc.alive():
+            self.exit_code = self.proc.proc.returncode if self.exit_code is None else self.exit_code
+            return self.exit_code
+        self.proc.send_signal(signal.SIGTERM)
+        rc = self.proc.wait(self.shutdown_grace_ms / 1000 + extra_s)
+        if rc is None:
+            self.proc.kill_group()
+        self.proc.stop(signal.SIGKILL, timeout=1.0)
+        self.exit_code = rc
+        return rc
+
+
+# --------------------------------------------------------------------------
+# Prometheus text format
+
+_SAMPLE_RE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\S+)?$")
+_LABEL_RE = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
+
+
+def _unescape(v: str) -> str:
+    return v.replace("\\n", "\n").replace('\\"', '"').replace("\\\\", "\\")
+
+
+def parse_prometheus(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """Parses Prometheus / OpenMetrics text into (name, labels, value) samples.
+    Raises on a line it cannot parse, so a malformed exposition fails the test."""
+    out = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE_RE.match(line)
+        if not m:
+            raise HarnessError(f"/metrics line {lineno} unparsable: {line!r}")
+        name, _, labels_s, value_s = m.group(1), m.group(2), m.group(3), m.group(4)
+        labels = {}
+        if labels_s:
+            pos = 0
+            while pos < len(labels_s):
+                lm = _LABEL_RE.match(labels_s, pos)
+                if not lm:
+                    raise HarnessError(f"/metrics line {lineno} bad labels: {line!r}")
+                labels[lm.group(1)] = _unescape(lm.group(2))
+                pos = lm.end()
+        value = float(value_s)  # handles NaN, +Inf
+        out.append((name, labels, value))
+    return out
+
+
+class Metrics:
+    def __init__(self, samples: list[tuple[str, dict[str, str], float]]):
+        self.samples = samples
+
+    def names(self) -> set[str]:
+        return {n for n, _, _ in self.samples}
+
+    def select(self, name: str, **labels: str) -> list[tuple[dict[str, str], float]]:
+        return [
+            (lb, v) for n, lb, v in self.samples if n == name and all(lb.get(k) == v2 for k, v2 in labels.items())
+        ]
+
+    def sum(self, name: str, **labels: str) -> float:
+        """Sum of the samples of `name` whose labels include `labels` (0 when none)."""
+        return sum(v for _, v in self.select(name, **labels))
+
+    def counter(self, name: str, **labels: str) -> float:
+        """Counters may be exposed with or without the OpenMetrics `_total` suffix."""
+        return self.sum(name, **labels)
+
+
+# --------------------------------------------------------------------------
+# librdkafka helpers
+
+
+def base_conf(bootstrap: str, **extra) -> dict:
+    conf = {
+        "bootstrap.servers": bootstrap,
+        "broker.address.family": "v4",
+        "socket.timeout.ms": 10000,
+        "socket.connection.setup.timeout.ms": 5000,
+        "reconnect.backoff.ms": 50,
+        "reconnect.backoff.max.ms": 500,
+        "topic.metadata.refresh.interval.ms": 5000,
+    }
+    conf.update(extra)
+    return conf
+
+
+def admin(bootstrap: str, **extra) -> AdminClient:
+    return AdminClient(base_conf(bootstrap, **extra))
+
+
+def create_topics(
+    bootstrap: str, names: list[str], partitions: int = 1, config: dict | None = None, timeout: float = 15.0
+) -> None:
+    a = admin(bootstrap)
+    futs = a.create_topics(
+        [NewTopic(n, num_partitions=partitions, replication_factor=1, config=config or {}) for n in names],
+        operation_timeout=timeout,
+        request_timeout=timeout,
+    )
+    for name, f in futs.items():
+        f.result(timeout=timeout)
+    # Wait until the topics are visible in Metadata with a leader for each partition.
+    def visible():
+        md = a.list_topics(timeout=5)
+        for n in names:
+            t = md.topics.get(n)
+            if t is None or t.error is not None or len(t.partitions) != partitions:
+                return False
+            if any(p.leader < 0 for p in t.partitions.values()):
+                return False
+        return True
+
+    wait_until(visible, timeout, interval=0.1, what=f"topics {names} visible")
+
+
+def produce(
+    bootstrap: str,
+    topic: str,
+    records: list[tuple[bytes | None, bytes | None]],
+    partition: int = 0,
+    timeout: float = 30.0,
+    headers: list | None = None,
+    producer: Producer | None = None,
+    **conf,
+) -> list:
+    """Produces `records` ((key, value) pairs) to one partition and returns the delivered
+    messages in order of delivery. Raises on any delivery error or timeout."""
+    p = producer or Producer(base_conf(bootstrap, **{"message.timeout.ms": int(timeout * 1000), **conf}))
+    delivered = []
+    errors = []
+
+    def cb(err, msg):
+        if err is not None:
+            errors.append(err)
+        else:
+            delivered.append(msg)
+
+    for k, v in records:
+        while True:
+            try:
+                p.produce(topic, key=k, value=v, partition=partition, headers=headers, on_delivery=cb)
+                break
+            except BufferError:
+                p.poll(0.1)
+    remaining = p.flush(timeout)
+    if errors:
+        raise KafkaException(errors[0])
+    if remaining:
+        raise TimeoutError(f"{remaining} messages still undelivered after {timeout}s")
+    if len(delivered) != len(records):
+        raise HarnessError(f"{len(delivered)} delivered of {len(records)}")
+    return delivered
+
+
+def consume_assign(
+    bootstrap: str,
+    topic: str,
+    partition: int = 0,
+    offset: int = 0,
+    count: int = 1,
+    timeout: float = 30.0,
+    **conf,
+) -> list:
+    """Consumes exactly `count` messages from one partition with assign() (no group
+    membership) starting at `offset`. Raises on a consumer error or timeout."""
+    c = Consumer(
+        base_conf(
+            bootstrap,
+            **{
+                "group.id": "mg-assign-reader",
+                "enable.auto.commit": False,
+                "enable.partition.eof": False,
+                "fetch.wait.max.ms": 100,
+                **conf,
+            },
+        )
+    )
+    try:
+        c.assign([TopicPartition(topic, partition, offset)])
+        out = []
+        deadline = time.monotonic() + timeout
+        while len(out) < count:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"consumed {len(out)} of {count} from {topic}-{partition} in {timeout}s")
+            for m in c.consume(num_messages=count - len(out), timeout=0.5):
+                if m.error():
+                    raise KafkaException(m.error())
+                out.append(m)
+        return out
+    finally:
+        c.close()
+
+
+def topic_name(prefix: str = "t") -> str:
+    return f"{prefix}-{os.urandom(4).hex()}"
