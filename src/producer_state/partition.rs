@@ -93,6 +93,8 @@ pub enum ObserveOutcome {
     Replayed,
     /// No producer state involved (PID -1, e.g. KRaft control batches).
     Ignored,
+    /// Negative or inverted offsets: not a batch any broker writes; ignored.
+    Malformed,
 }
 
 /// Producer state of one destination partition.
@@ -163,6 +165,11 @@ impl PartitionState {
         now_ms: i64,
         sink: &mut Vec<Anomaly>,
     ) -> ObserveOutcome {
+        if batch.base_offset < 0 || batch.last_offset < batch.base_offset {
+            // No broker writes such a batch; keep it out of the state so
+            // offsets stay meaningful (and -1 stays free as "no txn").
+            return ObserveOutcome::Malformed;
+        }
         if batch.last_offset < self.next_offset {
             return ObserveOutcome::Replayed;
         }
@@ -522,12 +529,14 @@ impl PartitionState {
             .collect();
         // Stable order makes snapshots comparable and compress better.
         producers.sort_unstable_by_key(|p| p.mapped_pid);
+        let mut salts: Vec<super::SaltRecord> = self.salts.records().collect();
+        salts.sort_unstable_by_key(|r| (r.origin.source_cluster, r.origin.original_pid));
         PartitionSnapshot {
             version: PARTITION_SNAPSHOT_VERSION,
             key: self.key.clone(),
             next_offset: self.next_offset,
             producers,
-            salts: self.salts.records().collect(),
+            salts,
         }
     }
 
