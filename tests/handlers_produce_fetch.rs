@@ -21,7 +21,11 @@ use mirrorguard::handlers::{
 };
 
 fn records(seed: u8, len: usize) -> Bytes {
-    Bytes::from((0..len).map(|i| seed.wrapping_mul(31).wrapping_add(i as u8)).collect::<Vec<u8>>())
+    Bytes::from(
+        (0..len)
+            .map(|i| seed.wrapping_mul(31).wrapping_add(i as u8))
+            .collect::<Vec<u8>>(),
+    )
 }
 
 fn build_fetch(v: i16, adv: bool, with_endpoints: bool) -> FetchResponse {
@@ -243,7 +247,10 @@ fn produce_walker_all_versions_and_unchanged_without_endpoints() {
         let r = rewrite_produce_response(v, &body, &mut |id, _, _| Some(advertised(id))).unwrap();
         assert!(r.is_none(), "v{v}");
         for cut in 0..body.len() {
-            assert!(walk_produce_response(v, &body[..cut]).is_err(), "v{v} cut {cut}");
+            assert!(
+                walk_produce_response(v, &body[..cut]).is_err(),
+                "v{v} cut {cut}"
+            );
         }
     }
 }
@@ -262,7 +269,10 @@ fn fetch_visitor_sees_every_partition_zero_copy() {
         }
         assert_eq!(info.tagged_fields.is_some(), v >= 12);
         if v >= 16 {
-            assert!(info.tagged_fields.unwrap().find(0).is_some(), "NodeEndpoints tag");
+            assert!(
+                info.tagged_fields.unwrap().find(0).is_some(),
+                "NodeEndpoints tag"
+            );
         }
         let expected: Vec<_> = m
             .responses
@@ -348,7 +358,10 @@ fn fetch_truncations_error_and_old_versions_refused() {
     for v in [4i16, 11, 12, 13, 17] {
         let body = enc(&build_fetch(v, false, true), v);
         for cut in 0..body.len() {
-            assert!(walk_fetch_response(v, &body[..cut], &mut |_| {}).is_err(), "v{v} {cut}");
+            assert!(
+                walk_fetch_response(v, &body[..cut], &mut |_| {}).is_err(),
+                "v{v} {cut}"
+            );
         }
     }
     assert!(walk_fetch_response(3, &[], &mut |_| {}).is_err());

@@ -12,7 +12,8 @@
 //! The response header is always v0, and a broker that does not support the
 //! requested version answers with a v0 body carrying UNSUPPORTED_VERSION:
 //! like Kafka's own client, parsing falls back to v0 when the requested
-//! version does not parse.
+//! version does not parse (here only if that v0 body carries an error, so a
+//! truncated success response is never reinterpreted).
 
 use super::check_version;
 use crate::wire::{Reader, Splicer, WireResult, Writer};
@@ -26,16 +27,16 @@ struct Entry {
     end: usize,
 }
 
-/// Parses the body at `version`, returning the array length prefix range and
-/// the entries.
+/// Parses the body at `version`, passing each entry to `each`; returns the
+/// top-level error code and the byte range of the array length prefix.
 fn parse(
     version: i16,
     body: &[u8],
     mut each: impl FnMut(Entry),
-) -> WireResult<std::ops::Range<usize>> {
+) -> WireResult<(i16, std::ops::Range<usize>)> {
     let flexible = version >= 3;
     let mut r = Reader::new(body);
-    r.read_i16("ApiVersionsResponse.error_code")?;
+    let error_code = r.read_i16("ApiVersionsResponse.error_code")?;
     let len_start = r.position();
     let n = r.read_array_len_v(
         flexible,
@@ -61,7 +62,7 @@ fn parse(
         r.read_i32("ApiVersionsResponse.throttle_time_ms")?;
     }
     r.skip_tagged_fields_v(flexible, "ApiVersionsResponse._tagged_fields")?;
-    Ok(len_start..len_end)
+    Ok((error_code, len_start..len_end))
 }
 
 /// The highest version of an API the proxy can parse, as given in a clamp
@@ -105,28 +106,30 @@ pub fn clamp_api_versions_response<M: MaxVersion>(
     };
     // First pass: validate, and count entries to remove (their count goes in
     // the length prefix, which precedes them).
-    let tally = |v: i16| -> WireResult<(usize, usize)> {
+    let tally = |v: i16| -> WireResult<(i16, usize, usize)> {
         let (mut count, mut removed) = (0usize, 0usize);
-        parse(v, body, |e: Entry| {
+        let (error_code, _) = parse(v, body, |e: Entry| {
             count += 1;
             if limit(e.api_key).is_some_and(|m| e.min > m) {
                 removed += 1;
             }
         })?;
-        Ok((count, removed))
+        Ok((error_code, count, removed))
     };
     let (version, count, removed) = match tally(version) {
-        Ok((c, r)) => (version, c, r),
-        Err(e) if version > 0 => {
-            let (c, r) = tally(0).map_err(|_| e)?;
-            (0, c, r)
-        }
+        Ok((_, c, r)) => (version, c, r),
+        // Only an error response may fall back to v0: a truncated success
+        // response must not be reinterpreted as an older version.
+        Err(e) if version > 0 => match tally(0) {
+            Ok((code, c, r)) if code != 0 => (0, c, r),
+            _ => return Err(e),
+        },
         Err(e) => return Err(e),
     };
     let flexible = version >= 3;
     let mut sp = Splicer::new(body);
     let mut err = None;
-    let len_range = parse(version, body, |e| {
+    let (_, len_range) = parse(version, body, |e| {
         let Some(m) = limit(e.api_key) else { return };
         let res = if e.min > m {
             sp.replace(e.start, e.end, &[])
