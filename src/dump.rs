@@ -334,7 +334,11 @@ fn write_record_text(
                 } => write!(
                     out,
                     " MirrorPidReset {}",
-                    json!({"version": version, "sourceClusterId": source_cluster_id})
+                    Fields(vec![
+                        ("version", json!(version)),
+                        ("sourceClusterId", json!(source_cluster_id))
+                    ])
+                    .render()
                 )?,
                 ControlValue::Unknown => write!(
                     out,
@@ -445,7 +449,14 @@ fn record_json(h: &BatchHeader, r: &Record<'_>, opts: DumpOptions) -> Value {
         };
     } else if opts.mirror_state {
         o["mirrorState"] = match decode_mirror_state(r.key, r.value) {
-            Ok(MirrorState::Known { key, value }) => json!({"key": key, "payload": value}),
+            Ok(MirrorState::Known {
+                record_type,
+                key,
+                value,
+            }) => json!({
+                "key": {"type": record_type.to_string(), "data": key.to_value()},
+                "payload": value.map(|(v, d)| json!({"version": v.to_string(), "data": d.to_value()})),
+            }),
             Ok(MirrorState::UnknownType(t)) => json!({"error": format!("unknown record type {t}")}),
             Err(e) => json!({"error": e}),
         };
@@ -463,9 +474,9 @@ struct MirrorStateType {
     /// Record type (first int16 of the key).
     record_type: i16,
     /// Decodes the key fields after the type, consuming them all.
-    key: fn(&mut Cursor<'_>) -> Result<Value, &'static str>,
+    key: fn(&mut Cursor<'_>) -> Result<Fields, &'static str>,
     /// Decodes the value fields after the version.
-    value: fn(&mut Cursor<'_>, i16) -> Result<Value, &'static str>,
+    value: fn(&mut Cursor<'_>, i16) -> Result<Fields, &'static str>,
 }
 
 /// All known `__mirror_state` record types.
@@ -477,8 +488,39 @@ const MIRROR_STATE_TYPES: &[MirrorStateType] = &[MirrorStateType {
 
 /// A decoded `__mirror_state` record.
 enum MirrorState {
-    Known { key: Value, value: Option<Value> },
+    Known {
+        record_type: i16,
+        key: Fields,
+        value: Option<(i16, Fields)>,
+    },
     UnknownType(i16),
+}
+
+/// JSON object fields in schema order. serde_json's `Map` sorts keys, but
+/// Kafka's dump output lists fields in schema order, so text output is
+/// rendered from this list directly.
+struct Fields(Vec<(&'static str, Value)>);
+
+impl Fields {
+    /// Compact JSON text, fields in order.
+    fn render(&self) -> String {
+        let body: Vec<String> = self
+            .0
+            .iter()
+            .map(|(k, v)| format!("{}:{}", Value::from(*k), v))
+            .collect();
+        format!("{{{}}}", body.join(","))
+    }
+
+    /// As a JSON value (keys sorted; for `--json`).
+    fn to_value(&self) -> Value {
+        Value::Object(
+            self.0
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), v.clone()))
+                .collect(),
+        )
+    }
 }
 
 fn uuid_b64(c: &mut Cursor<'_>) -> Option<String> {
@@ -508,23 +550,30 @@ fn compact_string(c: &mut Cursor<'_>) -> Result<String, &'static str> {
 }
 
 /// `MirrorPidCollisionKey` (type 3, version 0, not flexible).
-fn collision_key(c: &mut Cursor<'_>) -> Result<Value, &'static str> {
+fn collision_key(c: &mut Cursor<'_>) -> Result<Fields, &'static str> {
     let topic_id = uuid_b64(c).ok_or("truncated TopicId")?;
     let partition = c.i32().ok_or("truncated Partition")?;
     let source = string16(c)?;
     let original = c.i64().ok_or("truncated OriginalPid")?;
-    Ok(
-        json!({"topicId": topic_id, "partition": partition, "sourceClusterId": source, "originalPid": original}),
-    )
+    Ok(Fields(vec![
+        ("topicId", json!(topic_id)),
+        ("partition", json!(partition)),
+        ("sourceClusterId", json!(source)),
+        ("originalPid", json!(original)),
+    ]))
 }
 
 /// `MirrorPidCollisionValue` (version 0, flexible).
-fn collision_value(c: &mut Cursor<'_>, _version: i16) -> Result<Value, &'static str> {
+fn collision_value(c: &mut Cursor<'_>, _version: i16) -> Result<Fields, &'static str> {
     let salt = c.i64().ok_or("truncated Salt")?;
     let colliding = compact_string(c)?;
     let ts = c.i64().ok_or("truncated TimestampMs")?;
     c.skip_tagged_fields().ok_or("bad tagged fields")?;
-    Ok(json!({"salt": salt, "collidingClusterId": colliding, "timestampMs": ts}))
+    Ok(Fields(vec![
+        ("salt", json!(salt)),
+        ("collidingClusterId", json!(colliding)),
+        ("timestampMs", json!(ts)),
+    ]))
 }
 
 fn decode_mirror_state(key: Option<&[u8]>, value: Option<&[u8]>) -> Result<MirrorState, String> {
@@ -534,13 +583,16 @@ fn decode_mirror_state(key: Option<&[u8]>, value: Option<&[u8]>) -> Result<Mirro
     let Some(d) = MIRROR_STATE_TYPES.iter().find(|d| d.record_type == t) else {
         return Ok(MirrorState::UnknownType(t));
     };
-    let data = (d.key)(&mut kc)?;
+    let key = (d.key)(&mut kc)?;
     if kc.remaining() != 0 {
         return Err("unexpected bytes after the key".into());
     }
-    let key = json!({"type": t.to_string(), "data": data});
     let Some(value) = value else {
-        return Ok(MirrorState::Known { key, value: None });
+        return Ok(MirrorState::Known {
+            record_type: t,
+            key,
+            value: None,
+        });
     };
     let mut vc = Cursor::new(value);
     let version = vc.i16().ok_or("value shorter than its version")?;
@@ -553,17 +605,27 @@ fn decode_mirror_state(key: Option<&[u8]>, value: Option<&[u8]>) -> Result<Mirro
         return Err("unexpected bytes after the value".into());
     }
     Ok(MirrorState::Known {
+        record_type: t,
         key,
-        value: Some(json!({"version": version.to_string(), "data": data})),
+        value: Some((version, data)),
     })
 }
 
 /// Text for ` key: … payload: …`, in the phrasing of Kafka's offsets decoder.
 fn mirror_state_text(r: &Record<'_>, offset: i64) -> (String, Option<String>) {
     match decode_mirror_state(r.key, r.value) {
-        Ok(MirrorState::Known { key, value }) => (
-            key.to_string(),
-            Some(value.map_or_else(|| "<DELETE>".to_owned(), |v| v.to_string())),
+        Ok(MirrorState::Known {
+            record_type,
+            key,
+            value,
+        }) => (
+            format!("{{\"type\":\"{record_type}\",\"data\":{}}}", key.render()),
+            Some(value.map_or_else(
+                || "<DELETE>".to_owned(),
+                |(version, data)| {
+                    format!("{{\"version\":\"{version}\",\"data\":{}}}", data.render())
+                },
+            )),
         ),
         Ok(MirrorState::UnknownType(t)) => (
             format!("Unknown record type {t} at offset {offset}, skipping."),
