@@ -275,7 +275,7 @@ fn mirror_state_records() {
         ],
     );
     let (kl, vl) = (key.len(), value.len());
-    let want_records = vec![
+    let want_records = [
         format!("| offset: 42 CreateTime: 0 keySize: {kl} valueSize: {vl} sequence: -1 headerKeys: [] key: {{\"type\":\"3\",\"data\":{{\"topicId\":\"AQIDBAUGBwgJCgsMDQ4PEA\",\"partition\":7,\"sourceClusterId\":\"{CLUSTER}\",\"originalPid\":5}}}} payload: {{\"version\":\"0\",\"data\":{{\"salt\":1,\"collidingClusterId\":\"AAAAAAAAAAAAAAAAAAAAAA\",\"timestampMs\":1700000000000}}}}"),
         format!("| offset: 43 CreateTime: 0 keySize: {kl} valueSize: -1 sequence: -1 headerKeys: [] key: {{\"type\":\"3\",\"data\":{{\"topicId\":\"AQIDBAUGBwgJCgsMDQ4PEA\",\"partition\":7,\"sourceClusterId\":\"{CLUSTER}\",\"originalPid\":5}}}} payload: <DELETE>"),
         format!("| offset: 44 CreateTime: 0 keySize: {kl} valueSize: {vl} sequence: -1 headerKeys: [] key: Unknown record type 9 at offset 44, skipping."),
