@@ -312,7 +312,9 @@ impl<'a> Reader<'a> {
             .inspect_err(|_| self.pos = at)?;
         let data_at = self.pos;
         let b = self.take(n, field)?;
-        self.utf8(b, field, data_at).map(Some)
+        self.utf8(b, field, data_at)
+            .map(Some)
+            .inspect_err(|_| self.pos = at)
     }
 
     /// Reads a STRING (INT16 length); null is an error.
