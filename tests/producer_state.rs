@@ -585,6 +585,8 @@ fn cluster_id_parses_base64_and_uuid_text() {
     let uuid = ClusterId::parse("00010203-0405-0607-0809-0a0b0c0d0e0f").unwrap();
     assert_eq!(uuid, id);
     assert!(ClusterId::parse("not-an-id").is_none());
+    assert!(ClusterId::parse("0001020304050607-0809-0a0b0c0d0e0f-").is_none());
+    assert!(ClusterId::parse("00010203-0405-0607-0809-0a0b0c0d0e0g").is_none());
     assert!(ClusterId::parse("").is_none());
 }
 

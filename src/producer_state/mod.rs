@@ -121,10 +121,16 @@ fn parse_uuid16(text: &str) -> Option<[u8; 16]> {
         out.copy_from_slice(buf.get(..16)?);
         return Some(out);
     }
-    let hex: Vec<u8> = text.bytes().filter(|b| *b != b'-').collect();
-    if hex.len() != 32 || text.len() != 36 {
+    // Canonical text only: 8-4-4-4-12 hex digits.
+    let dashes_ok = text.len() == 36
+        && text
+            .bytes()
+            .enumerate()
+            .all(|(i, b)| (b == b'-') == matches!(i, 8 | 13 | 18 | 23));
+    if !dashes_ok {
         return None;
     }
+    let hex: Vec<u8> = text.bytes().filter(|b| *b != b'-').collect();
     for (i, pair) in hex.chunks_exact(2).enumerate() {
         let hi = (pair[0] as char).to_digit(16)?;
         let lo = (pair[1] as char).to_digit(16)?;
