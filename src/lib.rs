@@ -7,7 +7,16 @@
 //! → record-batch engine ([`records`], [`pid`]) → producer state
 //! ([`producer_state`]) → admin/metrics ([`admin`], [`metrics`]).
 //! [`dump`] is the offline log-segment reader behind `mirrorguard dump`.
-pub mod producer_state;
-pub mod records;
-pub mod pid;
+
+pub mod admin;
+pub mod codec;
+pub mod config;
 pub mod dump;
+pub mod handlers;
+pub mod metrics;
+pub mod pid;
+pub mod producer_state;
+pub mod proxy;
+pub mod records;
+pub mod run;
+pub mod wire;

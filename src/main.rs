@@ -3,7 +3,11 @@
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "mirrorguard", version, about = "Kafka-protocol sidecar proxy for safe cross-cluster mirroring")]
+#[command(
+    name = "mirrorguard",
+    version,
+    about = "Kafka-protocol sidecar proxy for safe cross-cluster mirroring"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -15,6 +19,12 @@ enum Command {
     Dump(mirrorguard::dump::DumpArgs),
     /// Map a PID into a region, or decode a mapped PID.
     Map(mirrorguard::pid::MapArgs),
+    /// Run the proxy.
+    Run {
+        /// Path of proxy.toml.
+        #[arg(long, short = 'c', env = "MIRRORGUARD_CONFIG")]
+        config: std::path::PathBuf,
+    },
 }
 
 fn main() -> std::process::ExitCode {
@@ -22,5 +32,12 @@ fn main() -> std::process::ExitCode {
     match cli.command {
         Command::Dump(args) => mirrorguard::dump::run(&args),
         Command::Map(args) => mirrorguard::pid::run_map(&args),
+        Command::Run { config } => match mirrorguard::run::run(&config) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("mirrorguard: {e:#}");
+                std::process::ExitCode::from(2)
+            }
+        },
     }
 }

@@ -1,0 +1,381 @@
+//! `proxy.toml`: the configuration file, parsed with serde and checked in an
+//! explicit validation step.
+//!
+//! Parsing refuses unknown keys (`deny_unknown_fields`) and reports the line,
+//! column and field path of the first problem; [`Config::validate`] then checks
+//! what types cannot express (addresses that parse, unique names, sane
+//! limits), naming the offending field.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+/// Kafka's `socket.request.max.bytes` default (100 MiB): the default frame limit.
+pub const DEFAULT_MAX_FRAME_BYTES: u32 = 100 * 1024 * 1024;
+
+/// The whole configuration file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Admin HTTP listener (health, readiness, metrics, API).
+    pub admin: AdminConfig,
+    /// Log format and filter.
+    #[serde(default)]
+    pub logging: LoggingConfig,
+    /// Frame size and shutdown limits.
+    #[serde(default)]
+    pub limits: LimitsConfig,
+    /// Plain proxy listeners, one per upstream cluster.
+    #[serde(default, rename = "listener")]
+    pub listeners: Vec<ListenerConfig>,
+}
+
+/// `[admin]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// Address of the admin HTTP listener.
+    pub listen: String,
+    /// File holding the bearer token for mutating admin calls.
+    #[serde(default)]
+    pub token_file: Option<PathBuf>,
+}
+
+/// `[logging]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoggingConfig {
+    /// Output format.
+    #[serde(default)]
+    pub format: LogFormat,
+    /// A tracing filter such as `info` or `info,mirrorguard=debug`.
+    #[serde(default = "default_log_level")]
+    pub level: String,
+}
+
+impl Default for LoggingConfig {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Text,
+            level: default_log_level(),
+        }
+    }
+}
+
+fn default_log_level() -> String {
+    "info".to_string()
+}
+
+/// Log output format.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Text,
+    /// One JSON object per line.
+    Json,
+}
+
+/// `[limits]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Largest frame accepted from a client or an upstream broker, in bytes.
+    #[serde(default = "default_max_frame_bytes")]
+    pub max_frame_bytes: u32,
+    /// How long in-flight requests may take to drain after SIGTERM.
+    #[serde(default = "default_shutdown_grace_ms")]
+    pub shutdown_grace_ms: u64,
+}
+
+impl Default for LimitsConfig {
+    fn default() -> Self {
+        Self {
+            max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
+            shutdown_grace_ms: default_shutdown_grace_ms(),
+        }
+    }
+}
+
+fn default_max_frame_bytes() -> u32 {
+    DEFAULT_MAX_FRAME_BYTES
+}
+
+fn default_shutdown_grace_ms() -> u64 {
+    10_000
+}
+
+/// `[[listener]]`: a plain proxy in front of one upstream cluster, port per node.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerConfig {
+    /// Name used in logs and metric labels.
+    pub name: String,
+    /// Bootstrap address clients connect to first.
+    pub bootstrap: String,
+    /// Interface the per-node listeners bind to.
+    #[serde(default = "default_listen_host")]
+    pub listen_host: String,
+    /// Host name handed to clients in Metadata and friends.
+    pub advertised_host: String,
+    /// Broker node N is served at `node_port_base + N`.
+    pub node_port_base: u16,
+    /// Upstream bootstrap servers (`host:port`).
+    pub upstream_bootstrap: Vec<String>,
+    /// Upstream connect timeout.
+    #[serde(default = "default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    /// Period of the proxy's own upstream Metadata refresh.
+    #[serde(default = "default_metadata_refresh_ms")]
+    pub metadata_refresh_ms: u64,
+}
+
+fn default_listen_host() -> String {
+    "127.0.0.1".to_string()
+}
+
+fn default_connect_timeout_ms() -> u64 {
+    5_000
+}
+
+fn default_metadata_refresh_ms() -> u64 {
+    30_000
+}
+
+/// A configuration problem, with the file and field it concerns.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read config file {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// TOML syntax or type error, unknown key, missing field.
+    #[error("{path}: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// toml's message, which includes line, column and the expected fields.
+        message: String,
+    },
+    /// A value that parses but makes no sense.
+    #[error("{path}: invalid value for `{field}`: {message}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// Dotted path of the field, e.g. `listener[0].bootstrap`.
+        field: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+impl Config {
+    /// Reads, parses and validates a configuration file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text, path)
+    }
+
+    /// Parses and validates configuration text; `path` is only used in messages.
+    pub fn parse(text: &str, path: &Path) -> Result<Config, ConfigError> {
+        let de = toml::de::Deserializer::parse(text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        let config: Config =
+            serde_path_to_error::deserialize(de).map_err(|e| ConfigError::Parse {
+                path: path.to_path_buf(),
+                message: format!("at `{}`: {}", e.path(), e.inner()),
+            })?;
+        config.validate(path)?;
+        Ok(config)
+    }
+
+    /// Checks the values types cannot express.
+    pub fn validate(&self, path: &Path) -> Result<(), ConfigError> {
+        let invalid = |field: String, message: String| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            field,
+            message,
+        };
+        parse_socket_addr(&self.admin.listen).map_err(|m| invalid("admin.listen".into(), m))?;
+        if let Some(token_file) = &self.admin.token_file {
+            match std::fs::read_to_string(token_file) {
+                Ok(t) if !t.trim().is_empty() => {}
+                Ok(_) => {
+                    return Err(invalid(
+                        "admin.token_file".into(),
+                        format!("{} is empty", token_file.display()),
+                    ))
+                }
+                Err(e) => {
+                    return Err(invalid(
+                        "admin.token_file".into(),
+                        format!("cannot read {}: {e}", token_file.display()),
+                    ))
+                }
+            }
+        }
+        tracing_subscriber::EnvFilter::try_new(&self.logging.level)
+            .map_err(|e| invalid("logging.level".into(), e.to_string()))?;
+        const MIN_FRAME: u32 = 1024 * 1024;
+        if self.limits.max_frame_bytes < MIN_FRAME || self.limits.max_frame_bytes > i32::MAX as u32
+        {
+            return Err(invalid(
+                "limits.max_frame_bytes".into(),
+                format!(
+                    "{} is outside 1 MiB..=2 GiB (Kafka's default is {DEFAULT_MAX_FRAME_BYTES})",
+                    self.limits.max_frame_bytes
+                ),
+            ));
+        }
+        if self.listeners.is_empty() {
+            return Err(invalid(
+                "listener".into(),
+                "at least one [[listener]] is required".into(),
+            ));
+        }
+        let mut names = std::collections::HashSet::new();
+        for (i, l) in self.listeners.iter().enumerate() {
+            let f = |name: &str| format!("listener[{i}].{name}");
+            if l.name.is_empty()
+                || !l
+                    .name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+            {
+                return Err(invalid(
+                    f("name"),
+                    format!("{:?}: use letters, digits, '-' or '_'", l.name),
+                ));
+            }
+            if !names.insert(l.name.clone()) {
+                return Err(invalid(f("name"), format!("{:?} is used twice", l.name)));
+            }
+            parse_socket_addr(&l.bootstrap).map_err(|m| invalid(f("bootstrap"), m))?;
+            l.listen_host
+                .parse::<IpAddr>()
+                .map_err(|e| invalid(f("listen_host"), format!("{:?}: {e}", l.listen_host)))?;
+            if l.advertised_host.is_empty() {
+                return Err(invalid(f("advertised_host"), "must not be empty".into()));
+            }
+            if l.upstream_bootstrap.is_empty() {
+                return Err(invalid(
+                    f("upstream_bootstrap"),
+                    "needs at least one host:port".into(),
+                ));
+            }
+            for (j, addr) in l.upstream_bootstrap.iter().enumerate() {
+                split_host_port(addr)
+                    .map_err(|m| invalid(format!("listener[{i}].upstream_bootstrap[{j}]"), m))?;
+            }
+            if l.connect_timeout_ms == 0 {
+                return Err(invalid(f("connect_timeout_ms"), "must be > 0".into()));
+            }
+            if l.metadata_refresh_ms < 100 {
+                return Err(invalid(f("metadata_refresh_ms"), "must be >= 100".into()));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Parses `ip:port` (listen addresses must be IP literals so binding is predictable).
+pub fn parse_socket_addr(s: &str) -> Result<SocketAddr, String> {
+    s.parse::<SocketAddr>()
+        .map_err(|e| format!("{s:?} is not an ip:port address ({e})"))
+}
+
+/// Splits `host:port` (host may be a name or `[v6]`).
+pub fn split_host_port(s: &str) -> Result<(String, u16), String> {
+    let (host, port) = s
+        .rsplit_once(':')
+        .ok_or_else(|| format!("{s:?} is not host:port"))?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    if host.is_empty() {
+        return Err(format!("{s:?} has an empty host"));
+    }
+    let port: u16 = port
+        .parse()
+        .map_err(|_| format!("{s:?} has an invalid port"))?;
+    if port == 0 {
+        return Err(format!("{s:?} has port 0"));
+    }
+    Ok((host.to_string(), port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GOOD: &str = r#"
+[admin]
+listen = "127.0.0.1:9644"
+
+[[listener]]
+name = "main"
+bootstrap = "127.0.0.1:19092"
+advertised_host = "localhost"
+node_port_base = 19100
+upstream_bootstrap = ["127.0.0.1:9092"]
+"#;
+
+    fn parse(text: &str) -> Result<Config, ConfigError> {
+        Config::parse(text, Path::new("proxy.toml"))
+    }
+
+    #[test]
+    fn defaults_apply() {
+        let c = parse(GOOD).unwrap();
+        assert_eq!(c.limits.max_frame_bytes, 100 * 1024 * 1024);
+        assert_eq!(c.listeners[0].listen_host, "127.0.0.1");
+        assert_eq!(c.logging.format, LogFormat::Text);
+    }
+
+    #[test]
+    fn unknown_key_is_refused_with_line() {
+        let text = GOOD.replace(
+            "node_port_base = 19100",
+            "node_port_base = 19100\nnode_prot = 1",
+        );
+        let err = parse(&text).unwrap_err().to_string();
+        assert!(err.contains("node_prot"), "{err}");
+        assert!(err.contains("line"), "{err}");
+    }
+
+    #[test]
+    fn bad_address_names_field() {
+        let text = GOOD.replace("127.0.0.1:19092", "nowhere");
+        let err = parse(&text).unwrap_err().to_string();
+        assert!(err.contains("listener[0].bootstrap"), "{err}");
+    }
+
+    #[test]
+    fn frame_limit_bounds() {
+        let text = format!("{GOOD}\n[limits]\nmax_frame_bytes = 1000\n");
+        let err = parse(&text).unwrap_err().to_string();
+        assert!(err.contains("limits.max_frame_bytes"), "{err}");
+    }
+
+    #[test]
+    fn duplicate_listener_names() {
+        let text = format!("{GOOD}{}", &GOOD[GOOD.find("[[listener]]").unwrap()..]);
+        let err = parse(&text).unwrap_err().to_string();
+        assert!(err.contains("used twice"), "{err}");
+    }
+
+    #[test]
+    fn example_file_is_valid() {
+        let text = include_str!("../proxy.toml.example");
+        parse(text).unwrap();
+    }
+}

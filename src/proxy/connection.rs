@@ -1,0 +1,265 @@
+//! One client connection: two pumps and the correlation queue between them.
+//!
+//! The request pump reads client frames, notes each request that expects a
+//! response in a FIFO (Kafka answers requests on a connection in order), and
+//! forwards the frame untouched. The response pump takes the oldest in-flight
+//! entry, reads the upstream frame that answers it, checks the correlation id,
+//! lets the listener's [`ResponseRewriter`] rewrite what it must, and writes
+//! it to the client. A Produce with `acks=0` never gets an entry. Nothing is
+//! locked across an `.await`: the queue is a channel owned by the two pumps.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Instant;
+
+use bytes::BytesMut;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::sync::{mpsc, watch};
+
+use crate::codec::api;
+use crate::codec::header::{produce_acks, response_correlation_id, RequestHeader};
+use crate::codec::{FrameError, FrameReader};
+use crate::metrics::{ApiMetrics, Metrics};
+
+/// Most requests one client may have outstanding before the proxy stops
+/// reading from it (librdkafka's default max.in.flight is 1,000,000 per
+/// connection, but anything near this bound means a stuck upstream).
+const MAX_IN_FLIGHT: usize = 4096;
+
+/// A request forwarded upstream whose response is awaited.
+pub struct InFlight {
+    /// Header of the request.
+    pub header: RequestHeader,
+    /// When it was forwarded.
+    pub sent_at: Instant,
+    /// Metric handles of its API.
+    pub metrics: ApiMetrics,
+}
+
+/// Rewrites the responses of the API keys a listener decodes.
+pub trait ResponseRewriter: Send + Sync {
+    /// Whether responses to this request must pass through [`rewrite`](Self::rewrite).
+    fn wants(&self, header: &RequestHeader) -> bool;
+    /// Rewrites a whole response frame (size prefix included). Errors close
+    /// the connection: an unparseable response might carry an upstream
+    /// address, which a client must never see.
+    fn rewrite(&self, header: &RequestHeader, frame: BytesMut) -> Result<BytesMut, RewriteError>;
+}
+
+/// A response that could not be rewritten.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot rewrite {api} v{version} response: {message}")]
+pub struct RewriteError {
+    /// API name.
+    pub api: &'static str,
+    /// API version.
+    pub version: i16,
+    /// What went wrong.
+    pub message: String,
+}
+
+/// What a connection needs from its listener.
+pub struct ConnectionContext {
+    /// Listener name (logs, metric labels).
+    pub listener: String,
+    /// Frame limit.
+    pub max_frame: usize,
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// Response rewriting for decoded APIs.
+    pub rewriter: Arc<dyn ResponseRewriter>,
+}
+
+/// How a connection ended.
+#[derive(Debug)]
+pub enum ConnectionEnd {
+    /// The client closed between frames.
+    ClientClosed,
+    /// The upstream closed or failed.
+    UpstreamClosed(String),
+    /// The client sent something that is not Kafka.
+    ClientProtocol(String),
+    /// The upstream sent something the proxy cannot pass on safely.
+    UpstreamProtocol(String),
+    /// Shutdown drained the connection.
+    Drained,
+}
+
+/// Relays one client connection to one upstream connection until either
+/// side ends or shutdown is signalled (then in-flight requests are drained).
+pub async fn relay<C, U>(
+    client: C,
+    upstream: U,
+    peer: SocketAddr,
+    ctx: Arc<ConnectionContext>,
+    mut shutdown: watch::Receiver<bool>,
+) -> ConnectionEnd
+where
+    C: AsyncRead + AsyncWrite + Unpin + Send,
+    U: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    let (client_rd, client_wr) = tokio::io::split(client);
+    let (upstream_rd, upstream_wr) = tokio::io::split(upstream);
+    let (tx, rx) = mpsc::channel::<InFlight>(MAX_IN_FLIGHT);
+
+    let requests = request_pump(client_rd, upstream_wr, tx, &ctx, peer, &mut shutdown);
+    let responses = response_pump(upstream_rd, client_wr, rx, &ctx);
+    tokio::pin!(requests, responses);
+    tokio::select! {
+        end = &mut requests => match end {
+            // Stop reading new requests, but deliver the answers owed.
+            ConnectionEnd::Drained => match responses.await {
+                ConnectionEnd::ClientClosed => ConnectionEnd::Drained,
+                other => other,
+            },
+            other => other,
+        },
+        end = &mut responses => end,
+    }
+}
+
+async fn request_pump<R, W>(
+    client_rd: R,
+    mut upstream_wr: W,
+    tx: mpsc::Sender<InFlight>,
+    ctx: &ConnectionContext,
+    peer: SocketAddr,
+    shutdown: &mut watch::Receiver<bool>,
+) -> ConnectionEnd
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut reader = FrameReader::new(client_rd, ctx.max_frame);
+    let mut api_metrics: HashMap<i16, ApiMetrics> = HashMap::new();
+    loop {
+        let frame = tokio::select! {
+            biased;
+            _ = shutdown.wait_for(|s| *s) => return ConnectionEnd::Drained,
+            f = reader.next_frame() => f,
+        };
+        let frame = match frame {
+            Ok(Some(f)) => f,
+            Ok(None) => return ConnectionEnd::ClientClosed,
+            Err(FrameError::Io(e)) => {
+                return ConnectionEnd::UpstreamClosed(format!("client i/o: {e}"))
+            }
+            Err(e) => {
+                Metrics::count(&ctx.metrics.frame_errors, &ctx.listener, e.kind());
+                tracing::warn!(listener = %ctx.listener, %peer, kind = e.kind(), error = %e,
+                    "closing client connection: malformed frame");
+                return ConnectionEnd::ClientProtocol(e.to_string());
+            }
+        };
+        let header = match RequestHeader::parse(&frame) {
+            Ok(h) => h,
+            Err(e) => {
+                Metrics::count(&ctx.metrics.frame_errors, &ctx.listener, "bad_header");
+                tracing::warn!(listener = %ctx.listener, %peer, error = %e,
+                    "closing client connection: unreadable request header");
+                return ConnectionEnd::ClientProtocol(e.to_string());
+            }
+        };
+        let m = api_metrics
+            .entry(header.api_key)
+            .or_insert_with(|| ctx.metrics.api(&ctx.listener, header.api_key));
+        m.requests.inc();
+        m.bytes_in.inc_by(frame.len() as u64);
+        if expects_response(&header, &frame) {
+            let entry = InFlight {
+                header,
+                sent_at: Instant::now(),
+                metrics: m.clone(),
+            };
+            if tx.send(entry).await.is_err() {
+                // The response pump is gone; its end reason wins the select.
+                return ConnectionEnd::UpstreamClosed("response side closed".into());
+            }
+        }
+        if let Err(e) = upstream_wr.write_all(&frame).await {
+            Metrics::count(&ctx.metrics.upstream_errors, &ctx.listener, "disconnect");
+            return ConnectionEnd::UpstreamClosed(format!("write to upstream: {e}"));
+        }
+    }
+}
+
+/// Every request is answered except Produce with `acks=0`.
+fn expects_response(header: &RequestHeader, frame: &[u8]) -> bool {
+    if header.api_key != api::PRODUCE {
+        return true;
+    }
+    let header_version = if header.api_version >= 9 { 2 } else { 1 };
+    produce_acks(frame, header.api_version, header_version) != Some(0)
+}
+
+async fn response_pump<R, W>(
+    upstream_rd: R,
+    mut client_wr: W,
+    mut rx: mpsc::Receiver<InFlight>,
+    ctx: &ConnectionContext,
+) -> ConnectionEnd
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut reader = FrameReader::new(upstream_rd, ctx.max_frame);
+    // Waiting on the queue first means an idle connection does not read
+    // upstream; a closed queue with nothing owed means "drained".
+    while let Some(entry) = rx.recv().await {
+        let frame = match reader.next_frame().await {
+            Ok(Some(f)) => f,
+            Ok(None) => {
+                Metrics::count(&ctx.metrics.upstream_errors, &ctx.listener, "disconnect");
+                return ConnectionEnd::UpstreamClosed(
+                    "upstream closed with a request in flight".into(),
+                );
+            }
+            Err(e) => {
+                let kind = if matches!(e, FrameError::Io(_)) {
+                    "disconnect"
+                } else {
+                    "protocol"
+                };
+                Metrics::count(&ctx.metrics.upstream_errors, &ctx.listener, kind);
+                return ConnectionEnd::UpstreamClosed(format!("reading upstream: {e}"));
+            }
+        };
+        let h = entry.header;
+        if response_correlation_id(&frame) != Some(h.correlation_id) {
+            Metrics::count(&ctx.metrics.upstream_errors, &ctx.listener, "protocol");
+            return ConnectionEnd::UpstreamProtocol(format!(
+                "response correlation id {:?} does not answer the oldest request ({} v{} id {})",
+                response_correlation_id(&frame),
+                api::api_label(h.api_key),
+                h.api_version,
+                h.correlation_id
+            ));
+        }
+        let frame = if ctx.rewriter.wants(&h) {
+            match ctx.rewriter.rewrite(&h, frame) {
+                Ok(f) => f,
+                Err(e) => {
+                    Metrics::count(
+                        &ctx.metrics.rewrite_errors,
+                        &ctx.listener,
+                        "unparseable_response",
+                    );
+                    return ConnectionEnd::UpstreamProtocol(e.to_string());
+                }
+            }
+        } else {
+            frame
+        };
+        if client_wr.write_all(&frame).await.is_err() {
+            return ConnectionEnd::ClientClosed;
+        }
+        entry.metrics.bytes_out.inc_by(frame.len() as u64);
+        entry
+            .metrics
+            .latency
+            .observe(entry.sent_at.elapsed().as_secs_f64());
+    }
+    let _ = client_wr.flush().await;
+    ConnectionEnd::ClientClosed
+}

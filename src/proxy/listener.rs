@@ -1,0 +1,332 @@
+//! A proxy listener: the bootstrap port, one port per upstream node, and the
+//! periodic upstream Metadata refresh that discovers nodes.
+//!
+//! Connections on the bootstrap port go to any upstream bootstrap server;
+//! connections on node N's port go to wherever node N is now (from the
+//! [`NodeRegistry`]). Each accepted connection runs [`relay`] in its own task
+//! and is counted so that shutdown can wait for in-flight requests.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Notify};
+
+use crate::config::{split_host_port, ListenerConfig};
+use crate::metrics::{ListenerLabels, Metrics};
+use crate::proxy::connection::{relay, ConnectionContext, ConnectionEnd, ResponseRewriter};
+use crate::proxy::nodes::{NodeBinder, NodeRegistry};
+use crate::proxy::upstream::{connect, connect_any, ConnectError};
+
+/// Where a listening port sends its connections.
+#[derive(Debug, Clone, Copy)]
+pub enum Target {
+    /// Any upstream bootstrap server.
+    Bootstrap,
+    /// A specific upstream broker node.
+    Node(i32),
+}
+
+/// Counts live connections so shutdown can wait for them to drain.
+#[derive(Default)]
+pub struct ConnectionTracker {
+    live: AtomicUsize,
+    idle: Notify,
+}
+
+impl ConnectionTracker {
+    fn enter(self: &Arc<Self>) -> TrackerGuard {
+        self.live.fetch_add(1, Ordering::SeqCst);
+        TrackerGuard(self.clone())
+    }
+
+    /// Live connections.
+    pub fn live(&self) -> usize {
+        self.live.load(Ordering::SeqCst)
+    }
+
+    /// Resolves when no connection is live.
+    pub async fn wait_idle(&self) {
+        loop {
+            let notified = self.idle.notified();
+            if self.live() == 0 {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+struct TrackerGuard(Arc<ConnectionTracker>);
+
+impl Drop for TrackerGuard {
+    fn drop(&mut self) {
+        if self.0.live.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.idle.notify_waiters();
+        }
+    }
+}
+
+/// One configured listener at run time.
+pub struct Listener {
+    /// Its configuration.
+    pub config: ListenerConfig,
+    /// Upstream nodes and their proxy ports.
+    pub nodes: Arc<NodeRegistry>,
+    ctx: Arc<ConnectionContext>,
+    metrics: Arc<Metrics>,
+    upstream_bootstrap: Vec<(String, u16)>,
+    shutdown: watch::Receiver<bool>,
+    tracker: Arc<ConnectionTracker>,
+    ready: AtomicBool,
+    next_bootstrap: AtomicUsize,
+    me: Weak<Listener>,
+}
+
+impl Listener {
+    /// Builds a listener; `make_rewriter` receives the node registry so the
+    /// rewriter can translate addresses.
+    pub fn new(
+        config: ListenerConfig,
+        max_frame: usize,
+        metrics: Arc<Metrics>,
+        shutdown: watch::Receiver<bool>,
+        tracker: Arc<ConnectionTracker>,
+        make_rewriter: impl FnOnce(Arc<NodeRegistry>) -> Arc<dyn ResponseRewriter>,
+    ) -> Arc<Self> {
+        let nodes = Arc::new(NodeRegistry::new(
+            &config.name,
+            &config.advertised_host,
+            config.node_port_base,
+            metrics.clone(),
+        ));
+        let ctx = Arc::new(ConnectionContext {
+            listener: config.name.clone(),
+            max_frame,
+            metrics: metrics.clone(),
+            rewriter: make_rewriter(nodes.clone()),
+        });
+        // Validated at config load.
+        let upstream_bootstrap = config
+            .upstream_bootstrap
+            .iter()
+            .filter_map(|s| split_host_port(s).ok())
+            .collect();
+        let listener = Arc::new_cyclic(|me| Self {
+            config,
+            nodes,
+            ctx,
+            metrics,
+            upstream_bootstrap,
+            shutdown,
+            tracker,
+            ready: AtomicBool::new(false),
+            next_bootstrap: AtomicUsize::new(0),
+            me: me.clone(),
+        });
+        let weak: Weak<dyn NodeBinder> = listener.me.clone();
+        listener.nodes.set_binder(weak);
+        listener
+    }
+
+    /// Whether the upstream cluster has been reached at least once.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::SeqCst)
+    }
+
+    /// Binds the bootstrap port and starts the metadata refresh loop.
+    pub async fn start(self: &Arc<Self>) -> anyhow::Result<()> {
+        let addr: SocketAddr = self.config.bootstrap.parse()?;
+        let socket = TcpListener::bind(addr).await.map_err(|e| {
+            anyhow::anyhow!(
+                "listener {}: cannot bind bootstrap {addr}: {e}",
+                self.config.name
+            )
+        })?;
+        tracing::info!(listener = %self.config.name, %addr, upstream = ?self.config.upstream_bootstrap,
+            "bootstrap listener bound");
+        tokio::spawn(self.clone().accept_loop(socket, Target::Bootstrap));
+        tokio::spawn(self.clone().refresh_loop());
+        Ok(())
+    }
+
+    async fn accept_loop(self: Arc<Self>, socket: TcpListener, target: Target) {
+        let mut shutdown = self.shutdown.clone();
+        loop {
+            let accepted = tokio::select! {
+                _ = shutdown.wait_for(|s| *s) => return,
+                a = socket.accept() => a,
+            };
+            match accepted {
+                Ok((stream, peer)) => {
+                    let _ = stream.set_nodelay(true);
+                    let guard = self.tracker.enter();
+                    tokio::spawn(self.clone().serve(stream, peer, target, guard));
+                }
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    tracing::warn!(listener = %self.config.name, error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+    }
+
+    async fn serve(
+        self: Arc<Self>,
+        client: tokio::net::TcpStream,
+        peer: SocketAddr,
+        target: Target,
+        _guard: TrackerGuard,
+    ) {
+        let labels = ListenerLabels {
+            listener: self.config.name.clone(),
+        };
+        self.metrics.connections_total.get_or_create(&labels).inc();
+        let open = self.metrics.connections_open.get_or_create(&labels).clone();
+        open.inc();
+        let upstream = match self.connect_upstream(target).await {
+            Ok(u) => u,
+            Err(e) => {
+                Metrics::count(&self.metrics.upstream_errors, &self.config.name, e.kind());
+                tracing::warn!(listener = %self.config.name, %peer, ?target, error = %e,
+                    "closing client connection: upstream unavailable");
+                open.dec();
+                return;
+            }
+        };
+        tracing::debug!(listener = %self.config.name, %peer, ?target, "connection opened");
+        let end = relay(
+            client,
+            upstream,
+            peer,
+            self.ctx.clone(),
+            self.shutdown.clone(),
+        )
+        .await;
+        match &end {
+            ConnectionEnd::ClientClosed | ConnectionEnd::Drained => {
+                tracing::debug!(listener = %self.config.name, %peer, ?end, "connection closed")
+            }
+            ConnectionEnd::ClientProtocol(_) => {} // logged where detected
+            ConnectionEnd::UpstreamClosed(why) | ConnectionEnd::UpstreamProtocol(why) => {
+                tracing::warn!(listener = %self.config.name, %peer, ?target, reason = %why,
+                    "closing client connection: upstream side ended")
+            }
+        }
+        open.dec();
+    }
+
+    async fn connect_upstream(
+        &self,
+        target: Target,
+    ) -> Result<tokio::net::TcpStream, ConnectError> {
+        let timeout = Duration::from_millis(self.config.connect_timeout_ms);
+        match target {
+            Target::Bootstrap => {
+                let start = self.next_bootstrap.fetch_add(1, Ordering::Relaxed);
+                connect_any(&self.upstream_bootstrap, start, timeout).await
+            }
+            Target::Node(id) => {
+                let addr = self
+                    .nodes
+                    .upstream_of(id)
+                    .ok_or(ConnectError::UnknownNode(id))?;
+                connect(&addr.host, addr.port, timeout).await
+            }
+        }
+    }
+
+    async fn refresh_loop(self: Arc<Self>) {
+        let mut shutdown = self.shutdown.clone();
+        let period = Duration::from_millis(self.config.metadata_refresh_ms);
+        let mut failures: u32 = 0;
+        loop {
+            match super::refresh::refresh_nodes(&self).await {
+                Ok(n) => {
+                    if !self.ready.swap(true, Ordering::SeqCst) || failures > 0 {
+                        tracing::info!(listener = %self.config.name, nodes = n, "upstream metadata read");
+                    }
+                    failures = 0;
+                }
+                Err(e) => {
+                    failures += 1;
+                    Metrics::count(
+                        &self.metrics.upstream_errors,
+                        &self.config.name,
+                        "metadata_refresh",
+                    );
+                    tracing::warn!(listener = %self.config.name, error = %e, failures,
+                        "upstream metadata refresh failed");
+                }
+            }
+            // Retry quickly until the upstream has been seen once.
+            let wait = if self.is_ready() {
+                period
+            } else {
+                period.min(Duration::from_millis(500))
+            };
+            tokio::select! {
+                _ = shutdown.wait_for(|s| *s) => return,
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    /// Upstream bootstrap servers, parsed.
+    pub fn upstream_bootstrap(&self) -> &[(String, u16)] {
+        &self.upstream_bootstrap
+    }
+
+    /// Connect timeout.
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.config.connect_timeout_ms)
+    }
+
+    /// Frame limit.
+    pub fn max_frame(&self) -> usize {
+        self.ctx.max_frame
+    }
+}
+
+impl NodeBinder for Listener {
+    fn bind_node(&self, node_id: i32, port: u16) -> bool {
+        let Ok(ip) = self.config.listen_host.parse::<std::net::IpAddr>() else {
+            return false;
+        };
+        let addr = SocketAddr::new(ip, port);
+        let std_socket = match std::net::TcpListener::bind(addr) {
+            Ok(s) => s,
+            Err(e) => {
+                Metrics::count(
+                    &self.metrics.upstream_errors,
+                    &self.config.name,
+                    "node_port_bind",
+                );
+                tracing::error!(listener = %self.config.name, node_id, %addr, error = %e,
+                    "cannot bind the proxy port of an upstream node; clients cannot reach it");
+                return false;
+            }
+        };
+        let socket = std_socket
+            .set_nonblocking(true)
+            .and_then(|_| TcpListener::from_std(std_socket));
+        match socket {
+            Ok(socket) => {
+                tracing::info!(listener = %self.config.name, node_id, %addr, "node listener bound");
+                if let Some(me) = self.me.upgrade() {
+                    tokio::spawn(me.accept_loop(socket, Target::Node(node_id)));
+                    true
+                } else {
+                    false
+                }
+            }
+            Err(e) => {
+                tracing::error!(listener = %self.config.name, node_id, %addr, error = %e, "cannot serve node port");
+                false
+            }
+        }
+    }
+}

@@ -1,0 +1,14 @@
+//! Routing and correlation: listeners, connections, upstream nodes.
+//!
+//! A [`listener::Listener`] owns a bootstrap port and one port per upstream
+//! node ([`nodes`]); each accepted client connection is relayed to its
+//! upstream by [`connection::relay`], which keeps the per-connection
+//! correlation queue and applies the listener's response rewriter
+//! ([`rewrite`]).
+
+pub mod connection;
+pub mod listener;
+pub mod nodes;
+pub mod refresh;
+pub mod rewrite;
+pub mod upstream;
