@@ -278,6 +278,14 @@ fn varint_edge_cases() {
         Reader::new(&[0, 0, 0, 3, 1, 2, 3]).read_array_len(1, "x"),
         Ok(Some(3))
     );
+    // A null where a value is required is an error that consumes nothing
+    // (found by the wire_request_header fuzz target).
+    let mut r = Reader::new(&[0x00, 0x0a]);
+    assert!(r.read_compact_string("x").is_err());
+    assert_eq!(r.position(), 0);
+    let mut r = Reader::new(&[0xff, 0xff, 0xff, 0xff]);
+    assert!(r.read_bytes("x").is_err());
+    assert_eq!(r.position(), 0);
     // Invalid UTF-8.
     assert!(Reader::new(&[2, 0xff]).read_compact_string("x").is_err());
     // Tagged section claiming more fields than bytes.

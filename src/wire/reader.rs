@@ -5,6 +5,8 @@
 //! input. Nothing here allocates, and in particular no length or element
 //! count read from the wire is ever used to reserve memory: counts are only
 //! validated (against the remaining bytes) and handed back to the caller.
+//! A read that fails consumes nothing: the cursor stays where it was, so a
+//! caller can report the error position or try another interpretation.
 
 use super::error::{WireError, WireResult};
 
@@ -322,6 +324,7 @@ impl<'a> Reader<'a> {
         let at = self.pos;
         self.read_nullable_string(field)?
             .ok_or(WireError::UnexpectedNull { field, offset: at })
+            .inspect_err(|_| self.pos = at)
     }
 
     /// Reads a COMPACT_NULLABLE_STRING (UNSIGNED_VARINT length+1, 0 = null).
@@ -347,6 +350,7 @@ impl<'a> Reader<'a> {
         let at = self.pos;
         self.read_compact_nullable_string(field)?
             .ok_or(WireError::UnexpectedNull { field, offset: at })
+            .inspect_err(|_| self.pos = at)
     }
 
     /// Reads a string in the encoding of the message's version: compact when
@@ -390,6 +394,7 @@ impl<'a> Reader<'a> {
         let at = self.pos;
         self.read_nullable_bytes(field)?
             .ok_or(WireError::UnexpectedNull { field, offset: at })
+            .inspect_err(|_| self.pos = at)
     }
 
     fn read_compact_nullable_bytes_inner(
@@ -423,6 +428,7 @@ impl<'a> Reader<'a> {
         let at = self.pos;
         self.read_compact_nullable_bytes(field)?
             .ok_or(WireError::UnexpectedNull { field, offset: at })
+            .inspect_err(|_| self.pos = at)
     }
 
     /// Reads nullable bytes in the encoding of the message's version.
@@ -521,6 +527,7 @@ impl<'a> Reader<'a> {
         let at = self.pos;
         self.read_nullable_array_len_v(flexible, min_elem_size, field)?
             .ok_or(WireError::UnexpectedNull { field, offset: at })
+            .inspect_err(|_| self.pos = at)
     }
 
     /// Reads one tagged field (tag, size, payload).
