@@ -39,6 +39,16 @@ def pytest_generate_tests(metafunc):
         metafunc.parametrize("mg_target", targets, indirect=True)
 
 
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--mg-target") != "direct":
+        return
+    skip = pytest.mark.skip(reason="needs mirrorguard (--mg-target=direct)")
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if "kafka" not in names and names & {"proxy", "proxy_factory"}:
+            item.add_marker(skip)
+
+
 def _register_log(request, name: str, path: Path) -> None:
     logs = request.node.stash.setdefault(LOGS_KEY, [])
     logs.append((name, path))
@@ -72,6 +82,7 @@ def broker_factory(request, tmp_path):
         return b
 
     yield make
+    harness.close_clients()
     for b in started:
         b.stop()
 
@@ -95,6 +106,7 @@ def proxy_factory(request, tmp_path):
         return p
 
     yield make
+    harness.close_clients()
     problems = []
     for p in started:
         rc = p.terminate()

@@ -7,6 +7,7 @@ started here runs in its own process group so that it can always be stopped.
 from __future__ import annotations
 
 import base64
+import logging
 import os
 import random
 import re
@@ -326,6 +327,7 @@ metadata_refresh_ms = {metadata_refresh_ms}
             raise HarnessError(f"{MIRRORGUARD_BIN} does not exist (cargo build --bins, or set MIRRORGUARD_BIN)")
         env = dict(os.environ)
         env.setdefault("RUST_BACKTRACE", "1")
+        env.setdefault("NO_COLOR", "1")
         self.proc = ManagedProcess(
             self.name, [MIRRORGUARD_BIN, "run", "--config", self.config_path], self.log_path, env=env
         )
@@ -457,9 +459,42 @@ class Metrics:
 # librdkafka helpers
 
 
+RDKAFKA_LOG = logging.getLogger("rdkafka")
+
+# Every librdkafka client made through the helpers below, so that the fixtures can
+# close them all at teardown (a client left alive keeps reconnecting to dead ports).
+_clients: list = []
+
+
+def close_clients() -> None:
+    while _clients:
+        c = _clients.pop()
+        try:
+            if isinstance(c, Producer):
+                c.purge()
+                c.close()
+            elif isinstance(c, Consumer):
+                c.close()
+        except Exception:  # noqa: BLE001 - already closed, or broker gone
+            pass
+
+
+def new_producer(bootstrap: str, **conf) -> Producer:
+    p = Producer(base_conf(bootstrap, **conf))
+    _clients.append(p)
+    return p
+
+
+def new_consumer(bootstrap: str, **conf) -> Consumer:
+    c = Consumer(base_conf(bootstrap, **conf))
+    _clients.append(c)
+    return c
+
+
 def base_conf(bootstrap: str, **extra) -> dict:
     conf = {
         "bootstrap.servers": bootstrap,
+        "logger": RDKAFKA_LOG,
         "broker.address.family": "v4",
         "socket.timeout.ms": 10000,
         "socket.connection.setup.timeout.ms": 5000,
@@ -472,7 +507,9 @@ def base_conf(bootstrap: str, **extra) -> dict:
 
 
 def admin(bootstrap: str, **extra) -> AdminClient:
-    return AdminClient(base_conf(bootstrap, **extra))
+    a = AdminClient(base_conf(bootstrap, **extra))
+    _clients.append(a)
+    return a
 
 
 def create_topics(
@@ -512,7 +549,8 @@ def produce(
 ) -> list:
     """Produces `records` ((key, value) pairs) to one partition and returns the delivered
     messages in order of delivery. Raises on any delivery error or timeout."""
-    p = producer or Producer(base_conf(bootstrap, **{"message.timeout.ms": int(timeout * 1000), **conf}))
+    own = producer is None
+    p = producer or new_producer(bootstrap, **{"message.timeout.ms": int(timeout * 1000), **conf})
     delivered = []
     errors = []
 
@@ -530,6 +568,10 @@ def produce(
             except BufferError:
                 p.poll(0.1)
     remaining = p.flush(timeout)
+    if own:
+        if remaining:
+            p.purge()
+        p.close()
     if errors:
         raise KafkaException(errors[0])
     if remaining:
@@ -550,17 +592,15 @@ def consume_assign(
 ) -> list:
     """Consumes exactly `count` messages from one partition with assign() (no group
     membership) starting at `offset`. Raises on a consumer error or timeout."""
-    c = Consumer(
-        base_conf(
-            bootstrap,
-            **{
-                "group.id": "mg-assign-reader",
-                "enable.auto.commit": False,
-                "enable.partition.eof": False,
-                "fetch.wait.max.ms": 100,
-                **conf,
-            },
-        )
+    c = new_consumer(
+        bootstrap,
+        **{
+            "group.id": "mg-assign-reader",
+            "enable.auto.commit": False,
+            "enable.partition.eof": False,
+            "fetch.wait.max.ms": 100,
+            **conf,
+        },
     )
     try:
         c.assign([TopicPartition(topic, partition, offset)])

@@ -3,10 +3,8 @@ directly from the broker (raw Fetch v4, no client library in between)."""
 
 from __future__ import annotations
 
-from confluent_kafka import Producer
-
 import rawkafka
-from harness import HOST, base_conf, create_topics, produce, topic_name
+from harness import HOST, create_topics, new_producer, produce, topic_name
 
 
 def _fill(bootstrap: str, topic: str) -> None:
@@ -20,7 +18,7 @@ def _fill(bootstrap: str, topic: str) -> None:
             **{"compression.type": codec, "linger.ms": 10},
         )
     produce(bootstrap, topic, [(None, f"idem-{i}".encode()) for i in range(30)], **{"enable.idempotence": True})
-    p = Producer(base_conf(bootstrap, **{"transactional.id": f"tx-{topic}"}))
+    p = new_producer(bootstrap, **{"transactional.id": f"tx-{topic}"})
     p.init_transactions(15)
     for outcome in ("abort", "commit"):
         p.begin_transaction()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import ConfigResource, ResourceType
 
 import rawkafka
@@ -18,7 +18,8 @@ from harness import (
     HOST,
     TANSU_NODE_ID,
     admin,
-    base_conf,
+    new_consumer,
+    new_producer,
     consume_assign,
     create_topics,
     produce,
@@ -92,11 +93,8 @@ def test_idempotent_producer(kafka):
     create_topics(kafka.bootstrap, [topic])
     n = 500
     recs = [(None, f"idem-{i}".encode()) for i in range(n)]
-    p = Producer(
-        base_conf(
-            kafka.bootstrap,
-            **{"enable.idempotence": True, "acks": "all", "linger.ms": 5, "batch.num.messages": 50},
-        )
+    p = new_producer(
+        kafka.bootstrap, **{"enable.idempotence": True, "acks": "all", "linger.ms": 5, "batch.num.messages": 50}
     )
     produce(kafka.bootstrap, topic, recs[:250], producer=p)
     produce(kafka.bootstrap, topic, recs[250:], producer=p)
@@ -116,7 +114,7 @@ def test_idempotent_producer(kafka):
 
 
 def _txn_producer(bootstrap: str, txn_id: str) -> Producer:
-    p = Producer(base_conf(bootstrap, **{"transactional.id": txn_id, "transaction.timeout.ms": 30000}))
+    p = new_producer(bootstrap, **{"transactional.id": txn_id, "transaction.timeout.ms": 30000})
     p.init_transactions(15)
     return p
 
@@ -187,17 +185,15 @@ def test_transactional_abort(kafka):
 
 
 def _group_consumer(bootstrap: str, group: str) -> Consumer:
-    return Consumer(
-        base_conf(
-            bootstrap,
-            **{
-                "group.id": group,
-                "auto.offset.reset": "earliest",
-                "enable.auto.commit": False,
-                "fetch.wait.max.ms": 100,
-                **FAST_GROUP_CONF,
-            },
-        )
+    return new_consumer(
+        bootstrap,
+        **{
+            "group.id": group,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "fetch.wait.max.ms": 100,
+            **FAST_GROUP_CONF,
+        },
     )
 
 

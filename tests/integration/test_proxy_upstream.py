@@ -1,0 +1,74 @@
+"""Upstream failures: broker restart on the same port, connect refused at start-up."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from harness import HOST, consume_assign, create_topics, free_port, new_producer, produce, topic_name, wait_until
+
+UPSTREAM_ERRORS = "mirrorguard_upstream_errors_total"
+
+
+def test_broker_restart_same_port(broker_factory, proxy_factory):
+    b1 = broker_factory()
+    proxy = proxy_factory([b1.bootstrap])
+    topic = topic_name("restart")
+    create_topics(proxy.bootstrap, [topic])
+
+    events = []
+    p = new_producer(proxy.bootstrap, **{"message.timeout.ms": 60000, "linger.ms": 0, "error_cb": events.append})
+    produce(proxy.bootstrap, topic, [(None, f"before-{i}".encode()) for i in range(5)], producer=p)
+    errors_before = proxy.metrics().sum(UPSTREAM_ERRORS)
+
+    b1.stop()
+    assert not b1.proc.alive()
+
+    # During the outage nothing may be acknowledged.
+    outcome = []
+    p.produce(topic, value=b"during", partition=0, on_delivery=lambda err, msg: outcome.append(err))
+    t_end = time.monotonic() + 2.0
+    while time.monotonic() < t_end:
+        p.poll(0.1)
+    assert not [e for e in outcome if e is None], "a message was acknowledged while the broker was down"
+    assert proxy.alive()
+
+    # A new broker on the same port (memory storage: the topic has to be created again).
+    b2 = broker_factory(port=b1.port, cid=b1.cluster_id)
+    create_topics(b2.bootstrap, [topic])
+
+    delivered = produce(proxy.bootstrap, topic, [(None, f"after-{i}".encode()) for i in range(5)], producer=p, timeout=45)
+    assert len(delivered) == 5
+    assert p.flush(30) == 0
+    # The message produced during the outage was either delivered after recovery or
+    # failed with an error; it was never acknowledged before.
+    values = [m.value() for m in consume_assign(proxy.bootstrap, topic, count=5 + (1 if outcome[-1:] == [None] else 0))]
+    assert values[-5:] == [f"after-{i}".encode() for i in range(5)]
+
+    wait_until(lambda: proxy.metrics().sum(UPSTREAM_ERRORS) > errors_before, 10, what=f"{UPSTREAM_ERRORS} increased")
+    assert proxy.readyz() == 200
+    print(f"client-side events during the outage: {[str(e) for e in events]}")
+
+
+def test_connect_refused_at_startup(broker_factory, proxy_factory):
+    """The proxy starts with its upstream down: it stays up, is not ready, counts the
+    failures, and becomes ready and serves clients once the broker appears."""
+    port = free_port()
+    proxy = proxy_factory([f"{HOST}:{port}"], wait_ready=False)
+    t_end = time.monotonic() + 1.5
+    while time.monotonic() < t_end:
+        assert proxy.alive(), "proxy exited while its upstream was down"
+        assert proxy.readyz() != 200, "/readyz is 200 with no reachable upstream"
+        time.sleep(0.1)
+
+    broker_factory(port=port)
+    try:
+        proxy.wait_ready(20)
+    except Exception as e:  # noqa: BLE001
+        pytest.fail(f"proxy did not become ready after the upstream came up: {e}")
+    assert proxy.metrics().sum(UPSTREAM_ERRORS) > 0, "connect refused was not counted"
+
+    topic = topic_name("late")
+    create_topics(proxy.bootstrap, [topic])
+    produce(proxy.bootstrap, topic, [(None, b"hello")])
+    assert consume_assign(proxy.bootstrap, topic, count=1)[0].value() == b"hello"
