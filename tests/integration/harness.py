@@ -202,8 +202,8 @@ class TansuBroker:
             [
                 TANSU_BIN,
                 "broker",
-                "--cluster-id",
-                self.cluster_id,
+                # `=` form: a URL-safe base64 id may start with '-'.
+                f"--cluster-id={self.cluster_id}",
                 "--listener-url",
                 url,
                 "--advertised-listener-url",

@@ -130,19 +130,17 @@ def test_hostile_inputs_close_only_that_connection(proxy, broker):
         garbage = bytearray(rng.randbytes(8192))
         garbage[0] = 0x7F  # size prefix ~2 GiB: far above the limit, not negative, not TLS
         cases = [
-            # (name, port, bytes, close_write, expected kind or None for "any")
+            # (name, port, bytes, close_write, expected kind; None: any kind; "": not required)
             ("tls on bootstrap", proxy.ports.bootstrap, tls_client_hello(), False, "tls_on_plaintext"),
             ("tls on node port", proxy.ports.node_port, tls_client_hello(), False, "tls_on_plaintext"),
             ("too large", proxy.ports.bootstrap, struct.pack(">i", limit + 1) + b"\0" * 64, False, "too_large"),
             ("truncated", proxy.ports.bootstrap, struct.pack(">i", 100) + b"\0\x03\0\x01" + b"\0" * 6, True, "truncated"),
             ("header too short", proxy.ports.bootstrap, struct.pack(">i", 4) + b"\0\x03\0\x01", False, "bad_header"),
-            (
-                "client id overruns frame",
-                proxy.ports.node_port,
-                struct.pack(">ihhih", 10, 3, 1, 7, 500),
-                False,
-                "bad_header",
-            ),
+            ("negative api key", proxy.ports.node_port, struct.pack(">ihhih", 10, -2, 1, 7, -1), False, "bad_header"),
+            # The proxy routes on the fixed 8 header bytes and may forward the rest opaquely, so
+            # a client id overrunning the frame is only required to end that connection (here or
+            # at the broker), not to be counted as a frame error.
+            ("client id overruns frame", proxy.ports.node_port, struct.pack(">ihhih", 10, 3, 1, 7, 500), False, ""),
             ("garbage", proxy.ports.bootstrap, bytes(garbage), False, None),
             ("negative size", proxy.ports.node_port, b"\xff\xff\xff\xf0" + rng.randbytes(64), False, None),
         ]
@@ -155,6 +153,8 @@ def test_hostile_inputs_close_only_that_connection(proxy, broker):
                 s.close()
 
             def counted(before=before, kind=kind):
+                if kind == "":
+                    return True
                 after = proxy.metrics()
                 if kind is None:
                     return after.sum(FRAME_ERRORS) > before.sum(FRAME_ERRORS)
@@ -184,7 +184,7 @@ def test_hostile_inputs_close_only_that_connection(proxy, broker):
     got = consume_assign(proxy.bootstrap, topic, offset=total, count=1)
     assert got[0].value() == b"after"
     m = proxy.metrics()
-    assert m.sum(FRAME_ERRORS, listener="main") >= len(cases)
+    assert m.sum(FRAME_ERRORS, listener="main") >= len([c for c in cases if c[4] != ""])
 
 
 def test_many_hostile_connections_at_once(proxy):
