@@ -58,6 +58,32 @@ def array(items: list[bytes]) -> bytes:
     return i32(len(items)) + b"".join(items)
 
 
+def uvarint(v: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = v & 0x7F
+        v >>= 7
+        if v:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def compact_string(s: str | None) -> bytes:
+    if s is None:
+        return uvarint(0)
+    b = s.encode()
+    return uvarint(len(b) + 1) + b
+
+
+def compact_array(items: list[bytes]) -> bytes:
+    return uvarint(len(items) + 1) + b"".join(items)
+
+
+NO_TAGS = uvarint(0)
+
+
 class Reader:
     def __init__(self, buf: bytes, pos: int = 0, end: int | None = None):
         self.buf = buf
@@ -117,6 +143,43 @@ class Reader:
                 raise ProtocolError("varint too long")
         return (raw >> 1) ^ -(raw & 1)
 
+    def uvarint(self) -> int:
+        shift = 0
+        v = 0
+        while True:
+            b = self.take(1)[0]
+            v |= (b & 0x7F) << shift
+            if not b & 0x80:
+                return v
+            shift += 7
+            if shift > 63:
+                raise ProtocolError("uvarint too long")
+
+    def compact_count(self) -> int:
+        """Length of a compact array: -1 for null."""
+        n = self.uvarint() - 1
+        if n > self.end - self.pos:
+            raise ProtocolError(f"implausible compact length {n}")
+        return n
+
+    def compact_string(self) -> str | None:
+        n = self.compact_count()
+        return None if n < 0 else self.take(n).decode()
+
+    def compact_bytes(self) -> bytes | None:
+        n = self.compact_count()
+        return None if n < 0 else self.take(n)
+
+    def uuid(self) -> bytes:
+        return self.take(16)
+
+    def tagged_fields(self) -> dict[int, bytes]:
+        out = {}
+        for _ in range(self.uvarint()):
+            tag = self.uvarint()
+            out[tag] = self.take(self.uvarint())
+        return out
+
     def remaining(self) -> int:
         return self.end - self.pos
 
@@ -157,11 +220,14 @@ class Connection:
             got += len(c)
         return b"".join(chunks)
 
-    def request(self, api_key: int, api_version: int, body: bytes) -> bytes:
-        """Sends one request (header v1) and returns the response body (after the v0 header)."""
+    def request(self, api_key: int, api_version: int, body: bytes, flexible: bool = False) -> bytes:
+        """Sends one request and returns the response body after the response header.
+        flexible=False: request header v1, response header v0; True: v2 and v1."""
         self.corr += 1
         corr = self.corr
         header = i16(api_key) + i16(api_version) + i32(corr) + string(self.client_id)
+        if flexible:
+            header += NO_TAGS
         frame = header + body
         self.sock.sendall(i32(len(frame)) + frame)
         size = struct.unpack(">i", self._recv_exact(4))[0]
@@ -171,6 +237,10 @@ class Connection:
         got_corr = struct.unpack(">i", resp[:4])[0]
         if got_corr != corr:
             raise ProtocolError(f"correlation id {got_corr} != {corr}")
+        if flexible:
+            r = Reader(resp, 4)
+            r.tagged_fields()
+            return resp[r.pos :]
         return resp[4:]
 
 
@@ -290,6 +360,118 @@ def fetch_v4(
     if found is None:
         raise ProtocolError(f"{topic}-{partition} missing from Fetch response")
     return found
+
+
+# --------------------------------------------------------------------------
+# Metadata v12 (flexible, topic ids) and Fetch v12-v17 (flexible; topic ids from v13)
+
+
+def topic_ids_v12(conn: Connection, topics: list[str]) -> tuple[dict[str, bytes], dict[int, tuple[str, int]]]:
+    """Metadata v12: returns ({topic: topic_id}, {node: (host, port)})."""
+    body = (
+        compact_array([b"\0" * 16 + compact_string(t) + NO_TAGS for t in topics])
+        + i8(0)  # allow auto topic creation
+        + i8(0)  # include topic authorized operations
+        + NO_TAGS
+    )
+    r = Reader(conn.request(API_METADATA, 12, body, flexible=True))
+    r.i32()  # throttle
+    brokers = {}
+    for _ in range(r.compact_count()):
+        node, host, port, _rack = r.i32(), r.compact_string(), r.i32(), r.compact_string()
+        r.tagged_fields()
+        brokers[node] = (host, port)
+    r.compact_string()  # cluster id
+    r.i32()  # controller
+    ids = {}
+    for _ in range(r.compact_count()):
+        _err, name, tid, _internal = r.i16(), r.compact_string(), r.uuid(), r.i8()
+        for _ in range(r.compact_count()):
+            r.i16(), r.i32(), r.i32(), r.i32()
+            for _ in range(3):  # replicas, isr, offline
+                for _ in range(r.compact_count()):
+                    r.i32()
+            r.tagged_fields()
+        r.i32()  # authorized operations
+        r.tagged_fields()
+        ids[name] = tid
+    r.tagged_fields()
+    return ids, brokers
+
+
+@dataclass
+class FlexFetch:
+    partition: FetchPartition
+    log_start_offset: int
+    preferred_read_replica: int
+    partition_tags: dict[int, bytes]
+    response_tags: dict[int, bytes]
+
+    def node_endpoints(self) -> list[tuple[int, str, int]]:
+        """The KIP-951 NodeEndpoints (response tag 0) as (node, host, port)."""
+        raw = self.response_tags.get(0)
+        if raw is None:
+            return []
+        r = Reader(raw)
+        out = []
+        for _ in range(r.compact_count()):
+            node, host, port, _rack = r.i32(), r.compact_string(), r.i32(), r.compact_string()
+            r.tagged_fields()
+            out.append((node, host, port))
+        return out
+
+
+def fetch_flex(
+    conn: Connection,
+    version: int,
+    topic: str,
+    topic_id: bytes,
+    partition: int,
+    offset: int,
+    max_bytes: int = 1 << 20,
+    max_wait_ms: int = 100,
+) -> FlexFetch:
+    if not 12 <= version <= 17:
+        raise ValueError("Fetch v12-v17 only")
+    by_id = version >= 13
+    key = topic_id if by_id else compact_string(topic)
+    body = (i32(-1) if version <= 14 else b"") + i32(max_wait_ms) + i32(1) + i32(max_bytes) + i8(0)
+    body += i32(0) + i32(-1)  # session id, session epoch (-1: no session)
+    part = i32(partition) + i32(-1) + i64(offset) + i32(-1) + i64(-1) + i32(max_bytes) + NO_TAGS
+    body += compact_array([key + compact_array([part]) + NO_TAGS])
+    body += compact_array([])  # forgotten topics
+    body += compact_string("")  # rack id
+    body += NO_TAGS
+    r = Reader(conn.request(API_FETCH, version, body, flexible=True))
+    r.i32()  # throttle
+    err = r.i16()
+    if err != 0:
+        raise ProtocolError(f"Fetch v{version} top-level error {err}")
+    r.i32()  # session id
+    found = None
+    for _ in range(r.compact_count()):
+        t = r.uuid() if by_id else r.compact_string()
+        for _ in range(r.compact_count()):
+            idx, perr, hw, lso, lso_start = r.i32(), r.i16(), r.i64(), r.i64(), r.i64()
+            n = r.compact_count()
+            aborted = None
+            if n >= 0:
+                aborted = []
+                for _ in range(n):
+                    aborted.append((r.i64(), r.i64()))
+                    r.tagged_fields()
+            prr = r.i32()
+            recs = r.compact_bytes()
+            ptags = r.tagged_fields()
+            if t == (topic_id if by_id else topic) and idx == partition:
+                found = (FetchPartition(idx, perr, hw, lso, aborted, recs), lso_start, prr, ptags)
+        r.tagged_fields()
+    rtags = r.tagged_fields()
+    if r.remaining():
+        raise ProtocolError(f"{r.remaining()} trailing bytes in Fetch v{version} response")
+    if found is None:
+        raise ProtocolError(f"{topic}-{partition} missing from Fetch v{version} response")
+    return FlexFetch(found[0], found[1], found[2], found[3], rtags)
 
 
 # --------------------------------------------------------------------------

@@ -3,6 +3,8 @@ directly from the broker (raw Fetch v4, no client library in between)."""
 
 from __future__ import annotations
 
+import pytest
+
 import rawkafka
 from harness import HOST, create_topics, new_producer, produce, topic_name
 
@@ -66,3 +68,29 @@ def test_produced_through_proxy_stored_verbatim(kafka):
     port = kafka.proxy.ports.node_port if kafka.via_proxy else kafka.broker.port
     _, via_bytes = rawkafka.fetch_all_batches(HOST, port, topic)
     assert via_bytes == direct_bytes
+
+
+@pytest.mark.parametrize("version", [12, 13, 16, 17])
+def test_flexible_fetch_byte_identical(kafka, version):
+    """Flexible Fetch versions (v16+ carry KIP-951 NodeEndpoints the proxy rewrites): the
+    records bytes and partition fields are identical through the proxy, and any node
+    endpoint handed to the client is a proxy address."""
+    topic = topic_name(f"flex{version}")
+    create_topics(kafka.broker.bootstrap, [topic])
+    _fill(kafka.broker.bootstrap, topic)
+    port = kafka.proxy.ports.node_port if kafka.via_proxy else kafka.broker.port
+    with rawkafka.Connection(HOST, kafka.broker.port) as d, rawkafka.Connection(HOST, port) as v:
+        ids_d, _ = rawkafka.topic_ids_v12(d, [topic])
+        ids_v, brokers_v = rawkafka.topic_ids_v12(v, [topic])
+        assert ids_v == ids_d and ids_d[topic] != b"\0" * 16
+        expected = (HOST, port)
+        assert set(brokers_v.values()) == {expected}
+        direct_batches, _ = rawkafka.fetch_all_batches(HOST, kafka.broker.port, topic)
+        for b in direct_batches:
+            fd = rawkafka.fetch_flex(d, version, topic, ids_d[topic], 0, b.base_offset)
+            fv = rawkafka.fetch_flex(v, version, topic, ids_d[topic], 0, b.base_offset)
+            assert fv.partition == fd.partition, f"v{version} offset {b.base_offset}"
+            assert fv.partition.records and fv.partition.records.startswith(b.raw)
+            assert (fv.log_start_offset, fv.preferred_read_replica) == (fd.log_start_offset, fd.preferred_read_replica)
+            for node, host, nport in fv.node_endpoints():
+                assert (host, nport) == expected, f"NodeEndpoints leaks {node}@{host}:{nport}"
