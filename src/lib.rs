@@ -19,4 +19,5 @@ pub mod producer_state;
 pub mod proxy;
 pub mod records;
 pub mod run;
+pub mod state_store;
 pub mod wire;

@@ -1,0 +1,24 @@
+//! The state store: mirrorguard's durable decisions in the compacted
+//! `__mirror_state` topic of the real cluster (SPEC 2.2, 3).
+//!
+//! - [`schema`]: the binary key/value schemas of the records (PID collision
+//!   salts, partition life-cycle states, producer-state snapshots) and their
+//!   decoder/encoders.
+//! - [`StateStore`]: a minimal Kafka client of its own (on the project's
+//!   wire codec, not a client library) that creates the topic compacted with
+//!   one partition if it is missing, appends with acks=all from an idempotent
+//!   producer, and reads the topic back from any offset so that several
+//!   mirrorguard instances converge on the same records.
+//!
+//! Records are opaque bytes to the client; callers encode them with
+//! [`schema`] and resolve conflicts themselves ("for one key the record at
+//! the lowest offset wins").
+
+mod client;
+mod proto;
+pub mod schema;
+
+pub use client::{
+    Connector, StateStore, StateStoreConfig, StateStoreError, StoredRecord, TcpConnector,
+    DEFAULT_TOPIC,
+};
