@@ -176,19 +176,84 @@ const X2N: [u32; 64] = {
     t
 };
 
-/// x^(8 * bytes) mod POLY: the operator that appends `bytes` zero bytes to
-/// a raw (zero-init, no xorout) CRC state.
-fn x8nmodp(mut bytes: usize) -> u32 {
-    let mut p: u32 = 1 << 31; // x^0
-    let mut k = 3; // 2^3 bits per byte
-    while bytes != 0 {
-        if bytes & 1 != 0 {
-            p = multmodp(X2N.get(k).copied().unwrap_or(1 << 31), p);
+/// `OPS[k][d]` = x^(8 * d * 16^k) mod POLY: the operator appending
+/// `d * 16^k` zero bytes, so any byte count takes one multiplication per
+/// non-zero hex digit (at most 4 for a 64 KiB batch, 6 for 16 MiB).
+const OPS: [[u32; 16]; 16] = {
+    let mut t = [[0u32; 16]; 16];
+    let mut k = 0;
+    while k < 16 {
+        t[k][0] = 1 << 31; // x^0
+        let mut d = 1;
+        while d < 16 {
+            t[k][d] = multmodp(t[k][d - 1], X2N[3 + 4 * k]);
+            d += 1;
         }
-        bytes >>= 1;
         k += 1;
     }
+    t
+};
+
+/// The reflected CRC-32C byte table: `T8[i]` is the byte `i` (at the
+/// highest powers) times x^8 mod POLY, so `state * x^8` is one lookup.
+const T8: [u32; 256] = {
+    let mut t = [0u32; 256];
+    let mut i = 0;
+    while i < 256 {
+        let mut c = i as u32;
+        let mut k = 0;
+        while k < 8 {
+            c = (c >> 1) ^ (POLY & (c & 1).wrapping_neg());
+            k += 1;
+        }
+        t[i] = c;
+        i += 1;
+    }
+    t
+};
+
+/// `a * b mod POLY`, a byte of `a` at a time (Horner over x^8 with the byte
+/// table); same result as [`multmodp`], several times faster at run time.
+#[inline]
+fn mul_fast(a: u32, b: u32) -> u32 {
+    // bx[j] = b * x^j for j in 0..8.
+    let mut bx = [0u32; 8];
+    let mut v = b;
+    for slot in bx.iter_mut() {
+        *slot = v;
+        v = (v >> 1) ^ (POLY & (v & 1).wrapping_neg());
+    }
+    // Byte c of `a` (c = 0 holds x^0..x^7) sits at bit shift 24 - 8c, and
+    // within it bit 7 - j is the coefficient of x^(8c + j).
+    let chunk = |c: u32| {
+        let byte = (a >> (24 - 8 * c)) & 0xff;
+        let mut acc = 0u32;
+        for (j, bxj) in bx.iter().enumerate() {
+            acc ^= bxj & ((byte >> (7 - j)) & 1).wrapping_neg();
+        }
+        acc
+    };
+    let mut p = chunk(3);
+    for c in [2u32, 1, 0] {
+        p = (p >> 8) ^ T8[(p & 0xff) as usize] ^ chunk(c);
+    }
     p
+}
+
+/// Appends `bytes` zero bytes to a raw (zero-init, no xorout) CRC state.
+fn shift_zeros(mut state: u32, bytes: usize) -> u32 {
+    let mut n = bytes as u64;
+    for ops in OPS.iter() {
+        if n == 0 {
+            break;
+        }
+        let d = (n & 15) as usize;
+        if d != 0 {
+            state = mul_fast(ops.get(d).copied().unwrap_or(1 << 31), state);
+        }
+        n >>= 4;
+    }
+    state
 }
 
 /// `crc(a) ^ crc(b)` for equal-length messages whose XOR is `diff` followed
@@ -197,12 +262,27 @@ pub(crate) fn crc_delta(diff: &[u8], zeros_after: usize) -> u32 {
     // Raw CRC of `diff` from a zero state: crc32c_append inverts on entry and
     // exit, so feed it the inverted zero state and invert the result.
     let raw = !crc32c::crc32c_append(!0, diff);
-    multmodp(x8nmodp(zeros_after), raw)
+    shift_zeros(raw, zeros_after)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn fast_multiply_matches_bit_serial() {
+        let mut x: u32 = 0x1234_5678;
+        for _ in 0..10_000 {
+            // xorshift32
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            let y = x.rotate_left(11) ^ 0x9e37_79b9;
+            assert_eq!(mul_fast(x, y), multmodp(x, y), "{x:#x} * {y:#x}");
+        }
+        assert_eq!(mul_fast(0, 5), 0);
+        assert_eq!(mul_fast(1 << 31, 0xdead_beef), 0xdead_beef);
+    }
 
     #[test]
     fn delta_matches_direct_computation() {

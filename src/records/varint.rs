@@ -63,9 +63,9 @@ impl<'a> Cursor<'a> {
 
     /// Zigzag int32 varint.
     pub(crate) fn varint(&mut self) -> Option<i32> {
-        let raw = self.raw_varint(5)?;
-        // Bits above 32 can only come from an over-long 5th byte: refuse.
-        let raw = u32::try_from(raw).ok()?;
+        // Like Kafka's ByteUtils.readVarint, bits shifted past 32 by the 5th
+        // byte are dropped rather than refused.
+        let raw = self.raw_varint(5)? as u32;
         Some(((raw >> 1) as i32) ^ -((raw & 1) as i32))
     }
 
@@ -77,7 +77,8 @@ impl<'a> Cursor<'a> {
 
     /// Unsigned varint as used by flexible versions (compact lengths, tags).
     pub(crate) fn uvarint(&mut self) -> Option<u32> {
-        u32::try_from(self.raw_varint(5)?).ok()
+        // Same truncation as Kafka's readUnsignedVarint.
+        Some(self.raw_varint(5)? as u32)
     }
 
     /// A varint-length-prefixed byte field; negative length = null.
