@@ -19,6 +19,8 @@ use crate::proxy::listener::Listener;
 
 /// What the admin handlers read.
 pub struct AdminState {
+    /// Shadow producer state of every mirrored partition.
+    pub registry: Arc<crate::producer_state::ProducerStateRegistry>,
     /// The metrics registry.
     pub metrics: Arc<Metrics>,
     /// Every proxy listener (readiness).
@@ -63,6 +65,16 @@ async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
 }
 
 async fn metrics(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
+    // Gauges read from the registry at scrape time, not maintained per batch.
+    s.metrics
+        .producer_state_producers
+        .set(s.registry.total_producers() as i64);
+    s.metrics
+        .producer_state_bytes
+        .set(s.registry.memory_bytes() as i64);
+    s.metrics
+        .producer_state_partitions
+        .set(s.registry.partition_keys().len() as i64);
     (
         [(
             header::CONTENT_TYPE,

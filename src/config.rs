@@ -29,6 +29,156 @@ pub struct Config {
     /// Plain proxy listeners, one per upstream cluster.
     #[serde(default, rename = "listener")]
     pub listeners: Vec<ListenerConfig>,
+    /// Mirror (fetch-path) listeners, one per source cluster.
+    #[serde(default, rename = "mirror")]
+    pub mirrors: Vec<MirrorConfig>,
+    /// The cluster holding `__mirror_state`.
+    #[serde(default)]
+    pub state: Option<StateConfig>,
+    /// Producer-state tracking.
+    #[serde(default)]
+    pub producer_state: ProducerStateConfig,
+}
+
+/// `[[mirror]]`: a fetch-path listener between a destination's mirror
+/// fetcher and a source cluster. Port per node, like `[[listener]]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MirrorConfig {
+    /// Mirror name (logs, metrics, admin API).
+    pub name: String,
+    /// Address the destination's fetcher bootstraps from.
+    pub bootstrap: String,
+    /// Interface the per-node listeners bind to.
+    #[serde(default = "default_listen_host")]
+    pub listen_host: String,
+    /// Host name handed to the fetcher in Metadata and friends.
+    pub advertised_host: String,
+    /// Source broker node N is served at `node_port_base + N`.
+    pub node_port_base: u16,
+    /// Source cluster bootstrap servers.
+    pub source_bootstrap: Vec<String>,
+    /// Source cluster id (Kafka base64 or UUID text); learned from the source's
+    /// Metadata when absent.
+    #[serde(default)]
+    pub source_cluster_id: Option<String>,
+    /// `region` (rewrite PIDs into the source's region) or `preserve`.
+    #[serde(default)]
+    pub pid_mode: PidMode,
+    /// Region layout: `high` (EOS-safe, default) or `sign-bit`.
+    #[serde(default)]
+    pub layout: LayoutConfig,
+    /// Destination topic = this prefix + source topic name (empty by default:
+    /// same name, as KIP-1279 mirrors do).
+    #[serde(default)]
+    pub destination_topic_prefix: String,
+    /// Upstream connect timeout.
+    #[serde(default = "default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    /// Period of the proxy's own source Metadata refresh.
+    #[serde(default = "default_metadata_refresh_ms")]
+    pub metadata_refresh_ms: u64,
+}
+
+impl MirrorConfig {
+    /// The proxy-listener part of the mirror.
+    pub fn listener(&self) -> ListenerConfig {
+        ListenerConfig {
+            name: self.name.clone(),
+            bootstrap: self.bootstrap.clone(),
+            listen_host: self.listen_host.clone(),
+            advertised_host: self.advertised_host.clone(),
+            node_port_base: self.node_port_base,
+            upstream_bootstrap: self.source_bootstrap.clone(),
+            connect_timeout_ms: self.connect_timeout_ms,
+            metadata_refresh_ms: self.metadata_refresh_ms,
+        }
+    }
+}
+
+/// PID handling of a mirror.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum PidMode {
+    /// Rewrite every PID into the source cluster's region (SPEC 2.1).
+    #[default]
+    Region,
+    /// Leave PIDs untouched; rely on the barrier (KIP-1279's final design).
+    Preserve,
+}
+
+/// Region layout of a mirror.
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+pub enum LayoutConfig {
+    /// Bit 62 marks a mapped PID; PIDs stay positive (EOS-safe).
+    #[default]
+    #[serde(rename = "high")]
+    High,
+    /// Bit 63 marks a mapped PID (the seed layout; not EOS-safe on stock brokers).
+    #[serde(rename = "sign-bit")]
+    SignBit,
+}
+
+/// `[state]`: where `__mirror_state` lives.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StateConfig {
+    /// Bootstrap servers of the state cluster (usually the destination).
+    pub bootstrap: Vec<String>,
+    /// Topic name.
+    #[serde(default = "default_state_topic")]
+    pub topic: String,
+    /// Replication factor when creating the topic (-1 = broker default).
+    #[serde(default = "default_replication_factor")]
+    pub replication_factor: i16,
+    /// Connect timeout.
+    #[serde(default = "default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    /// How long an append may take, retries included.
+    #[serde(default = "default_state_request_timeout_ms")]
+    pub request_timeout_ms: u64,
+}
+
+fn default_state_topic() -> String {
+    "__mirror_state".to_string()
+}
+
+fn default_replication_factor() -> i16 {
+    -1
+}
+
+fn default_state_request_timeout_ms() -> u64 {
+    30_000
+}
+
+/// `[producer_state]`
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProducerStateConfig {
+    /// Idle time after which a producer is forgotten (Kafka's
+    /// `producer.id.expiration.ms`, default 24 h).
+    #[serde(default = "default_producer_idle_ms")]
+    pub max_idle_ms: i64,
+    /// Anomalies kept in memory for the admin API.
+    #[serde(default = "default_anomaly_log")]
+    pub anomaly_log_capacity: usize,
+}
+
+impl Default for ProducerStateConfig {
+    fn default() -> Self {
+        Self {
+            max_idle_ms: default_producer_idle_ms(),
+            anomaly_log_capacity: default_anomaly_log(),
+        }
+    }
+}
+
+fn default_producer_idle_ms() -> i64 {
+    86_400_000
+}
+
+fn default_anomaly_log() -> usize {
+    1000
 }
 
 /// `[admin]`
@@ -238,15 +388,74 @@ impl Config {
                 ),
             ));
         }
-        if self.listeners.is_empty() {
+        if self.listeners.is_empty() && self.mirrors.is_empty() {
             return Err(invalid(
                 "listener".into(),
-                "at least one [[listener]] is required".into(),
+                "at least one [[listener]] or [[mirror]] is required".into(),
             ));
         }
+        for (i, m) in self.mirrors.iter().enumerate() {
+            if let Some(id) = &m.source_cluster_id {
+                crate::pid::ClusterId::parse(id).map_err(|e| {
+                    invalid(format!("mirror[{i}].source_cluster_id"), e.to_string())
+                })?;
+            }
+            if m.pid_mode == PidMode::Region && self.state.is_none() {
+                return Err(invalid(
+                    format!("mirror[{i}].pid_mode"),
+                    "region mode persists collision salts: add a [state] section naming the \
+                     cluster that holds __mirror_state"
+                        .into(),
+                ));
+            }
+        }
+        if let Some(st) = &self.state {
+            if st.bootstrap.is_empty() {
+                return Err(invalid(
+                    "state.bootstrap".into(),
+                    "needs at least one host:port".into(),
+                ));
+            }
+            for (j, addr) in st.bootstrap.iter().enumerate() {
+                split_host_port(addr).map_err(|m| invalid(format!("state.bootstrap[{j}]"), m))?;
+            }
+            if st.topic.is_empty() {
+                return Err(invalid("state.topic".into(), "must not be empty".into()));
+            }
+        }
+        if self.producer_state.max_idle_ms <= 0 {
+            return Err(invalid(
+                "producer_state.max_idle_ms".into(),
+                "must be > 0".into(),
+            ));
+        }
+        let all: Vec<(String, ListenerConfig)> = self
+            .listeners
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (format!("listener[{i}]"), l.clone()))
+            .chain(
+                self.mirrors
+                    .iter()
+                    .enumerate()
+                    .map(|(i, m)| (format!("mirror[{i}]"), m.listener())),
+            )
+            .collect();
         let mut names = std::collections::HashSet::new();
-        for (i, l) in self.listeners.iter().enumerate() {
-            let f = |name: &str| format!("listener[{i}].{name}");
+        for (prefix, l) in &all {
+            let upstream_field = if prefix.starts_with("mirror") {
+                "source_bootstrap"
+            } else {
+                "upstream_bootstrap"
+            };
+            let f = |name: &str| {
+                let name = if name == "upstream_bootstrap" {
+                    upstream_field
+                } else {
+                    name
+                };
+                format!("{prefix}.{name}")
+            };
             if l.name.is_empty()
                 || !l
                     .name
@@ -276,7 +485,7 @@ impl Config {
             }
             for (j, addr) in l.upstream_bootstrap.iter().enumerate() {
                 split_host_port(addr)
-                    .map_err(|m| invalid(format!("listener[{i}].upstream_bootstrap[{j}]"), m))?;
+                    .map_err(|m| invalid(format!("{}[{j}]", f("upstream_bootstrap")), m))?;
             }
             if l.connect_timeout_ms == 0 {
                 return Err(invalid(f("connect_timeout_ms"), "must be > 0".into()));

@@ -14,6 +14,7 @@ pub mod config;
 pub mod dump;
 pub mod handlers;
 pub mod metrics;
+pub mod mirror;
 pub mod pid;
 pub mod producer_state;
 pub mod proxy;

@@ -49,6 +49,15 @@ pub struct KindLabels {
     pub kind: &'static str,
 }
 
+/// Labels of per-mirror event counters.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MirrorKindLabels {
+    /// Mirror name.
+    pub mirror: String,
+    /// Event or anomaly kind.
+    pub kind: &'static str,
+}
+
 fn latency_histogram() -> Histogram {
     // 100 us .. ~6.5 s
     Histogram::new(exponential_buckets(0.0001, 2.0, 17))
@@ -72,6 +81,18 @@ pub struct Metrics {
     pub rewrite_errors: Family<KindLabels, Counter>,
     /// Upstream broker nodes currently served, per listener.
     pub upstream_nodes: Family<ListenerLabels, Gauge>,
+    /// Fetch-path events per mirror (see the help text for the kinds).
+    pub mirror_events: Family<MirrorKindLabels, Counter>,
+    /// Producer-state anomalies per mirror and kind.
+    pub anomalies: Family<MirrorKindLabels, Counter>,
+    /// Producers tracked in the shadow producer state, all partitions.
+    pub producer_state_producers: Gauge,
+    /// Estimated memory of the shadow producer state.
+    pub producer_state_bytes: Gauge,
+    /// Destination partitions with producer state.
+    pub producer_state_partitions: Gauge,
+    /// `__mirror_state` operations by kind (`append`, `append_error`, `load`, `load_error`).
+    pub state_store_ops: Family<KindLabels, Counter>,
 }
 
 /// Cached handles for one (listener, API) pair.
@@ -102,6 +123,46 @@ impl Metrics {
         let frame_errors = Family::<KindLabels, Counter>::default();
         let rewrite_errors = Family::<KindLabels, Counter>::default();
         let upstream_nodes = Family::<ListenerLabels, Gauge>::default();
+        let mirror_events = Family::<MirrorKindLabels, Counter>::default();
+        let anomalies = Family::<MirrorKindLabels, Counter>::default();
+        let producer_state_producers = Gauge::default();
+        let producer_state_bytes = Gauge::default();
+        let producer_state_partitions = Gauge::default();
+        let state_store_ops = Family::<KindLabels, Counter>::default();
+        registry.register(
+            "mirrorguard_mirror_events",
+            "Fetch-path events per mirror: batch_seen, batch_rewritten (PID rewritten, CRC \
+             recomputed), aborted_txn_rewritten, barrier_seen, collision, salt_persisted, \
+             oversized_source_pid, corrupt_records",
+            mirror_events.clone(),
+        );
+        registry.register(
+            "mirrorguard_anomalies",
+            "Producer-state anomalies per mirror and kind (sequence_gap, sequence_overlap, \
+             epoch_regression, marker_foreign_origin, marker_without_transaction, \
+             pid_claimed_by_two_origins, ...)",
+            anomalies.clone(),
+        );
+        registry.register(
+            "mirrorguard_producer_state_producers",
+            "Producers tracked in the shadow producer state",
+            producer_state_producers.clone(),
+        );
+        registry.register(
+            "mirrorguard_producer_state_bytes",
+            "Estimated memory of the shadow producer state",
+            producer_state_bytes.clone(),
+        );
+        registry.register(
+            "mirrorguard_producer_state_partitions",
+            "Destination partitions with shadow producer state",
+            producer_state_partitions.clone(),
+        );
+        registry.register(
+            "mirrorguard_state_store_ops",
+            "__mirror_state operations: append, append_error, load, load_error, tail_error",
+            state_store_ops.clone(),
+        );
         registry.register(
             "mirrorguard_requests",
             "Kafka requests forwarded, by listener and API",
@@ -158,6 +219,12 @@ impl Metrics {
             frame_errors,
             rewrite_errors,
             upstream_nodes,
+            mirror_events,
+            anomalies,
+            producer_state_producers,
+            producer_state_bytes,
+            producer_state_partitions,
+            state_store_ops,
         })
     }
 

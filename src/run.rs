@@ -15,9 +15,26 @@ use tokio::sync::watch;
 use crate::admin::{self, AdminState};
 use crate::config::{Config, LogFormat, LoggingConfig};
 use crate::metrics::Metrics;
+use crate::mirror::state_sync::StateSync;
+use crate::mirror::{MirrorContext, MirrorRewriter, PendingSalt, SaltStore};
+use crate::producer_state::{ProducerStateRegistry, RegistryConfig};
 use crate::proxy::connection::ResponseRewriter;
 use crate::proxy::listener::{ConnectionTracker, Listener};
 use crate::proxy::rewrite::AddressRewriter;
+use crate::state_store::{StateStore, StateStoreConfig};
+
+/// Salt store of a process without a `[state]` section: only `preserve`
+/// mirrors are allowed then (config validation), and they never persist.
+struct NoStateCluster;
+
+impl SaltStore for NoStateCluster {
+    fn persist(
+        &self,
+        _salts: Vec<PendingSalt>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
+        Box::pin(async { Err("no [state] cluster is configured".to_string()) })
+    }
+}
 
 /// Initialises tracing from the `[logging]` section (`RUST_LOG` overrides the level).
 pub fn init_logging(cfg: &LoggingConfig) {
@@ -51,6 +68,70 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let max_frame = config.limits.max_frame_bytes as usize;
 
     let mut listeners = Vec::new();
+
+    // Mirrors: shared producer state, the state store loaded before any
+    // mirror listener accepts a connection.
+    let registry = Arc::new(ProducerStateRegistry::new(RegistryConfig {
+        max_idle_ms: config.producer_state.max_idle_ms,
+        anomaly_log_capacity: config.producer_state.anomaly_log_capacity,
+    }));
+    let state_sync = match &config.state {
+        Some(st) if !config.mirrors.is_empty() => {
+            let store = StateStore::open(StateStoreConfig {
+                bootstrap: st.bootstrap.clone(),
+                topic: st.topic.clone(),
+                replication_factor: st.replication_factor,
+                connect_timeout: Duration::from_millis(st.connect_timeout_ms),
+                request_timeout: Duration::from_millis(st.request_timeout_ms),
+            })
+            .await
+            .map_err(|e| anyhow::anyhow!("state cluster ({}): {e}", st.bootstrap.join(",")))?;
+            let bootstrap = st
+                .bootstrap
+                .iter()
+                .filter_map(|a| crate::config::split_host_port(a).ok())
+                .collect();
+            Some(StateSync::new(
+                Arc::new(store),
+                registry.clone(),
+                metrics.clone(),
+                bootstrap,
+            ))
+        }
+        _ => None,
+    };
+    let salt_store: Arc<dyn SaltStore> = match &state_sync {
+        Some(s) => s.clone(),
+        None => Arc::new(NoStateCluster),
+    };
+    let mut mirrors = Vec::new();
+    for mc in &config.mirrors {
+        let mirror = MirrorContext::new(mc, registry.clone(), salt_store.clone(), &metrics)
+            .map_err(anyhow::Error::msg)?;
+        if let Some(s) = &state_sync {
+            s.add_mirror(mirror.clone());
+        }
+        mirrors.push((mc.clone(), mirror));
+    }
+    if let Some(s) = &state_sync {
+        s.load().await?;
+        tokio::spawn(s.clone().tail(Duration::from_secs(1)));
+    }
+    for (mc, mirror) in &mirrors {
+        let m = mirror.clone();
+        let listener = Listener::new(
+            mc.listener(),
+            max_frame,
+            metrics.clone(),
+            shutdown_rx.clone(),
+            tracker.clone(),
+            move |nodes| Arc::new(MirrorRewriter::new(nodes, m)) as Arc<dyn ResponseRewriter>,
+        );
+        listener.set_refresh_hook(mirror.clone());
+        listener.start().await?;
+        listeners.push(listener);
+    }
+
     for lc in &config.listeners {
         let listener = Listener::new(
             lc.clone(),
@@ -65,6 +146,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     }
 
     let admin_state = Arc::new(AdminState {
+        registry: registry.clone(),
         metrics: metrics.clone(),
         listeners: listeners.clone(),
         shutting_down: AtomicBool::new(false),

@@ -44,8 +44,26 @@ pub trait ResponseRewriter: Send + Sync {
     /// Rewrites a whole response frame (size prefix included). Errors close
     /// the connection: an unparseable response might carry an upstream
     /// address, which a client must never see.
-    fn rewrite(&self, header: &RequestHeader, frame: BytesMut) -> Result<BytesMut, RewriteError>;
+    fn rewrite(&self, header: &RequestHeader, frame: BytesMut) -> Result<Rewritten, RewriteError>;
 }
+
+/// Result of [`ResponseRewriter::rewrite`].
+pub enum Rewritten {
+    /// The frame to send to the client.
+    Ready(BytesMut),
+    /// The frame cannot leave until `wait` completes (for example a collision
+    /// salt being persisted); then `rewrite` is called again with `frame`.
+    /// Rewriters must be idempotent on a partly rewritten frame.
+    Blocked {
+        /// The frame, possibly partly rewritten.
+        frame: BytesMut,
+        /// What must complete first.
+        wait: std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), RewriteError>> + Send>>,
+    },
+}
+
+/// How many times one response may block before the connection gives up.
+const MAX_REWRITE_ROUNDS: usize = 16;
 
 /// A response that could not be rewritten.
 #[derive(Debug, thiserror::Error)]
@@ -184,6 +202,28 @@ where
     }
 }
 
+/// Runs the rewriter, awaiting whatever it blocks on, until the frame is ready.
+async fn rewrite_until_ready(
+    ctx: &ConnectionContext,
+    h: &RequestHeader,
+    mut frame: BytesMut,
+) -> Result<BytesMut, RewriteError> {
+    for _ in 0..MAX_REWRITE_ROUNDS {
+        match ctx.rewriter.rewrite(h, frame)? {
+            Rewritten::Ready(f) => return Ok(f),
+            Rewritten::Blocked { frame: f, wait } => {
+                wait.await?;
+                frame = f;
+            }
+        }
+    }
+    Err(RewriteError {
+        api: api::api_name(h.api_key).unwrap_or("unknown"),
+        version: h.api_version,
+        message: format!("response still blocked after {MAX_REWRITE_ROUNDS} rounds"),
+    })
+}
+
 /// Every request is answered except Produce with `acks=0`.
 fn expects_response(header: &RequestHeader, frame: &[u8]) -> bool {
     if header.api_key != api::PRODUCE {
@@ -237,7 +277,7 @@ where
             ));
         }
         let frame = if ctx.rewriter.wants(&h) {
-            match ctx.rewriter.rewrite(&h, frame) {
+            match rewrite_until_ready(ctx, &h, frame).await {
                 Ok(f) => f,
                 Err(e) => {
                     Metrics::count(

@@ -18,6 +18,7 @@ use crate::config::{split_host_port, ListenerConfig};
 use crate::metrics::{ListenerLabels, Metrics};
 use crate::proxy::connection::{relay, ConnectionContext, ConnectionEnd, ResponseRewriter};
 use crate::proxy::nodes::{NodeBinder, NodeRegistry};
+use crate::proxy::refresh::RefreshHook;
 use crate::proxy::upstream::{connect, connect_any, ConnectError};
 
 /// Where a listening port sends its connections.
@@ -83,6 +84,7 @@ pub struct Listener {
     ready: AtomicBool,
     next_bootstrap: AtomicUsize,
     me: Weak<Listener>,
+    refresh_hook: std::sync::Mutex<Option<Arc<dyn RefreshHook>>>,
 }
 
 impl Listener {
@@ -125,10 +127,17 @@ impl Listener {
             ready: AtomicBool::new(false),
             next_bootstrap: AtomicUsize::new(0),
             me: me.clone(),
+            refresh_hook: std::sync::Mutex::new(None),
         });
         let weak: Weak<dyn NodeBinder> = listener.me.clone();
         listener.nodes.set_binder(weak);
         listener
+    }
+
+    /// Makes every Metadata refresh read topics and report to `hook`
+    /// (mirror listeners: source cluster id and topic ids). Set before `start`.
+    pub fn set_refresh_hook(&self, hook: Arc<dyn RefreshHook>) {
+        *crate::proxy::nodes::lock(&self.refresh_hook) = Some(hook);
     }
 
     /// Whether the upstream cluster has been reached at least once.
@@ -244,7 +253,14 @@ impl Listener {
         let period = Duration::from_millis(self.config.metadata_refresh_ms);
         let mut failures: u32 = 0;
         loop {
-            match super::refresh::refresh_nodes(&self).await {
+            let hook = crate::proxy::nodes::lock(&self.refresh_hook).clone();
+            let refreshed = super::refresh::refresh_nodes(&self, hook.is_some())
+                .await
+                .and_then(|(n, view)| match &hook {
+                    Some(h) => h.on_refresh(&view).map(|_| n).map_err(anyhow::Error::msg),
+                    None => Ok(n),
+                });
+            match refreshed {
                 Ok(n) => {
                     if !self.ready.swap(true, Ordering::SeqCst) || failures > 0 {
                         tracing::info!(listener = %self.config.name, nodes = n, "upstream metadata read");

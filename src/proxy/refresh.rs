@@ -3,8 +3,10 @@
 //! Clients are not the only source of node addresses: the listener asks the
 //! upstream for its brokers at start-up (readiness waits for it) and then
 //! periodically, so node ports exist before any client asks and moved brokers
-//! are followed. Metadata v4 with an empty topic list asks for brokers only
-//! and is served by every broker from Kafka 0.11 to 4.x.
+//! are followed. Plain listeners send Metadata v4 for no topics (brokers only;
+//! served by every broker from Kafka 0.11 to 4.x). Mirror listeners also need
+//! the source's cluster id and topic ids, so they send Metadata v12 for all
+//! topics (Kafka 3.1+).
 
 use bytes::BufMut;
 use tokio::io::AsyncWriteExt;
@@ -15,20 +17,45 @@ use crate::codec::FrameReader;
 use crate::handlers::rewrite_metadata_response;
 use crate::proxy::listener::Listener;
 use crate::proxy::upstream::connect_any;
+use crate::wire::{Reader, WireResult};
 
-const METADATA_VERSION: i16 = 4;
 const CLIENT_ID: &[u8] = b"mirrorguard";
 
-/// A Metadata v4 request for no topics (header v1).
-pub fn metadata_request(correlation_id: i32) -> Vec<u8> {
+/// What a refresh learned beyond the brokers.
+#[derive(Debug, Default, Clone)]
+pub struct ClusterView {
+    /// The upstream's cluster id, if it sent one.
+    pub cluster_id: Option<String>,
+    /// Topic names and ids (v12 refreshes only).
+    pub topics: Vec<(String, [u8; 16])>,
+}
+
+/// Receives what each refresh learned (mirror listeners use it).
+pub trait RefreshHook: Send + Sync {
+    /// Called after every successful refresh; an error makes the listener
+    /// not ready and is logged.
+    fn on_refresh(&self, view: &ClusterView) -> Result<(), String>;
+}
+
+/// A Metadata request (header v1 for v4, v2 for v12).
+/// v4: no topics; v12: all topics.
+pub fn metadata_request(version: i16, correlation_id: i32) -> Vec<u8> {
     let mut body = Vec::with_capacity(32);
     body.put_i16(METADATA);
-    body.put_i16(METADATA_VERSION);
+    body.put_i16(version);
     body.put_i32(correlation_id);
     body.put_i16(CLIENT_ID.len() as i16);
     body.put_slice(CLIENT_ID);
-    body.put_i32(0); // topics: empty array = none (null would mean all)
-    body.put_u8(0); // allow_auto_topic_creation = false
+    if version >= 9 {
+        body.put_u8(0); // header tagged fields
+        body.put_u8(0); // topics: compact null = all topics
+        body.put_u8(0); // allow_auto_topic_creation = false
+        body.put_u8(0); // include_topic_authorized_operations = false
+        body.put_u8(0); // tagged fields
+    } else {
+        body.put_i32(0); // topics: empty array = none (null would mean all)
+        body.put_u8(0); // allow_auto_topic_creation = false
+    }
     let mut frame = Vec::with_capacity(body.len() + 4);
     frame.put_i32(body.len() as i32);
     frame.extend_from_slice(&body);
@@ -36,12 +63,18 @@ pub fn metadata_request(correlation_id: i32) -> Vec<u8> {
 }
 
 /// Reads the upstream's brokers into the listener's node registry; returns
-/// how many brokers the upstream reported.
-pub async fn refresh_nodes(listener: &Listener) -> anyhow::Result<usize> {
+/// how many brokers the upstream reported and what else it learned.
+pub async fn refresh_nodes(
+    listener: &Listener,
+    with_topics: bool,
+) -> anyhow::Result<(usize, ClusterView)> {
+    let version: i16 = if with_topics { 12 } else { 4 };
     let timeout = listener.connect_timeout();
     let mut stream = connect_any(listener.upstream_bootstrap(), 0, timeout).await?;
     let correlation_id = 1;
-    stream.write_all(&metadata_request(correlation_id)).await?;
+    stream
+        .write_all(&metadata_request(version, correlation_id))
+        .await?;
     let mut reader = FrameReader::new(&mut stream, listener.max_frame());
     let frame = tokio::time::timeout(timeout * 2, reader.next_frame())
         .await
@@ -50,14 +83,93 @@ pub async fn refresh_nodes(listener: &Listener) -> anyhow::Result<usize> {
     if response_correlation_id(&frame) != Some(correlation_id) {
         anyhow::bail!("Metadata response has the wrong correlation id");
     }
-    let body_at = response_body_offset(&frame, 0)
+    let header_version = if version >= 9 { 1 } else { 0 };
+    let body_at = response_body_offset(&frame, header_version)
         .ok_or_else(|| anyhow::anyhow!("Metadata response too short"))?;
+    let body = &frame[body_at..];
     let mut count = 0;
     let mut learn = |node_id: i32, host: &str, port: i32| {
         count += 1;
         listener.nodes.advertise(node_id, host, port);
         None
     };
-    rewrite_metadata_response(METADATA_VERSION, &frame[body_at..], &mut learn)?;
-    Ok(count)
+    rewrite_metadata_response(version, body, &mut learn)?;
+    let view = parse_cluster_view(version, body)?;
+    Ok((count, view))
+}
+
+/// Reads the cluster id (v2+) and, for v10+, the topic names and ids.
+pub fn parse_cluster_view(version: i16, body: &[u8]) -> WireResult<ClusterView> {
+    let flexible = version >= 9;
+    let mut r = Reader::new(body);
+    if version >= 3 {
+        r.read_i32("throttle_time_ms")?;
+    }
+    let brokers = r.read_array_len_v(flexible, 14, "brokers")?;
+    for _ in 0..brokers {
+        r.read_i32("node_id")?;
+        r.read_string_v(flexible, "host")?;
+        r.read_i32("port")?;
+        if version >= 1 {
+            r.read_nullable_string_v(flexible, "rack")?;
+        }
+        r.skip_tagged_fields_v(flexible, "broker tags")?;
+    }
+    let mut view = ClusterView::default();
+    if version >= 2 {
+        view.cluster_id = r
+            .read_nullable_string_v(flexible, "cluster_id")?
+            .map(str::to_string);
+    }
+    if version < 10 {
+        return Ok(view);
+    }
+    r.read_i32("controller_id")?;
+    let topics = r.read_array_len_v(flexible, 8, "topics")?;
+    for _ in 0..topics {
+        r.read_i16("error_code")?;
+        let name = r.read_nullable_string_v(flexible, "name")?;
+        let id = r.read_uuid("topic_id")?;
+        r.read_bool("is_internal")?;
+        let partitions = r.read_array_len_v(flexible, 20, "partitions")?;
+        for _ in 0..partitions {
+            r.read_i16("error_code")?;
+            r.read_i32("partition_index")?;
+            r.read_i32("leader_id")?;
+            r.read_i32("leader_epoch")?;
+            for field in ["replica_nodes", "isr_nodes", "offline_replicas"] {
+                let n = r.read_array_len_v(flexible, 4, field)?;
+                r.skip(n * 4, field)?;
+            }
+            r.skip_tagged_fields_v(flexible, "partition tags")?;
+        }
+        r.read_i32("topic_authorized_operations")?;
+        r.skip_tagged_fields_v(flexible, "topic tags")?;
+        if let Some(name) = name {
+            view.topics.push((name.to_string(), id));
+        }
+    }
+    Ok(view)
+}
+
+/// Reads brokers, cluster id and topics (Metadata v12) from any of
+/// `bootstrap`; used for the state (destination) cluster's topic ids.
+pub async fn fetch_cluster_view(
+    bootstrap: &[(String, u16)],
+    timeout: std::time::Duration,
+    max_frame: usize,
+) -> anyhow::Result<ClusterView> {
+    let mut stream = connect_any(bootstrap, 0, timeout).await?;
+    stream.write_all(&metadata_request(12, 1)).await?;
+    let mut reader = FrameReader::new(&mut stream, max_frame);
+    let frame = tokio::time::timeout(timeout * 2, reader.next_frame())
+        .await
+        .map_err(|_| anyhow::anyhow!("no Metadata response within {:?}", timeout * 2))??
+        .ok_or_else(|| anyhow::anyhow!("closed before answering Metadata"))?;
+    if response_correlation_id(&frame) != Some(1) {
+        anyhow::bail!("Metadata response has the wrong correlation id");
+    }
+    let body_at = response_body_offset(&frame, 1)
+        .ok_or_else(|| anyhow::anyhow!("Metadata response too short"))?;
+    Ok(parse_cluster_view(12, &frame[body_at..])?)
 }

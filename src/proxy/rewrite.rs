@@ -14,7 +14,7 @@ use crate::codec::api;
 use crate::codec::header::response_body_offset;
 use crate::codec::RequestHeader;
 use crate::handlers::{self, DECODED_VERSIONS};
-use crate::proxy::connection::{ResponseRewriter, RewriteError};
+use crate::proxy::connection::{ResponseRewriter, RewriteError, Rewritten};
 use crate::proxy::nodes::NodeRegistry;
 
 /// Rewrites broker addresses to the listener's proxy ports.
@@ -45,10 +45,10 @@ impl ResponseRewriter for AddressRewriter {
         needs_address_rewrite(h)
     }
 
-    fn rewrite(&self, h: &RequestHeader, frame: BytesMut) -> Result<BytesMut, RewriteError> {
+    fn rewrite(&self, h: &RequestHeader, frame: BytesMut) -> Result<Rewritten, RewriteError> {
         let mut map =
             |node_id: i32, host: &str, port: i32| Some(self.nodes.advertise(node_id, host, port));
-        rewrite_addresses(h, frame, &mut map)
+        rewrite_addresses(h, frame, &mut map).map(Rewritten::Ready)
     }
 }
 

@@ -1,0 +1,615 @@
+//! The mirror fetch path: PID rewriting and producer-state tracking on the
+//! Fetch responses a destination's mirror fetcher receives from a source.
+//!
+//! A `[[mirror]]` listener is a proxy listener whose response rewriter, on
+//! top of address rewriting, walks every Fetch response zero-copy and, per
+//! partition and batch:
+//!
+//! 1. reads the batch header (never the records, never decompressing);
+//! 2. computes the PID that leaves the proxy: `region` mode maps it into the
+//!    source cluster's region (SPEC 2.1; already-mapped PIDs and -1 pass
+//!    unchanged), `preserve` mode keeps it;
+//! 3. feeds the batch to the destination partition's shadow producer state,
+//!    which reports anomalies (metric by kind, WARN line, admin list);
+//! 4. patches bytes 43..51 and the CRC in place when the PID changed.
+//!
+//! `aborted_transactions` entries get the same mapping so read_committed
+//! consumers downstream still filter aborted data. A MIRROR_PID_RESET barrier
+//! expires the partition's producer state. Truncated trailing batches, legacy
+//! message sets, error partitions and anything unparseable pass untouched.
+//!
+//! Collisions (two origins on one mapped PID) are found in a scan that
+//! changes nothing; the salts they need are persisted to `__mirror_state`
+//! (the response is held meanwhile), and only then is the response rewritten.
+
+pub mod state_sync;
+
+use std::sync::{Arc, OnceLock};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use bytes::BytesMut;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+
+use crate::codec::api;
+use crate::codec::header::response_body_offset;
+use crate::codec::RequestHeader;
+use crate::config::{LayoutConfig, MirrorConfig, PidMode};
+use crate::handlers::{self, FetchTopic};
+use crate::metrics::{Metrics, MirrorKindLabels};
+use crate::pid::{self, Layout, MapOutcome};
+use crate::producer_state::{
+    self as ps, resolve_collision, Anomaly, BatchObservation, ControlKind, MappingLookup, Origin,
+    PartitionHandle, PartitionKey, ProducerStateRegistry, DEFAULT_MAX_SALT_CANDIDATES,
+};
+use crate::proxy::connection::{ResponseRewriter, RewriteError, Rewritten};
+use crate::proxy::nodes::NodeRegistry;
+use crate::proxy::rewrite::{needs_address_rewrite, rewrite_addresses};
+use crate::records::control::{first_control_record, ControlType, ControlValue};
+use crate::records::{walk, Entry};
+
+/// The identity of a mirror's source cluster.
+#[derive(Debug, Clone)]
+pub struct SourceIdentity {
+    /// The id as 16 bytes.
+    pub id: pid::ClusterId,
+    /// Its 32-bit fold (SPEC 2.1).
+    pub fold: u32,
+    /// Kafka's base64 text form (used in barriers and logs).
+    pub text: String,
+}
+
+impl SourceIdentity {
+    /// Parses a Kafka base64 id or UUID text.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let id = pid::ClusterId::parse(text).map_err(|e| e.to_string())?;
+        Ok(Self {
+            fold: pid::fold(&id),
+            text: id.to_base64(),
+            id,
+        })
+    }
+
+    fn origin_cluster(&self) -> ps::ClusterId {
+        ps::ClusterId(self.id.0)
+    }
+}
+
+/// A salt chosen for a collision, waiting to be persisted.
+#[derive(Debug, Clone)]
+pub struct PendingSalt {
+    /// Destination partition.
+    pub partition: PartitionKey,
+    /// The remapped origin.
+    pub origin: Origin,
+    /// The choice (salt, mapped PID, holder).
+    pub choice: ps::SaltChoice,
+    /// Wall-clock ms of the resolution.
+    pub timestamp_ms: i64,
+}
+
+/// Where collision salts are made durable (the `__mirror_state` topic).
+pub trait SaltStore: Send + Sync {
+    /// Persists `salts`, waits for the acknowledgement, and applies the
+    /// winning record of each key (lowest offset) to the registry.
+    fn persist(
+        &self,
+        salts: Vec<PendingSalt>,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;
+}
+
+/// Metric handles of one mirror, looked up once.
+pub struct MirrorMetrics {
+    batches: Counter,
+    rewritten: Counter,
+    aborted_rewritten: Counter,
+    barriers: Counter,
+    collisions: Counter,
+    oversized: Counter,
+    corrupt: Counter,
+    anomalies: Family<MirrorKindLabels, Counter>,
+    mirror: String,
+}
+
+impl MirrorMetrics {
+    fn new(metrics: &Metrics, mirror: &str) -> Self {
+        let m = |kind: &'static str| {
+            metrics
+                .mirror_events
+                .get_or_create(&MirrorKindLabels {
+                    mirror: mirror.to_string(),
+                    kind,
+                })
+                .clone()
+        };
+        Self {
+            batches: m("batch_seen"),
+            rewritten: m("batch_rewritten"),
+            aborted_rewritten: m("aborted_txn_rewritten"),
+            barriers: m("barrier_seen"),
+            collisions: m("collision"),
+            oversized: m("oversized_source_pid"),
+            corrupt: m("corrupt_records"),
+            anomalies: metrics.anomalies.clone(),
+            mirror: mirror.to_string(),
+        }
+    }
+}
+
+/// Everything one mirror listener shares across its connections.
+pub struct MirrorContext {
+    /// Mirror name.
+    pub name: String,
+    /// PID mode.
+    pub mode: PidMode,
+    /// Region layout.
+    pub layout: Layout,
+    source: OnceLock<SourceIdentity>,
+    /// Producer state of every destination partition (shared by mirrors).
+    pub registry: Arc<ProducerStateRegistry>,
+    salts: Arc<dyn SaltStore>,
+    metrics: MirrorMetrics,
+    topics: std::sync::RwLock<TopicNames>,
+    topic_prefix: String,
+}
+
+/// Source topic names and ids, learned from Metadata (KIP-1279 keeps topic
+/// ids across the mirror, so they identify destination partitions too).
+#[derive(Default)]
+struct TopicNames {
+    by_name: std::collections::HashMap<String, [u8; 16]>,
+    by_id: std::collections::HashMap<[u8; 16], Arc<str>>,
+}
+
+impl crate::proxy::refresh::RefreshHook for MirrorContext {
+    fn on_refresh(&self, view: &crate::proxy::refresh::ClusterView) -> Result<(), String> {
+        if self.source().is_none() {
+            let text = view.cluster_id.as_deref().ok_or_else(|| {
+                format!(
+                    "mirror {}: the source sent no cluster id; set source_cluster_id",
+                    self.name
+                )
+            })?;
+            let id = SourceIdentity::parse(text).map_err(|e| {
+                format!(
+                    "mirror {}: the source's cluster id {text:?} is neither Kafka base64 nor UUID \
+                     text ({e}); set source_cluster_id explicitly (e.g. a UUIDv5 of the name)",
+                    self.name
+                )
+            })?;
+            self.set_source(id)?;
+        }
+        let mut t = self.topics.write().unwrap_or_else(|p| p.into_inner());
+        for (name, id) in &view.topics {
+            if *id != [0; 16] && !t.by_name.contains_key(name) {
+                t.by_name.insert(name.clone(), *id);
+                t.by_id.insert(*id, Arc::from(name.as_str()));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl MirrorContext {
+    /// The destination partition a Fetch response partition feeds: keyed by
+    /// destination topic *name* (the source name, unless renamed) and
+    /// partition, so mirrors from different sources into one destination
+    /// partition share its state. The destination topic id is looked up on
+    /// the state cluster when a record needs it.
+    fn partition_key(&self, topic: &FetchTopic<'_>, partition: i32) -> PartitionKey {
+        match topic {
+            FetchTopic::Name(name) => {
+                PartitionKey::new([0; 16], self.destination_topic(name), partition)
+            }
+            FetchTopic::Id(id) => {
+                let t = self.topics.read().unwrap_or_else(|p| p.into_inner());
+                let name = match t.by_id.get(id) {
+                    Some(n) => self.destination_topic(n),
+                    // Not in the source's Metadata yet: keep it apart by id.
+                    None => Arc::from(format!("topic-id:{}", ps::ClusterId(*id))),
+                };
+                PartitionKey::new([0; 16], name, partition)
+            }
+        }
+    }
+
+    fn destination_topic(&self, source_topic: &str) -> Arc<str> {
+        Arc::from(format!("{}{}", self.topic_prefix, source_topic))
+    }
+
+    /// A mirror from its configuration; the source id is set if configured.
+    pub fn new(
+        cfg: &MirrorConfig,
+        registry: Arc<ProducerStateRegistry>,
+        salts: Arc<dyn SaltStore>,
+        metrics: &Metrics,
+    ) -> Result<Arc<Self>, String> {
+        let ctx = Self {
+            name: cfg.name.clone(),
+            mode: cfg.pid_mode,
+            layout: match cfg.layout {
+                LayoutConfig::High => Layout::High,
+                LayoutConfig::SignBit => Layout::SignBit,
+            },
+            source: OnceLock::new(),
+            registry,
+            salts,
+            metrics: MirrorMetrics::new(metrics, &cfg.name),
+            topics: Default::default(),
+            topic_prefix: cfg.destination_topic_prefix.clone(),
+        };
+        if let Some(text) = &cfg.source_cluster_id {
+            ctx.set_source(SourceIdentity::parse(text)?)?;
+        }
+        Ok(Arc::new(ctx))
+    }
+
+    /// The source identity, once known.
+    pub fn source(&self) -> Option<&SourceIdentity> {
+        self.source.get()
+    }
+
+    /// Sets the source identity (configured or learned). A different id than
+    /// the one already set is refused: PIDs would change region mid-stream.
+    pub fn set_source(&self, id: SourceIdentity) -> Result<(), String> {
+        match self.source.get() {
+            Some(cur) if cur.id != id.id => Err(format!(
+                "mirror {}: source cluster id changed from {} to {}; refusing to remap PIDs \
+                 into a different region (set source_cluster_id explicitly if this is intended)",
+                self.name, cur.text, id.text
+            )),
+            Some(_) => Ok(()),
+            None => {
+                tracing::info!(mirror = %self.name, source_cluster_id = %id.text, fold = id.fold,
+                    mode = ?self.mode, layout = self.layout.name(), "mirror source identified");
+                let _ = self.source.set(id);
+                Ok(())
+            }
+        }
+    }
+
+    /// The PID that leaves the proxy for `pid` with `salt`.
+    fn map(&self, source: &SourceIdentity, pid: i64, salt: i64) -> i64 {
+        map_with_salt(pid, source.fold, salt, self.layout)
+    }
+}
+
+/// Maps like [`pid::map_pid`], stepping the salt on the one reserved value
+/// (a sign-bit mapping equal to -1) so every instance computes the same PID.
+pub fn map_with_salt(pid: i64, fold: u32, salt: i64, layout: Layout) -> i64 {
+    let mut s = salt;
+    loop {
+        match pid::map_pid(pid, fold, s, layout) {
+            MapOutcome::ReservedValue => s = s.wrapping_add(1),
+            other => return other.pid(pid).unwrap_or(pid),
+        }
+    }
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// One partition of a Fetch response, as the rewriter needs it.
+struct PartitionSlice {
+    key: PartitionKey,
+    records: std::ops::Range<usize>,
+    /// Body offsets of the ProducerId of each aborted-transaction entry
+    /// (empty, and unallocated, unless the fetch was read_committed).
+    aborted: Vec<usize>,
+}
+
+/// The response rewriter of a mirror listener.
+pub struct MirrorRewriter {
+    nodes: Arc<NodeRegistry>,
+    mirror: Arc<MirrorContext>,
+}
+
+impl MirrorRewriter {
+    /// A rewriter for `mirror` advertising `nodes`.
+    pub fn new(nodes: Arc<NodeRegistry>, mirror: Arc<MirrorContext>) -> Self {
+        Self { nodes, mirror }
+    }
+}
+
+impl ResponseRewriter for MirrorRewriter {
+    fn wants(&self, h: &RequestHeader) -> bool {
+        h.api_key == api::FETCH || needs_address_rewrite(h)
+    }
+
+    fn rewrite(&self, h: &RequestHeader, mut frame: BytesMut) -> Result<Rewritten, RewriteError> {
+        if h.api_key == api::FETCH {
+            let err = |message: String| RewriteError {
+                api: "Fetch",
+                version: h.api_version,
+                message,
+            };
+            let header_version = handlers::response_header_version(h.api_key, h.api_version)
+                .ok_or_else(|| err("unknown response header version".into()))?;
+            let body_at = response_body_offset(&frame, header_version)
+                .ok_or_else(|| err("response header truncated".into()))?;
+            let body = &mut frame[body_at..];
+            if let Some(pending) =
+                rewrite_fetch_body(&self.mirror, h.api_version, body).map_err(err)?
+            {
+                let salts = self.mirror.salts.clone();
+                let wait = Box::pin(async move {
+                    salts
+                        .persist(pending)
+                        .await
+                        .map_err(|message| RewriteError {
+                            api: "Fetch",
+                            version: 0,
+                            message: format!("collision salt not persisted: {message}"),
+                        })
+                });
+                return Ok(Rewritten::Blocked { frame, wait });
+            }
+        }
+        if !needs_address_rewrite(h) {
+            return Ok(Rewritten::Ready(frame));
+        }
+        let mut map =
+            |node_id: i32, host: &str, port: i32| Some(self.nodes.advertise(node_id, host, port));
+        rewrite_addresses(h, frame, &mut map).map(Rewritten::Ready)
+    }
+}
+
+/// Rewrites the records and aborted transactions of a Fetch response body in
+/// place. Returns the salts that must be persisted first, if any (then
+/// nothing has been changed).
+pub fn rewrite_fetch_body(
+    mirror: &MirrorContext,
+    version: i16,
+    body: &mut [u8],
+) -> Result<Option<Vec<PendingSalt>>, String> {
+    let Some(source) = mirror.source() else {
+        return Err(format!(
+            "mirror {}: the source cluster id is not known yet (not learned from the source's \
+             Metadata and not configured)",
+            mirror.name
+        ));
+    };
+    let mut slices: Vec<PartitionSlice> = Vec::new();
+    handlers::walk_fetch_response(version, body, &mut |p| {
+        if p.error_code != 0 {
+            return; // error partitions are left alone
+        }
+        let key = mirror.partition_key(&p.topic, p.partition_index);
+        let aborted: Vec<usize> = match &p.aborted_transactions {
+            Some(a) if !a.is_empty() => a.iter().map(|t| t.producer_id_offset).collect(),
+            _ => Vec::new(),
+        };
+        let records = p.records.clone().unwrap_or(0..0);
+        if records.is_empty() && aborted.is_empty() {
+            return;
+        }
+        slices.push(PartitionSlice {
+            key,
+            records,
+            aborted,
+        });
+    })
+    .map_err(|e| e.to_string())?;
+
+    let now = now_ms();
+    let handles: Vec<PartitionHandle> = slices
+        .iter()
+        .map(|s| mirror.registry.partition(&s.key))
+        .collect();
+
+    // Phase 1: find collisions without changing anything.
+    if mirror.mode == PidMode::Region {
+        let mut pending = Vec::new();
+        for (slice, handle) in slices.iter().zip(&handles) {
+            let Some(records) = body.get(slice.records.clone()) else {
+                continue;
+            };
+            for entry in walk(records) {
+                let Ok(Entry::V2(h)) = entry else { break };
+                let pid = h.producer_id;
+                if pid == -1 || pid::is_mapped(pid) {
+                    continue;
+                }
+                let origin = Origin {
+                    source_cluster: source.origin_cluster(),
+                    original_pid: pid,
+                };
+                let map = |salt: i64| mirror.map(source, pid, salt);
+                let choice = handle.with(|state| match state.lookup_mapping(&origin, &map) {
+                    MappingLookup::Ready { .. } => None,
+                    MappingLookup::Collision { .. } => Some(resolve_collision(
+                        state,
+                        &origin,
+                        &map,
+                        DEFAULT_MAX_SALT_CANDIDATES,
+                    )),
+                });
+                let already = |p: &PendingSalt| p.origin == origin && p.partition == slice.key;
+                match choice {
+                    None => {}
+                    Some(Ok(choice)) if !pending.iter().any(already) => {
+                        mirror.metrics.collisions.inc();
+                        tracing::warn!(mirror = %mirror.name, partition = %slice.key, %origin,
+                            holder = %choice.holder, salt = choice.salt, mapped_pid = choice.mapped_pid,
+                            "PID collision: two origins map to one PID; persisting a salt before forwarding");
+                        pending.push(PendingSalt {
+                            partition: slice.key.clone(),
+                            origin,
+                            choice,
+                            timestamp_ms: now,
+                        });
+                    }
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => return Err(format!("cannot resolve PID collision: {e}")),
+                }
+            }
+        }
+        if !pending.is_empty() {
+            return Ok(Some(pending));
+        }
+    }
+
+    // Phase 2: observe and rewrite.
+    let mut sink: Vec<Anomaly> = Vec::new();
+    for (slice, handle) in slices.iter().zip(&handles) {
+        if let Some(records) = body.get_mut(slice.records.clone()) {
+            rewrite_partition_records(mirror, source, handle, records, now, &mut sink);
+        }
+        if !slice.aborted.is_empty() && mirror.mode == PidMode::Region {
+            rewrite_aborted(mirror, source, handle, body, slice);
+        }
+    }
+    Ok(None)
+}
+
+fn rewrite_partition_records(
+    mirror: &MirrorContext,
+    source: &SourceIdentity,
+    handle: &PartitionHandle,
+    records: &mut [u8],
+    now: i64,
+    sink: &mut Vec<Anomaly>,
+) {
+    // Collect headers first: the walk borrows the buffer immutably.
+    let mut pos = 0;
+    while pos < records.len() {
+        let header = match walk(&records[pos..]).next() {
+            Some(Ok(Entry::V2(h))) => h,
+            Some(Ok(_)) | None => return, // legacy or truncated tail: untouched
+            Some(Err(e)) => {
+                mirror.metrics.corrupt.inc();
+                tracing::warn!(mirror = %mirror.name, partition = %handle.key(), position = pos, error = %e,
+                    "corrupt record batch in a Fetch response; forwarding the rest of the partition untouched");
+                return;
+            }
+        };
+        let start = pos;
+        let end = pos + header.range.end;
+        pos = end;
+        mirror.metrics.batches.inc();
+        let batch = &mut records[start..end];
+        let control = if header.is_control() {
+            match first_control_record(batch) {
+                Ok(rec) => Some(match (rec.key.control_type, rec.value) {
+                    (
+                        ControlType::Commit,
+                        ControlValue::EndTxnMarker {
+                            coordinator_epoch, ..
+                        },
+                    ) => ControlKind::Commit { coordinator_epoch },
+                    (
+                        ControlType::Abort,
+                        ControlValue::EndTxnMarker {
+                            coordinator_epoch, ..
+                        },
+                    ) => ControlKind::Abort { coordinator_epoch },
+                    (ControlType::MirrorPidReset, value) => {
+                        let from = match value {
+                            ControlValue::MirrorPidReset {
+                                source_cluster_id, ..
+                            } => source_cluster_id,
+                            _ => "?",
+                        };
+                        mirror.metrics.barriers.inc();
+                        let expired = handle.with(|s| {
+                            let n = s.producer_count();
+                            s.reset();
+                            n
+                        });
+                        tracing::info!(mirror = %mirror.name, partition = %handle.key(),
+                            offset = header.base_offset, barrier_source = from, expired,
+                            "MIRROR_PID_RESET barrier passed: producer state expired");
+                        continue;
+                    }
+                    (other, _) => ControlKind::Unknown(other.id()),
+                }),
+                Err(_) => Some(ControlKind::Unknown(-1)),
+            }
+        } else {
+            None
+        };
+        let pid = header.producer_id;
+        if pid == -1 {
+            continue;
+        }
+        let origin = Origin {
+            source_cluster: source.origin_cluster(),
+            original_pid: pid,
+        };
+        let mapped = if mirror.mode == PidMode::Region && !pid::is_mapped(pid) {
+            if pid > 0x7fff_ffff {
+                mirror.metrics.oversized.inc();
+            }
+            let map = |salt: i64| mirror.map(source, pid, salt);
+            match handle.with(|s| s.lookup_mapping(&origin, &map)) {
+                MappingLookup::Ready { mapped_pid, .. } => mapped_pid,
+                // Phase 1 resolved every collision; a new one can only come from
+                // a concurrent connection: map with the stored salt and let the
+                // producer state report the claim.
+                MappingLookup::Collision { mapped_pid, .. } => mapped_pid,
+            }
+        } else {
+            pid
+        };
+        let obs = BatchObservation {
+            base_offset: header.base_offset,
+            last_offset: header.last_offset(),
+            producer_id: mapped,
+            producer_epoch: header.producer_epoch,
+            base_sequence: header.base_sequence,
+            last_sequence: header.last_sequence(),
+            is_transactional: header.is_transactional(),
+            control,
+            max_timestamp: header.max_timestamp,
+        };
+        sink.clear();
+        handle.observe(&origin, &obs, now, sink);
+        for a in sink.iter() {
+            mirror
+                .metrics
+                .anomalies
+                .get_or_create(&MirrorKindLabels {
+                    mirror: mirror.metrics.mirror.clone(),
+                    kind: a.kind().as_str(),
+                })
+                .inc();
+            tracing::warn!(mirror = %mirror.name, kind = a.kind().as_str(), "{a}");
+        }
+        if mapped != pid && crate::records::rewrite_producer_id(batch, mapped) {
+            mirror.metrics.rewritten.inc();
+        }
+    }
+}
+
+/// Rewrites the PIDs of `aborted_transactions` with the mapping the batches got.
+fn rewrite_aborted(
+    mirror: &MirrorContext,
+    source: &SourceIdentity,
+    handle: &PartitionHandle,
+    body: &mut [u8],
+    slice: &PartitionSlice,
+) {
+    for &at in &slice.aborted {
+        let Some(dst) = body.get_mut(at..at + 8) else {
+            continue;
+        };
+        let mut pid_bytes = [0u8; 8];
+        pid_bytes.copy_from_slice(dst);
+        let pid = i64::from_be_bytes(pid_bytes);
+        if pid == -1 || pid::is_mapped(pid) {
+            continue;
+        }
+        let origin = Origin {
+            source_cluster: source.origin_cluster(),
+            original_pid: pid,
+        };
+        let salt = handle.with(|s| s.salts().salt_for(&origin).unwrap_or(0));
+        let mapped = mirror.map(source, pid, salt);
+        dst.copy_from_slice(&mapped.to_be_bytes());
+        mirror.metrics.aborted_rewritten.inc();
+    }
+}
