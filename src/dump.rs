@@ -13,7 +13,8 @@
 //!   ` MirrorPidReset {"version":0,"sourceClusterId":"…"}` for the barrier
 //!   (shaped like Kafka's ` SnapshotHeader {json}` lines), or the fallback
 //!   ` controlType: NAME(id)`, e.g. `UNKNOWN(9)`;
-//! - `__mirror_state` records (SPEC 2.2) get ` key: {json} payload: {json}`
+//! - `__mirror_state` records (type 3 of SPEC 2.2; types 4 and 5 as laid out
+//!   in `state_store::schema`) get ` key: {json} payload: {json}`
 //!   in the shape of Kafka's `--offsets-decoder`, when the file's directory
 //!   is `__mirror_state-N` (with `--deep-iteration`) or `--mirror-state` is
 //!   given (which implies `--deep-iteration`, as `--offsets-decoder` implies
@@ -480,11 +481,23 @@ struct MirrorStateType {
 }
 
 /// All known `__mirror_state` record types.
-const MIRROR_STATE_TYPES: &[MirrorStateType] = &[MirrorStateType {
-    record_type: 3,
-    key: collision_key,
-    value: collision_value,
-}];
+const MIRROR_STATE_TYPES: &[MirrorStateType] = &[
+    MirrorStateType {
+        record_type: 3,
+        key: collision_key,
+        value: collision_value,
+    },
+    MirrorStateType {
+        record_type: 4,
+        key: topic_partition_key,
+        value: partition_state_value,
+    },
+    MirrorStateType {
+        record_type: 5,
+        key: topic_partition_key,
+        value: producer_snapshot_value,
+    },
+];
 
 /// A decoded `__mirror_state` record.
 enum MirrorState {
@@ -573,6 +586,101 @@ fn collision_value(c: &mut Cursor<'_>, _version: i16) -> Result<Fields, &'static
         ("salt", json!(salt)),
         ("collidingClusterId", json!(colliding)),
         ("timestampMs", json!(ts)),
+    ]))
+}
+
+/// Compact nullable string: unsigned varint length + 1, 0 = null.
+fn compact_nullable_string(c: &mut Cursor<'_>) -> Result<Option<String>, &'static str> {
+    let n = c.uvarint().ok_or("bad compact string length")?;
+    if n == 0 {
+        return Ok(None);
+    }
+    let b = c
+        .bytes(usize::try_from(n - 1).map_err(|_| "bad compact string length")?)
+        .ok_or("string extends past the record")?;
+    std::str::from_utf8(b)
+        .map(|s| Some(s.to_owned()))
+        .map_err(|_| "string is not UTF-8")
+}
+
+/// Key of types 4 (`MirrorPartitionStateKey`) and 5
+/// (`MirrorProducerSnapshotKey`): TopicId, Partition (not flexible).
+fn topic_partition_key(c: &mut Cursor<'_>) -> Result<Fields, &'static str> {
+    let topic_id = uuid_b64(c).ok_or("truncated TopicId")?;
+    let partition = c.i32().ok_or("truncated Partition")?;
+    Ok(Fields(vec![
+        ("topicId", json!(topic_id)),
+        ("partition", json!(partition)),
+    ]))
+}
+
+/// `MirrorPartitionStateValue` (version 0, flexible); schema in
+/// `state_store::schema`.
+fn partition_state_value(c: &mut Cursor<'_>, _version: i16) -> Result<Fields, &'static str> {
+    let mirror = compact_string(c)?;
+    let topic = compact_string(c)?;
+    let state = c.u8().ok_or("truncated State")? as i8;
+    let state_name = match state {
+        0 => "MIRRORING".to_owned(),
+        1 => "PAUSED".to_owned(),
+        2 => "STOPPING".to_owned(),
+        3 => "STOPPED".to_owned(),
+        4 => "FAILED".to_owned(),
+        other => format!("UNKNOWN({other})"),
+    };
+    let source = compact_string(c)?;
+    let cut = c.i64().ok_or("truncated CutOffset")?;
+    let seal = c.i32().ok_or("truncated SealBatches")?;
+    let reason = compact_nullable_string(c)?;
+    let ts = c.i64().ok_or("truncated TimestampMs")?;
+    c.skip_tagged_fields().ok_or("bad tagged fields")?;
+    Ok(Fields(vec![
+        ("mirror", json!(mirror)),
+        ("topicName", json!(topic)),
+        ("state", json!(state_name)),
+        ("sourceClusterId", json!(source)),
+        ("cutOffset", json!(cut)),
+        ("sealBatches", json!(seal)),
+        ("reason", json!(reason)),
+        ("timestampMs", json!(ts)),
+    ]))
+}
+
+/// `MirrorProducerSnapshotValue` (version 0, flexible). The producer array
+/// is read entry by entry; nothing is sized from the wire count.
+fn producer_snapshot_value(c: &mut Cursor<'_>, _version: i16) -> Result<Fields, &'static str> {
+    let snapshot_offset = c.i64().ok_or("truncated SnapshotOffset")?;
+    let n = c.uvarint().ok_or("bad Producers length")?;
+    let count = n.checked_sub(1).ok_or("null Producers array")?;
+    let mut producers = Vec::new();
+    for _ in 0..count {
+        let t = "truncated producer entry";
+        let pid = c.i64().ok_or(t)?;
+        let origin = uuid_b64(c).ok_or(t)?;
+        let original = c.i64().ok_or(t)?;
+        let epoch = c.i16().ok_or(t)?;
+        let last_seq = c.i32().ok_or(t)?;
+        let last_offset = c.i64().ok_or(t)?;
+        let coord = c.i32().ok_or(t)?;
+        let txn_first = c.i64().ok_or(t)?;
+        let last_ts = c.i64().ok_or(t)?;
+        c.skip_tagged_fields().ok_or("bad tagged fields")?;
+        producers.push(json!({
+            "producerId": pid,
+            "originClusterId": origin,
+            "originalPid": original,
+            "producerEpoch": epoch,
+            "lastSequence": last_seq,
+            "lastOffset": last_offset,
+            "coordinatorEpoch": coord,
+            "txnFirstOffset": txn_first,
+            "lastTimestamp": last_ts,
+        }));
+    }
+    c.skip_tagged_fields().ok_or("bad tagged fields")?;
+    Ok(Fields(vec![
+        ("snapshotOffset", json!(snapshot_offset)),
+        ("producers", Value::Array(producers)),
     ]))
 }
 
