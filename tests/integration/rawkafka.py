@@ -196,6 +196,10 @@ class Connection:
         self.sock.settimeout(timeout)
         self.client_id = client_id
         self.corr = 0
+        # Correlation ids of requests sent without expecting a response (Produce acks=0).
+        # Tansu answers them anyway (Kafka does not); such answers are skipped and counted.
+        self.unanswered: set[int] = set()
+        self.skipped_unsolicited = 0
 
     def close(self) -> None:
         try:
@@ -230,11 +234,17 @@ class Connection:
             header += NO_TAGS
         frame = header + body
         self.sock.sendall(i32(len(frame)) + frame)
-        size = struct.unpack(">i", self._recv_exact(4))[0]
-        if size < 4 or size > MAX_RESPONSE_BYTES:
-            raise ProtocolError(f"bad response size {size}")
-        resp = self._recv_exact(size)
-        got_corr = struct.unpack(">i", resp[:4])[0]
+        while True:
+            size = struct.unpack(">i", self._recv_exact(4))[0]
+            if size < 4 or size > MAX_RESPONSE_BYTES:
+                raise ProtocolError(f"bad response size {size}")
+            resp = self._recv_exact(size)
+            got_corr = struct.unpack(">i", resp[:4])[0]
+            if got_corr in self.unanswered:
+                self.unanswered.discard(got_corr)
+                self.skipped_unsolicited += 1
+                continue
+            break
         if got_corr != corr:
             raise ProtocolError(f"correlation id {got_corr} != {corr}")
         if flexible:
@@ -242,6 +252,42 @@ class Connection:
             r.tagged_fields()
             return resp[r.pos :]
         return resp[4:]
+
+
+# --------------------------------------------------------------------------
+# Produce v3 (acks=0 has no response at all)
+
+API_PRODUCE = 0
+
+
+def produce_v3(conn: Connection, topic: str, partition: int, records: bytes, acks: int = -1, timeout_ms: int = 10000):
+    """Sends one Produce v3. With acks=0 nothing comes back and None is returned;
+    otherwise (error_code, base_offset)."""
+    body = (
+        string(None)
+        + i16(acks)
+        + i32(timeout_ms)
+        + array([string(topic) + array([i32(partition) + i32(len(records)) + records])])
+    )
+    if acks == 0:
+        conn.corr += 1
+        header = i16(API_PRODUCE) + i16(3) + i32(conn.corr) + string(conn.client_id)
+        frame = header + body
+        conn.sock.sendall(i32(len(frame)) + frame)
+        conn.unanswered.add(conn.corr)
+        return None
+    r = Reader(conn.request(API_PRODUCE, 3, body))
+    out = None
+    for _ in range(r.count()):
+        name = r.string()
+        for _ in range(r.count()):
+            idx, err, base, _append_time = r.i32(), r.i16(), r.i64(), r.i64()
+            if name == topic and idx == partition:
+                out = (err, base)
+    r.i32()  # throttle
+    if out is None:
+        raise ProtocolError("partition missing from Produce response")
+    return out
 
 
 # --------------------------------------------------------------------------

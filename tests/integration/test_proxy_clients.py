@@ -6,6 +6,7 @@ broker (or Tansu itself with --mg-target=direct, to validate the tests).
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -25,6 +26,21 @@ from harness import (
     produce,
     topic_name,
 )
+
+# Tansu answers Produce with acks=0 (Apache Kafka never does). mirrorguard currently treats
+# that answer as a protocol error and closes the client connection ("response correlation id
+# Some(1) does not answer the oldest request"), so acks=0 clients break through it against
+# Tansu while they work directly. Known proxy bug: strict xfail, so the fix makes it XPASS and
+# the marker has to go.
+ACKS0_XFAIL = pytest.mark.xfail(
+    strict=True, reason="mirrorguard closes the connection on the broker's answer to an acks=0 Produce"
+)
+
+
+def xfail_acks0_through_proxy(request, kafka):
+    if kafka.via_proxy:
+        request.applymarker(ACKS0_XFAIL)
+
 
 CODECS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
 
@@ -300,3 +316,47 @@ def test_request_metrics_move(kafka):
     assert delta("mirrorguard_bytes_total", api="Fetch", direction="upstream_to_client") >= 50 * 1000
     assert delta("mirrorguard_request_duration_seconds_count", listener="main", api="Produce") > 0
     assert after.select("mirrorguard_connections_open", listener="main"), "no mirrorguard_connections_open"
+
+
+def test_produce_acks0_keeps_correlation(kafka, request):
+    """Produce with acks=0 gets no response: the proxy must not wait for one, and the
+    responses to the requests that follow on the same connection stay in order."""
+    xfail_acks0_through_proxy(request, kafka)
+    topic = topic_name("acks0")
+    create_topics(kafka.bootstrap, [topic])
+    produce(kafka.bootstrap, topic, [(None, b"template")])
+    template, _ = rawkafka.fetch_all_batches(HOST, kafka.broker.port, topic)
+    batch = template[0].raw
+    with rawkafka.Connection(*leader_addr(kafka)) as c:
+        for _ in range(5):
+            assert rawkafka.produce_v3(c, topic, 0, batch, acks=0) is None
+        # Both of these check the correlation id of what comes back.
+        assert rawkafka.API_FETCH in rawkafka.api_versions(c)
+        err, base = rawkafka.produce_v3(c, topic, 0, batch, acks=1)
+        assert (err, base) == (0, 6)
+        # Tansu answers acks=0 (Kafka never does); a proxy may pass those answers on or drop them.
+        print(f"{kafka.name}: {c.skipped_unsolicited} answers to acks=0 requests")
+    got = consume_assign(kafka.bootstrap, topic, count=7)
+    assert [m.value() for m in got] == [b"template"] * 7
+
+
+def test_librdkafka_acks0_producer(kafka, request):
+    """librdkafka with acks=0, then requests that expect a response on the same
+    connection; the connection must not be dropped."""
+    xfail_acks0_through_proxy(request, kafka)
+    topic = topic_name("rdacks0")
+    create_topics(kafka.bootstrap, [topic])
+    events = []
+    p = new_producer(
+        kafka.bootstrap,
+        **{"acks": 0, "linger.ms": 0, "statistics.interval.ms": 100, "stats_cb": events.append},
+    )
+    for round_ in range(3):
+        produce(kafka.bootstrap, topic, [(None, f"a0-{round_}-{i}".encode()) for i in range(20)], producer=p)
+        assert topic in p.list_topics(topic, timeout=10).topics
+    p.poll(0.3)
+    got = consume_assign(kafka.bootstrap, topic, count=60)
+    assert [m.value() for m in got] == [f"a0-{r}-{i}".encode() for r in range(3) for i in range(20)]
+    brokers = json.loads(events[-1])["brokers"] if events else {}
+    disconnects = {name: b.get("disconnects", 0) for name, b in brokers.items()}
+    assert not any(disconnects.values()), f"acks=0 producer was disconnected: {disconnects}"
