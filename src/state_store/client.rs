@@ -1017,7 +1017,8 @@ mod tests {
         let (recs, next, truncated) = parse_records(&frame, &frame, 4).unwrap();
         assert!(truncated);
         assert_eq!(next, 7);
-        let got: Vec<(i64, i64, &[u8], Option<&[u8]>)> = recs
+        type Row<'a> = (i64, i64, &'a [u8], Option<&'a [u8]>);
+        let got: Vec<Row<'_>> = recs
             .iter()
             .map(|r| (r.offset, r.timestamp, &r.key[..], r.value.as_deref()))
             .collect();

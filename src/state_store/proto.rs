@@ -553,8 +553,13 @@ pub(crate) fn parse_produce(v: i16, body: &[u8]) -> WireResult<Vec<ProducePartit
 // ---------------------------------------------------------------------------
 // Fetch v4-v12 (responses are walked by handlers::walk_fetch_response)
 
+/// Longest a Fetch may wait for data. Tansu answers a Fetch with
+/// max_wait 0 with no partitions at all, so a short wait is used; with
+/// min_bytes 0 a broker answers at once when data is there.
+pub(crate) const FETCH_MAX_WAIT_MS: i32 = 100;
+
 /// A sessionless, read_uncommitted Fetch of one partition from `offset`
-/// that returns at once (max_wait 0, min_bytes 0): the state store polls,
+/// with min_bytes 0 (answer as soon as possible): the state store polls,
 /// it never parks its single connection in a long poll.
 pub(crate) fn fetch_request(
     v: i16,
@@ -566,7 +571,7 @@ pub(crate) fn fetch_request(
 ) -> WireResult<()> {
     let flex = v >= 12;
     w.put_i32(-1); // replica_id: a consumer
-    w.put_i32(0); // max_wait_ms
+    w.put_i32(FETCH_MAX_WAIT_MS);
     w.put_i32(0); // min_bytes
     w.put_i32(max_bytes);
     w.put_i8(0); // isolation_level: read_uncommitted (the store writes no transactions)
