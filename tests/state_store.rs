@@ -629,3 +629,35 @@ print("ok")
     let err = StateStore::open(tansu.config("three")).await.unwrap_err();
     assert_eq!(err.kind(), "topic_config", "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn append_fails_clearly_when_the_state_cluster_goes_away() {
+    let mut tansu = Tansu::start();
+    let cfg = StateStoreConfig {
+        connect_timeout: Duration::from_millis(300),
+        request_timeout: Duration::from_millis(1500),
+        ..tansu.config("__mirror_state")
+    };
+    let store = StateStore::open(cfg).await.unwrap();
+    store.append(vec![0, 3, 1], Some(vec![1])).await.unwrap();
+    let _ = tansu.child.kill();
+    let _ = tansu.child.wait();
+    let t0 = Instant::now();
+    let err = store
+        .append(vec![0, 3, 2], Some(vec![2]))
+        .await
+        .unwrap_err();
+    // Retried until the request timeout, then reported as unreachable
+    // (or the i/o error of the dead connection): never a hang.
+    assert!(
+        matches!(err.kind(), "unreachable" | "io" | "timeout"),
+        "{err}"
+    );
+    assert!(err.is_retriable());
+    assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+    let err = store.read_all().await.unwrap_err();
+    assert!(
+        matches!(err.kind(), "unreachable" | "io" | "timeout"),
+        "{err}"
+    );
+}

@@ -722,6 +722,11 @@ impl<C: Connector> Actor<C> {
                 Ok(off) => return Ok(off),
                 Err(e) => {
                     if !self.backoff(&mut retry, &e).await {
+                        // The batch may have been written with its ack lost.
+                        // Reusing its sequence number for the next record
+                        // would get that record "de-duplicated" away, so the
+                        // next append starts a fresh producer id instead.
+                        self.producer = None;
                         return Err(e);
                     }
                 }
