@@ -24,18 +24,27 @@ use crate::wire::{Reader, Splicer, WireResult, Writer};
 pub mod api_versions;
 pub mod describe_cluster;
 pub mod fetch;
+pub mod fetch_request;
 pub mod find_coordinator;
 pub mod metadata;
 pub mod node_endpoints;
 pub mod produce;
+pub mod produce_request;
 
 pub use api_versions::{clamp_api_versions_response, MaxVersion};
 pub use describe_cluster::rewrite_describe_cluster_response;
 pub use fetch::{walk_fetch_response, AbortedTxn, FetchPartition, FetchResponseInfo, FetchTopic};
+pub use fetch_request::{
+    parse_fetch_request, FetchRequestInfo, FetchRequestPartition, FetchRequestTopic,
+};
 pub use find_coordinator::rewrite_find_coordinator_response;
 pub use metadata::rewrite_metadata_response;
 pub use node_endpoints::{rewrite_fetch_response, rewrite_produce_response};
 pub use produce::{walk_produce_response, ProduceResponseInfo};
+pub use produce_request::{
+    parse_produce_request, split_produce_request, ProduceRequestInfo, ProduceRequestPartition,
+    ProduceRequestTopic, ProduceTopic,
+};
 
 /// Maps an upstream broker `(node_id, host, port)` to the address clients
 /// must see, or `None` to leave it as it is. The proxy's node registry also
