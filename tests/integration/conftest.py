@@ -74,12 +74,21 @@ def broker_factory(request, tmp_path):
     started: list[TansuBroker] = []
 
     def make(port: int | None = None, cid: str | None = None, start: bool = True) -> TansuBroker:
-        b = TansuBroker(tmp_path, port=port, cid=cid, name=f"tansu{len(started)}")
-        started.append(b)
-        _register_log(request, b.name, b.log_path)
-        if start:
-            b.start()
-        return b
+        # A free port can be taken by someone else before the broker binds it: retry with a
+        # new one (only when the port was not asked for).
+        for attempt in range(3):
+            b = TansuBroker(tmp_path, port=port, cid=cid, name=f"tansu{len(started)}")
+            started.append(b)
+            _register_log(request, b.name, b.log_path)
+            if not start:
+                return b
+            try:
+                return b.start()
+            except harness.HarnessError:
+                if port is not None or attempt == 2 or "in use" not in b.proc.log_text().lower():
+                    raise
+                b.stop()
+        raise AssertionError("unreachable")
 
     yield make
     harness.close_clients()
@@ -99,11 +108,18 @@ def proxy_factory(request, tmp_path):
     started: list[Proxy] = []
 
     def make(upstream: list[str], wait_ready: bool = True, **kw) -> Proxy:
-        p = Proxy(tmp_path, upstream, name=f"mirrorguard{len(started)}", **kw)
-        started.append(p)
-        _register_log(request, p.name, p.log_path)
-        p.start(wait_ready=wait_ready)
-        return p
+        for attempt in range(3):
+            p = Proxy(tmp_path, upstream, name=f"mirrorguard{len(started)}", **kw)
+            started.append(p)
+            _register_log(request, p.name, p.log_path)
+            try:
+                return p.start(wait_ready=wait_ready)
+            except harness.HarnessError:
+                # One of its free ports was taken before it bound it: retry on new ones.
+                if attempt == 2 or p.alive() or "in use" not in p.proc.log_text().lower():
+                    raise
+                p.exit_code = 0  # exited at start-up: nothing for teardown to check
+        raise AssertionError("unreachable")
 
     yield make
     harness.close_clients()

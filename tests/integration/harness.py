@@ -99,6 +99,8 @@ def wait_until(pred, timeout: float, interval: float = 0.05, what: str = "condit
             v = pred()
             if v:
                 return v
+        except HarnessError:
+            raise  # fatal (e.g. the process under test exited): no point waiting
         except Exception as e:  # noqa: BLE001 - reported below
             last_exc = e
         if time.monotonic() > deadline:
@@ -229,12 +231,16 @@ class TansuBroker:
 
         try:
             wait_until(ready, timeout, what=f"tansu on {self.port} answering ApiVersions")
+        except HarnessError:
+            raise
         except TimeoutError as e:
             raise HarnessError(f"{e}\n{self.proc.log_text()}") from e
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 1.0) -> None:
+        """SIGTERM, then SIGKILL after `timeout`: Tansu waits for its clients to hang up
+        before exiting on SIGTERM, and memory storage has nothing to flush."""
         if self.proc is not None:
-            self.proc.stop(signal.SIGTERM, timeout=5.0)
+            self.proc.stop(signal.SIGTERM, timeout=timeout)
 
 
 def http_get(url: str, timeout: float = 2.0) -> tuple[int, str]:
@@ -365,6 +371,8 @@ metadata_refresh_ms = {metadata_refresh_ms}
 
         try:
             wait_until(ready, timeout, interval=0.05, what="mirrorguard /readyz == 200")
+        except HarnessError:
+            raise
         except TimeoutError as e:
             raise HarnessError(f"{e}; log:\n{self.proc.log_text()}") from e
 

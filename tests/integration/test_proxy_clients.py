@@ -27,19 +27,8 @@ from harness import (
     topic_name,
 )
 
-# Tansu answers Produce with acks=0 (Apache Kafka never does). mirrorguard currently treats
-# that answer as a protocol error and closes the client connection ("response correlation id
-# Some(1) does not answer the oldest request"), so acks=0 clients break through it against
-# Tansu while they work directly. Known proxy bug: strict xfail, so the fix makes it XPASS and
-# the marker has to go.
-ACKS0_XFAIL = pytest.mark.xfail(
-    strict=True, reason="mirrorguard closes the connection on the broker's answer to an acks=0 Produce"
-)
-
-
-def xfail_acks0_through_proxy(request, kafka):
-    if kafka.via_proxy:
-        request.applymarker(ACKS0_XFAIL)
+# Tansu answers Produce with acks=0 (Apache Kafka never does): a proxy that expects no
+# answer must tolerate one (first versions of mirrorguard closed the client connection).
 
 
 CODECS = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
@@ -318,10 +307,9 @@ def test_request_metrics_move(kafka):
     assert after.select("mirrorguard_connections_open", listener="main"), "no mirrorguard_connections_open"
 
 
-def test_produce_acks0_keeps_correlation(kafka, request):
+def test_produce_acks0_keeps_correlation(kafka):
     """Produce with acks=0 gets no response: the proxy must not wait for one, and the
     responses to the requests that follow on the same connection stay in order."""
-    xfail_acks0_through_proxy(request, kafka)
     topic = topic_name("acks0")
     create_topics(kafka.bootstrap, [topic])
     produce(kafka.bootstrap, topic, [(None, b"template")])
@@ -340,10 +328,9 @@ def test_produce_acks0_keeps_correlation(kafka, request):
     assert [m.value() for m in got] == [b"template"] * 7
 
 
-def test_librdkafka_acks0_producer(kafka, request):
+def test_librdkafka_acks0_producer(kafka):
     """librdkafka with acks=0, then requests that expect a response on the same
     connection; the connection must not be dropped."""
-    xfail_acks0_through_proxy(request, kafka)
     topic = topic_name("rdacks0")
     create_topics(kafka.bootstrap, [topic])
     events = []
