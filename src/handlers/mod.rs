@@ -24,6 +24,7 @@ use crate::wire::{Reader, Splicer, WireResult, Writer};
 pub mod api_versions;
 pub mod describe_cluster;
 pub mod fetch;
+pub mod fetch_build;
 pub mod fetch_request;
 pub mod find_coordinator;
 pub mod metadata;
@@ -34,6 +35,10 @@ pub mod produce_request;
 pub use api_versions::{clamp_api_versions_response, MaxVersion};
 pub use describe_cluster::rewrite_describe_cluster_response;
 pub use fetch::{walk_fetch_response, AbortedTxn, FetchPartition, FetchResponseInfo, FetchTopic};
+pub use fetch_build::{
+    build_fetch_response, splice_fetch_response, AbortedTransaction, FetchPartitionResponse,
+    FetchTopicRef,
+};
 pub use fetch_request::{
     parse_fetch_request, FetchRequestInfo, FetchRequestPartition, FetchRequestTopic,
 };
