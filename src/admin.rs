@@ -29,13 +29,14 @@ pub struct AdminState {
     pub shutting_down: AtomicBool,
 }
 
-/// The admin router.
-pub fn router(state: Arc<AdminState>) -> Router {
+/// The admin router: health, readiness, metrics, and the `/v1` API.
+pub fn router(state: Arc<AdminState>, api: Arc<crate::admin_api::ApiState>) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .with_state(state)
+        .merge(crate::admin_api::routes(api))
 }
 
 async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {

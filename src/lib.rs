@@ -9,10 +9,12 @@
 //! [`dump`] is the offline log-segment reader behind `mirrorguard dump`.
 
 pub mod admin;
+pub mod admin_api;
 pub mod codec;
 pub mod config;
 pub mod dump;
 pub mod handlers;
+pub mod lifecycle;
 pub mod metrics;
 pub mod mirror;
 pub mod pid;

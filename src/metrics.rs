@@ -58,6 +58,13 @@ pub struct MirrorKindLabels {
     pub kind: &'static str,
 }
 
+/// Labels of per-state gauges.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StateLabels {
+    /// MIRRORING, PAUSED, STOPPING, STOPPED or FAILED.
+    pub state: &'static str,
+}
+
 fn latency_histogram() -> Histogram {
     // 100 us .. ~6.5 s
     Histogram::new(exponential_buckets(0.0001, 2.0, 17))
@@ -93,6 +100,13 @@ pub struct Metrics {
     pub producer_state_partitions: Gauge,
     /// `__mirror_state` operations by kind (`append`, `append_error`, `load`, `load_error`).
     pub state_store_ops: Family<KindLabels, Counter>,
+    /// Mirrored partitions per life-cycle state (entries only; untouched
+    /// partitions are MIRRORING without an entry).
+    pub partitions_by_state: Family<StateLabels, Gauge>,
+    /// Seal events by kind: `abort_marker_served`, `barrier_served`, `seal_completed`.
+    pub seal_events: Family<MirrorKindLabels, Counter>,
+    /// Produce requests (partitions) refused by the produce guard, by listener.
+    pub produce_refused: Family<ListenerLabels, Counter>,
 }
 
 /// Cached handles for one (listener, API) pair.
@@ -129,6 +143,24 @@ impl Metrics {
         let producer_state_bytes = Gauge::default();
         let producer_state_partitions = Gauge::default();
         let state_store_ops = Family::<KindLabels, Counter>::default();
+        let partitions_by_state = Family::<StateLabels, Gauge>::default();
+        let seal_events = Family::<MirrorKindLabels, Counter>::default();
+        let produce_refused = Family::<ListenerLabels, Counter>::default();
+        registry.register(
+            "mirrorguard_partitions",
+            "Mirrored partitions with a life-cycle entry, by state",
+            partitions_by_state.clone(),
+        );
+        registry.register(
+            "mirrorguard_seal_events",
+            "Seal events per mirror: abort_marker_served, barrier_served, seal_completed",
+            seal_events.clone(),
+        );
+        registry.register(
+            "mirrorguard_produce_refused",
+            "Produce partitions refused by the produce guard because the partition is mirrored",
+            produce_refused.clone(),
+        );
         registry.register(
             "mirrorguard_mirror_events",
             "Fetch-path events per mirror: batch_seen, batch_rewritten (PID rewritten, CRC \
@@ -225,6 +257,9 @@ impl Metrics {
             producer_state_bytes,
             producer_state_partitions,
             state_store_ops,
+            partitions_by_state,
+            seal_events,
+            produce_refused,
         })
     }
 

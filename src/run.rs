@@ -104,10 +104,21 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         Some(s) => s.clone(),
         None => Arc::new(NoStateCluster),
     };
+    let lifecycle = crate::lifecycle::Lifecycle::new(metrics.clone());
+    if let Some(s) = &state_sync {
+        lifecycle.set_store(s.clone());
+        s.set_lifecycle(lifecycle.clone());
+    }
     let mut mirrors = Vec::new();
     for mc in &config.mirrors {
-        let mirror = MirrorContext::new(mc, registry.clone(), salt_store.clone(), &metrics)
-            .map_err(anyhow::Error::msg)?;
+        let mirror = MirrorContext::new(
+            mc,
+            registry.clone(),
+            salt_store.clone(),
+            lifecycle.clone(),
+            &metrics,
+        )
+        .map_err(anyhow::Error::msg)?;
         if let Some(s) = &state_sync {
             s.add_mirror(mirror.clone());
         }
@@ -158,7 +169,25 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         .map_err(|e| anyhow::anyhow!("cannot bind admin listener {admin_addr}: {e}"))?;
     tracing::info!(%admin_addr, "admin listener bound (/healthz /readyz /metrics)");
     let mut admin_shutdown = shutdown_rx.clone();
-    let admin_router = admin::router(admin_state.clone());
+    let token = match &config.admin.token_file {
+        Some(path) => Some(
+            std::fs::read_to_string(path)
+                .map_err(|e| anyhow::anyhow!("admin.token_file {}: {e}", path.display()))?
+                .trim()
+                .to_string(),
+        ),
+        None => None,
+    };
+    let api_state = Arc::new(crate::admin_api::ApiState {
+        lifecycle: lifecycle.clone(),
+        mirrors: mirrors
+            .iter()
+            .map(|(mc, m)| (mc.name.clone(), m.clone()))
+            .collect(),
+        registry: registry.clone(),
+        token,
+    });
+    let admin_router = admin::router(admin_state.clone(), api_state);
     let admin_task = tokio::spawn(async move {
         let served = axum::serve(admin_socket, admin_router)
             .with_graceful_shutdown(async move {

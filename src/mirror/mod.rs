@@ -22,6 +22,7 @@
 //! changes nothing; the salts they need are persisted to `__mirror_state`
 //! (the response is held meanwhile), and only then is the response rewritten.
 
+pub mod seal_path;
 pub mod state_sync;
 
 use std::sync::{Arc, OnceLock};
@@ -151,14 +152,44 @@ pub struct MirrorContext {
     metrics: MirrorMetrics,
     topics: std::sync::RwLock<TopicNames>,
     topic_prefix: String,
+    /// Partition life cycle (shared by all mirrors).
+    pub lifecycle: Arc<crate::lifecycle::Lifecycle>,
+    seal_metrics: SealMetrics,
+}
+
+/// Seal metric handles of one mirror.
+struct SealMetrics {
+    aborts: Counter,
+    barriers: Counter,
+    completed: Counter,
+}
+
+impl SealMetrics {
+    fn new(metrics: &Metrics, mirror: &str) -> Self {
+        let m = |kind: &'static str| {
+            metrics
+                .seal_events
+                .get_or_create(&MirrorKindLabels {
+                    mirror: mirror.to_string(),
+                    kind,
+                })
+                .clone()
+        };
+        Self {
+            aborts: m("abort_marker_served"),
+            barriers: m("barrier_served"),
+            completed: m("seal_completed"),
+        }
+    }
 }
 
 /// Source topic names and ids, learned from Metadata (KIP-1279 keeps topic
 /// ids across the mirror, so they identify destination partitions too).
 #[derive(Default)]
 struct TopicNames {
-    by_name: std::collections::HashMap<String, [u8; 16]>,
     by_id: std::collections::HashMap<[u8; 16], Arc<str>>,
+    /// Source topic name → partition count.
+    partitions: std::collections::BTreeMap<String, i32>,
 }
 
 impl crate::proxy::refresh::RefreshHook for MirrorContext {
@@ -180,11 +211,11 @@ impl crate::proxy::refresh::RefreshHook for MirrorContext {
             self.set_source(id)?;
         }
         let mut t = self.topics.write().unwrap_or_else(|p| p.into_inner());
-        for (name, id) in &view.topics {
-            if *id != [0; 16] && !t.by_name.contains_key(name) {
-                t.by_name.insert(name.clone(), *id);
+        for (name, id, partitions) in &view.topics {
+            if *id != [0; 16] {
                 t.by_id.insert(*id, Arc::from(name.as_str()));
             }
+            t.partitions.insert(name.clone(), *partitions);
         }
         Ok(())
     }
@@ -196,7 +227,7 @@ impl MirrorContext {
     /// partition, so mirrors from different sources into one destination
     /// partition share its state. The destination topic id is looked up on
     /// the state cluster when a record needs it.
-    fn partition_key(&self, topic: &FetchTopic<'_>, partition: i32) -> PartitionKey {
+    pub fn partition_key(&self, topic: &FetchTopic<'_>, partition: i32) -> PartitionKey {
         match topic {
             FetchTopic::Name(name) => {
                 PartitionKey::new([0; 16], self.destination_topic(name), partition)
@@ -213,6 +244,21 @@ impl MirrorContext {
         }
     }
 
+    /// Destination topics fed by this mirror with their partition counts
+    /// (from the source's last Metadata).
+    pub fn destination_topics(&self) -> Vec<(String, i32)> {
+        let t = self.topics.read().unwrap_or_else(|p| p.into_inner());
+        t.partitions
+            .iter()
+            .map(|(name, n)| (format!("{}{}", self.topic_prefix, name), *n))
+            .collect()
+    }
+
+    /// The destination partition key of a destination topic name.
+    pub fn key_for(&self, destination_topic: &str, partition: i32) -> PartitionKey {
+        PartitionKey::new([0; 16], destination_topic, partition)
+    }
+
     fn destination_topic(&self, source_topic: &str) -> Arc<str> {
         Arc::from(format!("{}{}", self.topic_prefix, source_topic))
     }
@@ -222,6 +268,7 @@ impl MirrorContext {
         cfg: &MirrorConfig,
         registry: Arc<ProducerStateRegistry>,
         salts: Arc<dyn SaltStore>,
+        lifecycle: Arc<crate::lifecycle::Lifecycle>,
         metrics: &Metrics,
     ) -> Result<Arc<Self>, String> {
         let ctx = Self {
@@ -237,6 +284,8 @@ impl MirrorContext {
             metrics: MirrorMetrics::new(metrics, &cfg.name),
             topics: Default::default(),
             topic_prefix: cfg.destination_topic_prefix.clone(),
+            lifecycle,
+            seal_metrics: SealMetrics::new(metrics, &cfg.name),
         };
         if let Some(text) = &cfg.source_cluster_id {
             ctx.set_source(SourceIdentity::parse(text)?)?;
@@ -316,11 +365,41 @@ impl MirrorRewriter {
 }
 
 impl ResponseRewriter for MirrorRewriter {
+    fn on_request(
+        &self,
+        h: &RequestHeader,
+        frame: &[u8],
+    ) -> Result<crate::proxy::connection::RequestAction, RewriteError> {
+        if h.api_key == api::FETCH {
+            if let Some(action) = seal_path::plan_fetch(&self.mirror, h, frame)? {
+                return Ok(action);
+            }
+        }
+        Ok(crate::proxy::connection::RequestAction::Forward {
+            replacement: None,
+            plan: None,
+        })
+    }
+
     fn wants(&self, h: &RequestHeader) -> bool {
         h.api_key == api::FETCH || needs_address_rewrite(h)
     }
 
-    fn rewrite(&self, h: &RequestHeader, mut frame: BytesMut) -> Result<Rewritten, RewriteError> {
+    fn answer(
+        &self,
+        h: &RequestHeader,
+        plan: &mut crate::proxy::connection::Plan,
+    ) -> Result<Rewritten, RewriteError> {
+        seal_path::answer_fetch(&self.mirror, h, plan)
+    }
+
+    fn rewrite(
+        &self,
+        h: &RequestHeader,
+        plan: Option<&mut crate::proxy::connection::Plan>,
+        mut frame: BytesMut,
+    ) -> Result<Rewritten, RewriteError> {
+        let fetch_plan = seal_path::as_fetch_plan(plan);
         if h.api_key == api::FETCH {
             let err = |message: String| RewriteError {
                 api: "Fetch",
@@ -332,8 +411,9 @@ impl ResponseRewriter for MirrorRewriter {
             let body_at = response_body_offset(&frame, header_version)
                 .ok_or_else(|| err("response header truncated".into()))?;
             let body = &mut frame[body_at..];
+            let skip = |t: &FetchTopic<'_>, p: i32| seal_path::is_controlled(fetch_plan, t, p);
             if let Some(pending) =
-                rewrite_fetch_body(&self.mirror, h.api_version, body).map_err(err)?
+                rewrite_fetch_body(&self.mirror, h.api_version, body, &skip).map_err(err)?
             {
                 let salts = self.mirror.salts.clone();
                 let wait = Box::pin(async move {
@@ -346,8 +426,17 @@ impl ResponseRewriter for MirrorRewriter {
                             message: format!("collision salt not persisted: {message}"),
                         })
                 });
-                return Ok(Rewritten::Blocked { frame, wait });
+                return Ok(Rewritten::Blocked {
+                    frame: Some(frame),
+                    wait,
+                });
             }
+        }
+        if let Some(plan) = fetch_plan {
+            frame = match seal_path::splice_controlled(&self.mirror, h, plan, frame)? {
+                Rewritten::Ready(f) => f,
+                blocked => return Ok(blocked),
+            };
         }
         if !needs_address_rewrite(h) {
             return Ok(Rewritten::Ready(frame));
@@ -365,6 +454,7 @@ pub fn rewrite_fetch_body(
     mirror: &MirrorContext,
     version: i16,
     body: &mut [u8],
+    skip: &dyn Fn(&FetchTopic<'_>, i32) -> bool,
 ) -> Result<Option<Vec<PendingSalt>>, String> {
     let Some(source) = mirror.source() else {
         return Err(format!(
@@ -375,8 +465,8 @@ pub fn rewrite_fetch_body(
     };
     let mut slices: Vec<PartitionSlice> = Vec::new();
     handlers::walk_fetch_response(version, body, &mut |p| {
-        if p.error_code != 0 {
-            return; // error partitions are left alone
+        if p.error_code != 0 || skip(&p.topic, p.partition_index) {
+            return; // error partitions are left alone; controlled ones are replaced
         }
         let key = mirror.partition_key(&p.topic, p.partition_index);
         let aborted: Vec<usize> = match &p.aborted_transactions {

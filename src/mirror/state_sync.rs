@@ -11,12 +11,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::lifecycle::seal::OpenTxn;
+use crate::lifecycle::{Entry, Lifecycle, TransitionStore};
 use crate::metrics::{KindLabels, Metrics};
 use crate::mirror::{map_with_salt, MirrorContext, PendingSalt, SaltStore};
 use crate::pid::{self, Layout};
 use crate::producer_state::{self as ps, Origin, PartitionKey, ProducerStateRegistry, SaltRecord};
 use crate::state_store::schema::{
-    decode, MirrorPidCollisionKey, MirrorPidCollisionValue, StateRecord,
+    decode, MirrorPartitionState, MirrorPartitionStateKey, MirrorPartitionStateValue,
+    MirrorPidCollisionKey, MirrorPidCollisionValue, MirrorProducerSnapshotKey,
+    MirrorProducerSnapshotValue, SnapshotProducer, StateRecord,
 };
 use crate::state_store::{StateStore, StoredRecord};
 
@@ -32,6 +36,9 @@ pub struct StateSync {
     /// Bootstrap of the state (= destination) cluster, for its topic ids.
     state_bootstrap: Vec<(String, u16)>,
     dest_topics: std::sync::RwLock<DestinationTopics>,
+    lifecycle: std::sync::OnceLock<Arc<Lifecycle>>,
+    /// Open transactions of seals read back (type 5), by destination partition.
+    snapshots: std::sync::Mutex<std::collections::HashMap<PartitionKey, Vec<OpenTxn>>>,
 }
 
 /// Destination topic names and ids (collision records name topics by id,
@@ -59,7 +66,14 @@ impl StateSync {
             me: me.clone(),
             state_bootstrap,
             dest_topics: Default::default(),
+            lifecycle: Default::default(),
+            snapshots: Default::default(),
         })
+    }
+
+    /// Routes partition-state records (types 4 and 5) to `lifecycle`.
+    pub fn set_lifecycle(&self, lifecycle: Arc<Lifecycle>) {
+        let _ = self.lifecycle.set(lifecycle);
     }
 
     /// Registers a mirror (its layout is used to compute salted PIDs).
@@ -89,7 +103,7 @@ impl StateSync {
         )
         .await?;
         let mut t = self.dest_topics.write().unwrap_or_else(|p| p.into_inner());
-        for (name, id) in view.topics {
+        for (name, id, _partitions) in view.topics {
             t.by_id.insert(id, name.clone());
             t.by_name.insert(name, id);
         }
@@ -180,12 +194,26 @@ impl StateSync {
             );
             return false;
         };
-        let StateRecord::PidCollision {
-            key,
-            value: Some(value),
-        } = rec
-        else {
-            return false;
+        let (key, value) = match rec {
+            StateRecord::PidCollision {
+                key,
+                value: Some(value),
+            } => (key, value),
+            StateRecord::PartitionState {
+                key,
+                value: Some(value),
+            } => {
+                self.apply_partition_state(r.offset, key, value);
+                return false;
+            }
+            StateRecord::ProducerSnapshot {
+                key,
+                value: Some(value),
+            } => {
+                self.apply_snapshot(key, value);
+                return false;
+            }
+            _ => return false,
         };
         let Ok(cluster) = pid::ClusterId::parse(&key.source_cluster_id) else {
             tracing::warn!(offset = r.offset, id = %key.source_cluster_id,
@@ -220,6 +248,163 @@ impl StateSync {
             .with(|s| s.salts_mut().apply(record));
         tracing::debug!(offset = r.offset, %partition, ?outcome, "collision salt applied");
         true
+    }
+
+    fn apply_snapshot(&self, key: MirrorProducerSnapshotKey, value: MirrorProducerSnapshotValue) {
+        let Some(topic) = self.destination_topic_name(&key.topic_id) else {
+            return;
+        };
+        let open: Vec<OpenTxn> = value
+            .producers
+            .iter()
+            .filter(|p| p.txn_first_offset >= 0)
+            .map(|p| OpenTxn {
+                producer_id: p.producer_id,
+                producer_epoch: p.producer_epoch,
+                coordinator_epoch: p.coordinator_epoch,
+                first_offset: p.txn_first_offset,
+                origin_cluster: p.origin_cluster_id,
+                original_pid: p.original_pid,
+            })
+            .collect();
+        let pk = PartitionKey::new([0; 16], topic, key.partition);
+        self.snapshots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(pk, open);
+    }
+
+    fn apply_partition_state(
+        &self,
+        offset: i64,
+        key: MirrorPartitionStateKey,
+        v: MirrorPartitionStateValue,
+    ) {
+        let Some(lifecycle) = self.lifecycle.get() else {
+            return;
+        };
+        let topic = self
+            .destination_topic_name(&key.topic_id)
+            .unwrap_or(v.topic_name.clone());
+        let pk = PartitionKey::new([0; 16], topic.clone(), key.partition);
+        // Our own records come back through the tail: keep the live entry
+        // (it has the built seal) when it already says the same thing.
+        if let Some(cur) = lifecycle.get(&pk) {
+            if cur.state == v.state && cur.cut == (v.cut_offset >= 0).then_some(v.cut_offset) {
+                return;
+            }
+        }
+        let restored_open_txns = (v.state == MirrorPartitionState::Stopping && v.cut_offset >= 0)
+            .then(|| {
+                self.snapshots
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .get(&pk)
+                    .cloned()
+            })
+            .flatten();
+        tracing::info!(offset, topic = %topic, partition = key.partition, state = v.state.name(),
+            cut = v.cut_offset, seal_batches = v.seal_batches, "partition state restored from __mirror_state");
+        lifecycle.restore(
+            pk,
+            Entry {
+                mirror: v.mirror,
+                topic,
+                partition: key.partition,
+                state: v.state,
+                source_cluster_id: v.source_cluster_id,
+                cut: (v.cut_offset >= 0).then_some(v.cut_offset),
+                seal_batches: (v.seal_batches >= 0).then_some(v.seal_batches),
+                fetcher_offset: None,
+                last_fetch_ms: None,
+                reason: v.reason,
+                since_ms: v.timestamp_ms,
+                seal: None,
+                restored_open_txns,
+            },
+        );
+    }
+
+    async fn topic_id_for(&self, topic: &str) -> Result<[u8; 16], String> {
+        if let Some(id) = self.destination_topic_id(topic) {
+            return Ok(id);
+        }
+        self.refresh_destination_topics()
+            .await
+            .map_err(|e| e.to_string())?;
+        self.destination_topic_id(topic).ok_or_else(|| {
+            format!("destination topic {topic:?} does not exist on the state cluster; its state cannot be recorded")
+        })
+    }
+
+    async fn persist_entry(self: Arc<Self>, entry: Entry) -> Result<(), String> {
+        let topic_id = self.topic_id_for(&entry.topic).await?;
+        // The open transactions of a seal go first: a STOPPING record with a
+        // cut is only ever read back with its snapshot present.
+        if let (MirrorPartitionState::Stopping, Some(cut), Some(plan)) =
+            (entry.state, entry.cut, &entry.seal)
+        {
+            let key = MirrorProducerSnapshotKey {
+                topic_id,
+                partition: entry.partition,
+            };
+            let value = MirrorProducerSnapshotValue {
+                snapshot_offset: cut,
+                producers: plan
+                    .open_txns
+                    .iter()
+                    .map(|t| SnapshotProducer {
+                        producer_id: t.producer_id,
+                        origin_cluster_id: t.origin_cluster,
+                        original_pid: t.original_pid,
+                        producer_epoch: t.producer_epoch,
+                        last_sequence: -1,
+                        last_offset: -1,
+                        coordinator_epoch: t.coordinator_epoch,
+                        txn_first_offset: t.first_offset,
+                        last_timestamp: -1,
+                    })
+                    .collect(),
+                unknown_tagged_fields: Vec::new(),
+            };
+            let v = value.encode().map_err(|e| e.to_string())?;
+            self.store
+                .append(key.encode(), Some(v))
+                .await
+                .map_err(|e| {
+                    self.count("append_error");
+                    e.to_string()
+                })?;
+            self.count("append");
+        }
+        let key = MirrorPartitionStateKey {
+            topic_id,
+            partition: entry.partition,
+        };
+        let value = MirrorPartitionStateValue {
+            mirror: entry.mirror.clone(),
+            topic_name: entry.topic.clone(),
+            state: entry.state,
+            source_cluster_id: entry.source_cluster_id.clone(),
+            cut_offset: entry.cut.unwrap_or(-1),
+            seal_batches: entry.seal_batches.unwrap_or(-1),
+            reason: entry.reason.clone(),
+            timestamp_ms: entry.since_ms,
+            unknown_tagged_fields: Vec::new(),
+        };
+        let v = value.encode().map_err(|e| e.to_string())?;
+        let offset = self
+            .store
+            .append(key.encode(), Some(v))
+            .await
+            .map_err(|e| {
+                self.count("append_error");
+                e.to_string()
+            })?;
+        self.count("append");
+        tracing::debug!(offset, topic = %entry.topic, partition = entry.partition,
+            state = entry.state.name(), "partition state persisted");
+        Ok(())
     }
 
     async fn persist_all(self: Arc<Self>, salts: Vec<PendingSalt>) -> Result<(), String> {
@@ -277,6 +462,21 @@ impl SaltStore for StateSync {
         Box::pin(async move {
             match me {
                 Some(me) => me.persist_all(salts).await,
+                None => Err("state store is shutting down".into()),
+            }
+        })
+    }
+}
+
+impl TransitionStore for StateSync {
+    fn persist(
+        &self,
+        entry: Entry,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
+        let me = self.me.upgrade();
+        Box::pin(async move {
+            match me {
+                Some(me) => me.persist_entry(entry).await,
                 None => Err("state store is shutting down".into()),
             }
         })

@@ -27,7 +27,7 @@ use crate::metrics::{ApiMetrics, Metrics};
 /// connection, but anything near this bound means a stuck upstream).
 const MAX_IN_FLIGHT: usize = 4096;
 
-/// A request forwarded upstream whose response is awaited.
+/// A request whose response is owed to the client, in request order.
 pub struct InFlight {
     /// Header of the request.
     pub header: RequestHeader,
@@ -35,16 +35,68 @@ pub struct InFlight {
     pub sent_at: Instant,
     /// Metric handles of its API.
     pub metrics: ApiMetrics,
+    /// What the listener decided about the request, for its response.
+    pub plan: Option<Plan>,
+    /// Answered by the proxy itself: nothing is read from upstream for it.
+    pub local: bool,
+    /// A Produce with `acks=0`: Kafka sends no response, but some brokers
+    /// (Tansu) do; such a response is recognised by its id and dropped.
+    pub unanswered: bool,
 }
 
-/// Rewrites the responses of the API keys a listener decodes.
+/// Listener-specific notes carried from a request to its response.
+pub type Plan = Box<dyn std::any::Any + Send>;
+
+/// What to do with a client request.
+pub enum RequestAction {
+    /// Forward it upstream (or `replacement` instead of the original frame).
+    Forward {
+        /// A rewritten request frame to send instead of the original.
+        replacement: Option<BytesMut>,
+        /// Handed to [`ResponseRewriter::rewrite`] with the response.
+        plan: Option<Plan>,
+    },
+    /// Do not forward; [`ResponseRewriter::answer`] builds the response.
+    Answer(Plan),
+    /// Do not forward and do not answer (a refused `acks=0` Produce).
+    Drop,
+}
+
+/// Rewrites the responses (and, where needed, intercepts the requests) of
+/// the API keys a listener decodes.
 pub trait ResponseRewriter: Send + Sync {
-    /// Whether responses to this request must pass through [`rewrite`](Self::rewrite).
+    /// Decides about a request before it is forwarded. The default forwards
+    /// everything untouched.
+    fn on_request(
+        &self,
+        _header: &RequestHeader,
+        _frame: &[u8],
+    ) -> Result<RequestAction, RewriteError> {
+        Ok(RequestAction::Forward {
+            replacement: None,
+            plan: None,
+        })
+    }
+    /// Whether responses to this request must pass through [`rewrite`](Self::rewrite)
+    /// (always the case when `on_request` attached a plan).
     fn wants(&self, header: &RequestHeader) -> bool;
     /// Rewrites a whole response frame (size prefix included). Errors close
     /// the connection: an unparseable response might carry an upstream
     /// address, which a client must never see.
-    fn rewrite(&self, header: &RequestHeader, frame: BytesMut) -> Result<Rewritten, RewriteError>;
+    fn rewrite(
+        &self,
+        header: &RequestHeader,
+        plan: Option<&mut Plan>,
+        frame: BytesMut,
+    ) -> Result<Rewritten, RewriteError>;
+    /// Builds the response to a request answered locally (`RequestAction::Answer`).
+    fn answer(&self, header: &RequestHeader, _plan: &mut Plan) -> Result<Rewritten, RewriteError> {
+        Err(RewriteError {
+            api: api::api_name(header.api_key).unwrap_or("unknown"),
+            version: header.api_version,
+            message: "this listener cannot answer requests itself".into(),
+        })
+    }
 }
 
 /// Result of [`ResponseRewriter::rewrite`].
@@ -55,8 +107,9 @@ pub enum Rewritten {
     /// salt being persisted); then `rewrite` is called again with `frame`.
     /// Rewriters must be idempotent on a partly rewritten frame.
     Blocked {
-        /// The frame, possibly partly rewritten.
-        frame: BytesMut,
+        /// The frame, possibly partly rewritten (`None` for a local answer,
+        /// which is built again).
+        frame: Option<BytesMut>,
         /// What must complete first.
         wait: std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), RewriteError>> + Send>>,
     },
@@ -184,16 +237,35 @@ where
             .or_insert_with(|| ctx.metrics.api(&ctx.listener, header.api_key));
         m.requests.inc();
         m.bytes_in.inc_by(frame.len() as u64);
-        if expects_response(&header, &frame) {
+        let (frame, plan, local) = match ctx.rewriter.on_request(&header, &frame) {
+            Ok(RequestAction::Forward { replacement, plan }) => {
+                (replacement.unwrap_or(frame), plan, false)
+            }
+            Ok(RequestAction::Answer(plan)) => (frame, Some(plan), true),
+            Ok(RequestAction::Drop) => continue,
+            Err(e) => {
+                Metrics::count(&ctx.metrics.frame_errors, &ctx.listener, "bad_request");
+                tracing::warn!(listener = %ctx.listener, %peer, error = %e,
+                    "closing client connection: request cannot be handled");
+                return ConnectionEnd::ClientProtocol(e.to_string());
+            }
+        };
+        {
             let entry = InFlight {
                 header,
                 sent_at: Instant::now(),
                 metrics: m.clone(),
+                plan,
+                local,
+                unanswered: !local && !expects_response(&header, &frame),
             };
             if tx.send(entry).await.is_err() {
                 // The response pump is gone; its end reason wins the select.
                 return ConnectionEnd::UpstreamClosed("response side closed".into());
             }
+        }
+        if local {
+            continue;
         }
         if let Err(e) = upstream_wr.write_all(&frame).await {
             Metrics::count(&ctx.metrics.upstream_errors, &ctx.listener, "disconnect");
@@ -206,10 +278,24 @@ where
 async fn rewrite_until_ready(
     ctx: &ConnectionContext,
     h: &RequestHeader,
-    mut frame: BytesMut,
+    plan: &mut Option<Plan>,
+    mut frame: Option<BytesMut>,
 ) -> Result<BytesMut, RewriteError> {
     for _ in 0..MAX_REWRITE_ROUNDS {
-        match ctx.rewriter.rewrite(h, frame)? {
+        let step = match frame {
+            Some(f) => ctx.rewriter.rewrite(h, plan.as_mut(), f)?,
+            None => match plan.as_mut() {
+                Some(p) => ctx.rewriter.answer(h, p)?,
+                None => {
+                    return Err(RewriteError {
+                        api: api::api_name(h.api_key).unwrap_or("unknown"),
+                        version: h.api_version,
+                        message: "local answer without a plan".into(),
+                    })
+                }
+            },
+        };
+        match step {
             Rewritten::Ready(f) => return Ok(f),
             Rewritten::Blocked { frame: f, wait } => {
                 wait.await?;
@@ -222,6 +308,30 @@ async fn rewrite_until_ready(
         version: h.api_version,
         message: format!("response still blocked after {MAX_REWRITE_ROUNDS} rounds"),
     })
+}
+
+/// Reads the upstream frame answering `correlation_id`, dropping responses
+/// to earlier `acks=0` Produce requests (which Kafka never sends).
+async fn read_answer<R: AsyncRead + Unpin>(
+    reader: &mut FrameReader<R>,
+    unanswered: &mut std::collections::VecDeque<i32>,
+    correlation_id: i32,
+) -> Result<Option<BytesMut>, FrameError> {
+    loop {
+        let Some(frame) = reader.next_frame().await? else {
+            return Ok(None);
+        };
+        let id = response_correlation_id(&frame);
+        if id != Some(correlation_id) {
+            if let Some(pos) = unanswered.iter().position(|u| Some(*u) == id) {
+                unanswered.drain(..=pos);
+                continue;
+            }
+        }
+        // Responses come in request order: no earlier acks=0 answer can follow.
+        unanswered.clear();
+        return Ok(Some(frame));
+    }
 }
 
 /// Every request is answered except Produce with `acks=0`.
@@ -244,10 +354,39 @@ where
     W: AsyncWrite + Unpin,
 {
     let mut reader = FrameReader::new(upstream_rd, ctx.max_frame);
+    // Correlation ids of acks=0 Produce requests an upstream might answer anyway.
+    let mut unanswered: std::collections::VecDeque<i32> = std::collections::VecDeque::new();
     // Waiting on the queue first means an idle connection does not read
     // upstream; a closed queue with nothing owed means "drained".
-    while let Some(entry) = rx.recv().await {
-        let frame = match reader.next_frame().await {
+    while let Some(mut entry) = rx.recv().await {
+        let h = entry.header;
+        if entry.unanswered {
+            if unanswered.len() >= MAX_IN_FLIGHT {
+                unanswered.pop_front();
+            }
+            unanswered.push_back(h.correlation_id);
+            continue;
+        }
+        if entry.local {
+            let frame = match rewrite_until_ready(ctx, &h, &mut entry.plan, None).await {
+                Ok(f) => f,
+                Err(e) => {
+                    Metrics::count(&ctx.metrics.rewrite_errors, &ctx.listener, "local_answer");
+                    tracing::warn!(listener = %ctx.listener, error = %e, "cannot answer request locally");
+                    return ConnectionEnd::UpstreamProtocol(e.to_string());
+                }
+            };
+            if client_wr.write_all(&frame).await.is_err() {
+                return ConnectionEnd::ClientClosed;
+            }
+            entry.metrics.bytes_out.inc_by(frame.len() as u64);
+            entry
+                .metrics
+                .latency
+                .observe(entry.sent_at.elapsed().as_secs_f64());
+            continue;
+        }
+        let frame = match read_answer(&mut reader, &mut unanswered, h.correlation_id).await {
             Ok(Some(f)) => f,
             Ok(None) => {
                 Metrics::count(&ctx.metrics.upstream_errors, &ctx.listener, "disconnect");
@@ -265,7 +404,6 @@ where
                 return ConnectionEnd::UpstreamClosed(format!("reading upstream: {e}"));
             }
         };
-        let h = entry.header;
         if response_correlation_id(&frame) != Some(h.correlation_id) {
             Metrics::count(&ctx.metrics.upstream_errors, &ctx.listener, "protocol");
             return ConnectionEnd::UpstreamProtocol(format!(
@@ -276,8 +414,8 @@ where
                 h.correlation_id
             ));
         }
-        let frame = if ctx.rewriter.wants(&h) {
-            match rewrite_until_ready(ctx, &h, frame).await {
+        let frame = if entry.plan.is_some() || ctx.rewriter.wants(&h) {
+            match rewrite_until_ready(ctx, &h, &mut entry.plan, Some(frame)).await {
                 Ok(f) => f,
                 Err(e) => {
                     Metrics::count(

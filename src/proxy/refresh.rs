@@ -26,8 +26,8 @@ const CLIENT_ID: &[u8] = b"mirrorguard";
 pub struct ClusterView {
     /// The upstream's cluster id, if it sent one.
     pub cluster_id: Option<String>,
-    /// Topic names and ids (v12 refreshes only).
-    pub topics: Vec<(String, [u8; 16])>,
+    /// Topic names, ids and partition counts (v12 refreshes only).
+    pub topics: Vec<(String, [u8; 16], i32)>,
 }
 
 /// Receives what each refresh learned (mirror listeners use it).
@@ -146,7 +146,7 @@ pub fn parse_cluster_view(version: i16, body: &[u8]) -> WireResult<ClusterView> 
         r.read_i32("topic_authorized_operations")?;
         r.skip_tagged_fields_v(flexible, "topic tags")?;
         if let Some(name) = name {
-            view.topics.push((name.to_string(), id));
+            view.topics.push((name.to_string(), id, partitions as i32));
         }
     }
     Ok(view)

@@ -45,7 +45,12 @@ impl ResponseRewriter for AddressRewriter {
         needs_address_rewrite(h)
     }
 
-    fn rewrite(&self, h: &RequestHeader, frame: BytesMut) -> Result<Rewritten, RewriteError> {
+    fn rewrite(
+        &self,
+        h: &RequestHeader,
+        _plan: Option<&mut crate::proxy::connection::Plan>,
+        frame: BytesMut,
+    ) -> Result<Rewritten, RewriteError> {
         let mut map =
             |node_id: i32, host: &str, port: i32| Some(self.nodes.advertise(node_id, host, port));
         rewrite_addresses(h, frame, &mut map).map(Rewritten::Ready)

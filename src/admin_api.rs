@@ -1,0 +1,428 @@
+//! The `/v1` admin API: partition life cycle, producer state, collisions,
+//! anomalies, and its OpenAPI document.
+//!
+//! Reads are open; every mutating call needs `Authorization: Bearer <token>`
+//! with the token read from `admin.token_file`. A mutating request is checked
+//! completely (mirror, topics, partitions, every transition) before anything
+//! changes, so a request with one bad item changes nothing.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::lifecycle::{Entry, Lifecycle, Operation};
+use crate::mirror::MirrorContext;
+use crate::producer_state::ProducerStateRegistry;
+use crate::state_store::schema::MirrorPartitionState as LState;
+
+/// The OpenAPI document, shipped in the repository and served at `/v1/openapi.json`.
+pub const OPENAPI: &str = include_str!("../docs/openapi.json");
+
+/// What the API handlers read and change.
+pub struct ApiState {
+    /// Partition life cycle.
+    pub lifecycle: Arc<Lifecycle>,
+    /// Mirrors by name.
+    pub mirrors: BTreeMap<String, Arc<MirrorContext>>,
+    /// Shadow producer state.
+    pub registry: Arc<ProducerStateRegistry>,
+    /// Bearer token for mutating calls (`None`: mutating calls are refused).
+    pub token: Option<String>,
+}
+
+/// The `/v1` routes.
+pub fn routes(state: Arc<ApiState>) -> Router {
+    Router::new()
+        .route("/v1/openapi.json", get(openapi))
+        .route("/v1/partitions", get(list_partitions))
+        .route("/v1/partitions/stop", post(stop))
+        .route("/v1/partitions/pause", post(pause))
+        .route("/v1/partitions/resume", post(resume))
+        .route(
+            "/v1/partitions/{topic}/{partition}/producers",
+            get(producers),
+        )
+        .route("/v1/collisions", get(collisions))
+        .route("/v1/anomalies", get(anomalies))
+        .with_state(state)
+}
+
+fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+    (
+        status,
+        Json(json!({"error": code, "message": message.into()})),
+    )
+        .into_response()
+}
+
+async fn openapi() -> impl IntoResponse {
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        OPENAPI,
+    )
+}
+
+/// One partition as `GET /v1/partitions` shows it.
+#[derive(Serialize)]
+struct PartitionView {
+    mirror: String,
+    topic: String,
+    partition: i32,
+    state: &'static str,
+    cut: Option<i64>,
+    seal_batches: Option<i32>,
+    fetcher_offset: Option<i64>,
+    last_fetch_ms: Option<i64>,
+    reason: Option<String>,
+    since_ms: Option<i64>,
+    producers: usize,
+}
+
+fn view(e: &Entry, producers: usize) -> PartitionView {
+    PartitionView {
+        mirror: e.mirror.clone(),
+        topic: e.topic.clone(),
+        partition: e.partition,
+        state: e.state.name(),
+        cut: e.cut,
+        seal_batches: e.seal_batches,
+        fetcher_offset: e.fetcher_offset,
+        last_fetch_ms: e.last_fetch_ms,
+        reason: e.reason.clone(),
+        since_ms: Some(e.since_ms),
+        producers,
+    }
+}
+
+async fn list_partitions(State(s): State<Arc<ApiState>>) -> Json<serde_json::Value> {
+    let mut out: BTreeMap<(String, i32), PartitionView> = BTreeMap::new();
+    let producer_count = |topic: &str, partition: i32| {
+        s.registry
+            .get(&crate::producer_state::PartitionKey::new(
+                [0; 16], topic, partition,
+            ))
+            .map(|h| h.with(|p| p.producer_count()))
+            .unwrap_or(0)
+    };
+    for (name, m) in &s.mirrors {
+        for (topic, n) in m.destination_topics() {
+            for p in 0..n {
+                let pc = producer_count(&topic, p);
+                out.insert(
+                    (topic.clone(), p),
+                    PartitionView {
+                        mirror: name.clone(),
+                        topic: topic.clone(),
+                        partition: p,
+                        state: LState::Mirroring.name(),
+                        cut: None,
+                        seal_batches: None,
+                        fetcher_offset: None,
+                        last_fetch_ms: None,
+                        reason: None,
+                        since_ms: None,
+                        producers: pc,
+                    },
+                );
+            }
+        }
+    }
+    for e in s.lifecycle.list() {
+        let pc = producer_count(&e.topic, e.partition);
+        out.insert((e.topic.clone(), e.partition), view(&e, pc));
+    }
+    Json(json!({"partitions": out.into_values().collect::<Vec<_>>()}))
+}
+
+/// Body of stop/pause/resume.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SelectionBody {
+    /// The mirror.
+    mirror: String,
+    /// Topics (and optionally partitions); absent with `all: true` means
+    /// every partition of the mirror.
+    #[serde(default)]
+    topics: Vec<TopicSelection>,
+    #[serde(default)]
+    all: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TopicSelection {
+    topic: String,
+    /// Absent: every partition of the topic.
+    #[serde(default)]
+    partitions: Option<Vec<i32>>,
+}
+
+fn authorized(s: &ApiState, headers: &HeaderMap) -> Result<(), Box<Response>> {
+    let Some(token) = &s.token else {
+        return Err(Box::new(error(
+            StatusCode::FORBIDDEN,
+            "no_token_configured",
+            "mutating calls need admin.token_file in the configuration",
+        )));
+    };
+    let given = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    match given {
+        Some(g) if constant_time_eq(g.trim().as_bytes(), token.as_bytes()) => Ok(()),
+        Some(_) => Err(Box::new(error(
+            StatusCode::UNAUTHORIZED,
+            "bad_token",
+            "the bearer token is not valid",
+        ))),
+        None => Err(Box::new(error(
+            StatusCode::UNAUTHORIZED,
+            "missing_token",
+            "send Authorization: Bearer <token> (the token is in admin.token_file)",
+        ))),
+    }
+}
+
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+async fn stop(
+    State(s): State<Arc<ApiState>>,
+    headers: HeaderMap,
+    body: Result<Json<SelectionBody>, JsonRejection>,
+) -> Response {
+    mutate(s, headers, body, Operation::Stop).await
+}
+
+async fn pause(
+    State(s): State<Arc<ApiState>>,
+    headers: HeaderMap,
+    body: Result<Json<SelectionBody>, JsonRejection>,
+) -> Response {
+    mutate(s, headers, body, Operation::Pause).await
+}
+
+async fn resume(
+    State(s): State<Arc<ApiState>>,
+    headers: HeaderMap,
+    body: Result<Json<SelectionBody>, JsonRejection>,
+) -> Response {
+    mutate(s, headers, body, Operation::Resume).await
+}
+
+async fn mutate(
+    s: Arc<ApiState>,
+    headers: HeaderMap,
+    body: Result<Json<SelectionBody>, JsonRejection>,
+    op: Operation,
+) -> Response {
+    if let Err(r) = authorized(&s, &headers) {
+        return *r;
+    }
+    let body = match body {
+        Ok(Json(b)) => b,
+        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", e.body_text()),
+    };
+    let Some(mirror) = s.mirrors.get(&body.mirror) else {
+        return error(
+            StatusCode::NOT_FOUND,
+            "unknown_mirror",
+            format!(
+                "no mirror named {:?} (configured: {})",
+                body.mirror,
+                s.mirrors.keys().cloned().collect::<Vec<_>>().join(", ")
+            ),
+        );
+    };
+    let Some(source) = mirror.source() else {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "source_unknown",
+            format!(
+                "mirror {:?} has not identified its source cluster yet",
+                body.mirror
+            ),
+        );
+    };
+    let known: BTreeMap<String, i32> = mirror.destination_topics().into_iter().collect();
+    // Resolve the selection completely before changing anything.
+    let mut targets: Vec<(String, i32)> = Vec::new();
+    if body.all {
+        if !body.topics.is_empty() {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                "give either `all: true` or `topics`, not both",
+            );
+        }
+        for (t, n) in &known {
+            targets.extend((0..*n).map(|p| (t.clone(), p)));
+        }
+    } else {
+        if body.topics.is_empty() {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                "name `topics` or set `all: true`",
+            );
+        }
+        for sel in &body.topics {
+            let Some(n) = known.get(&sel.topic) else {
+                return error(
+                    StatusCode::NOT_FOUND,
+                    "unknown_topic",
+                    format!(
+                        "mirror {:?} does not mirror a topic {:?}",
+                        body.mirror, sel.topic
+                    ),
+                );
+            };
+            match &sel.partitions {
+                None => targets.extend((0..*n).map(|p| (sel.topic.clone(), p))),
+                Some(ps) => {
+                    for &p in ps {
+                        if p < 0 || p >= *n {
+                            return error(
+                                StatusCode::NOT_FOUND,
+                                "unknown_partition",
+                                format!(
+                                    "{}-{p} does not exist ({} has {n} partitions)",
+                                    sel.topic, sel.topic
+                                ),
+                            );
+                        }
+                        targets.push((sel.topic.clone(), p));
+                    }
+                }
+            }
+        }
+    }
+    targets.sort();
+    targets.dedup();
+    // Every transition must be allowed before any is made.
+    for (topic, p) in &targets {
+        let key = mirror.key_for(topic, *p);
+        let state = s
+            .lifecycle
+            .get(&key)
+            .map(|e| e.state)
+            .unwrap_or(LState::Mirroring);
+        let allowed = matches!(
+            (state, op),
+            (LState::Mirroring | LState::Paused, Operation::Stop)
+                | (LState::Mirroring, Operation::Pause)
+                | (LState::Paused, Operation::Resume)
+        );
+        if !allowed {
+            return error(
+                StatusCode::CONFLICT,
+                "transition_not_allowed",
+                format!(
+                    "{topic}-{p} is {}: cannot {op:?} it; nothing was changed",
+                    state.name()
+                ),
+            );
+        }
+    }
+    let mut done = Vec::new();
+    for (topic, p) in &targets {
+        let key = mirror.key_for(topic, *p);
+        match s
+            .lifecycle
+            .request(&key, &mirror.name, &source.text, op)
+            .await
+        {
+            Ok(e) => done.push(view(&e, 0)),
+            Err(e) => {
+                let status = match e {
+                    crate::lifecycle::TransitionError::NotPersisted { .. } => {
+                        StatusCode::SERVICE_UNAVAILABLE
+                    }
+                    _ => StatusCode::CONFLICT,
+                };
+                return (
+                    status,
+                    Json(json!({"error": "transition_failed", "message": e.to_string(), "applied": done})),
+                )
+                    .into_response();
+            }
+        }
+    }
+    (StatusCode::OK, Json(json!({"applied": done}))).into_response()
+}
+
+async fn producers(
+    State(s): State<Arc<ApiState>>,
+    Path((topic, partition)): Path<(String, i32)>,
+) -> Response {
+    let key = crate::producer_state::PartitionKey::new([0; 16], topic.as_str(), partition);
+    let Some(handle) = s.registry.get(&key) else {
+        return error(
+            StatusCode::NOT_FOUND,
+            "unknown_partition",
+            format!("no producer state for {topic}-{partition} (nothing mirrored through this proxy yet)"),
+        );
+    };
+    let producers: Vec<serde_json::Value> = handle.with(|p| {
+        let mut v: Vec<_> = p
+            .producers()
+            .map(|(pid, e)| {
+                json!({
+                    "producer_id": pid,
+                    "decoded": crate::pid::decode(pid).map(|d| json!({"layout": d.layout.name(), "region": d.region, "original_pid": d.original})),
+                    "origin_cluster": e.origin.source_cluster.to_string(),
+                    "original_pid": e.origin.original_pid,
+                    "epoch": e.epoch,
+                    "last_sequence": e.last_sequence,
+                    "last_offset": e.last_offset,
+                    "coordinator_epoch": e.coordinator_epoch,
+                    "open_transaction_first_offset": e.transaction_first_offset(),
+                    "last_timestamp": e.last_timestamp,
+                })
+            })
+            .collect();
+        v.sort_by_key(|x| x["producer_id"].as_i64());
+        v
+    });
+    Json(json!({"topic": topic, "partition": partition, "producers": producers})).into_response()
+}
+
+async fn collisions(State(s): State<Arc<ApiState>>) -> Json<serde_json::Value> {
+    let mut out = Vec::new();
+    for key in s.registry.partition_keys() {
+        if let Some(h) = s.registry.get(&key) {
+            h.with(|p| {
+                for r in p.salts().records() {
+                    out.push(json!({
+                        "topic": key.topic.to_string(),
+                        "partition": key.partition,
+                        "source_cluster": r.origin.source_cluster.to_string(),
+                        "original_pid": r.origin.original_pid,
+                        "salt": r.salt,
+                        "mapped_pid": r.mapped_pid,
+                        "colliding_cluster": r.colliding_cluster.to_string(),
+                        "timestamp_ms": r.timestamp_ms,
+                        "record_offset": r.record_offset,
+                    }));
+                }
+            });
+        }
+    }
+    Json(json!({"collisions": out}))
+}
+
+async fn anomalies(State(s): State<Arc<ApiState>>) -> Json<serde_json::Value> {
+    let log = s.registry.anomaly_log();
+    let records: Vec<_> = log.records().collect();
+    Json(json!({"total_recorded": log.total_recorded(), "anomalies": records}))
+}

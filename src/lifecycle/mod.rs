@@ -1,0 +1,335 @@
+//! Mirror partition life cycle (SPEC 3): MIRRORING, PAUSED, STOPPING,
+//! STOPPED, FAILED, with the transitions enforced and every transition
+//! persisted in `__mirror_state` before it takes effect.
+//!
+//! Partitions are identified like the producer state: destination topic name
+//! and partition. A partition with no entry is MIRRORING. The fetch path asks
+//! [`Lifecycle::controls`] first (an atomic counter, so the common case of
+//! nothing stopped costs nothing) and only then parses Fetch requests.
+//!
+//! The seal: when a STOPPING partition is next fetched, the fetcher's fetch
+//! offset is the cut; ABORT markers for every transaction still open in the
+//! shadow producer state and then the MIRROR_PID_RESET barrier are built at
+//! consecutive offsets from the cut; the open transactions (a producer-state
+//! snapshot, record type 5) and the cut (type 4) are persisted; then the
+//! batches are served. Once the fetcher's offset shows all were appended,
+//! STOPPED is persisted and the partition is answered locally from then on.
+
+pub mod seal;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use serde::Serialize;
+
+use crate::producer_state::PartitionKey;
+use crate::state_store::schema::MirrorPartitionState as State;
+
+pub use seal::{SealBatch, SealPlan};
+
+/// An operator request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Operation {
+    /// Seal and stop.
+    Stop,
+    /// Hold data without sealing.
+    Pause,
+    /// Continue after a pause.
+    Resume,
+}
+
+/// Why a transition was refused.
+#[derive(Debug, Clone, thiserror::Error, Serialize)]
+#[serde(tag = "error", rename_all = "snake_case")]
+pub enum TransitionError {
+    /// The transition is not allowed from the current state.
+    #[error("{topic}-{partition}: cannot {op:?} a partition that is {state}")]
+    NotAllowed {
+        /// Topic.
+        topic: String,
+        /// Partition.
+        partition: i32,
+        /// Requested operation.
+        op: Operation,
+        /// Current state name.
+        state: &'static str,
+    },
+    /// The partition is controlled by another mirror.
+    #[error("{topic}-{partition} belongs to mirror {owner}, not {mirror}")]
+    OtherMirror {
+        /// Topic.
+        topic: String,
+        /// Partition.
+        partition: i32,
+        /// The mirror that owns it.
+        owner: String,
+        /// The mirror named in the request.
+        mirror: String,
+    },
+    /// The record could not be persisted; nothing changed.
+    #[error("could not persist the transition: {message}")]
+    NotPersisted {
+        /// What the state store said.
+        message: String,
+    },
+}
+
+/// One partition's life-cycle entry.
+#[derive(Debug, Clone, Serialize)]
+pub struct Entry {
+    /// Mirror that feeds (or fed) the partition.
+    pub mirror: String,
+    /// Destination topic.
+    pub topic: String,
+    /// Partition index.
+    pub partition: i32,
+    /// Current state.
+    #[serde(serialize_with = "ser_state")]
+    pub state: State,
+    /// Source cluster id (base64 text).
+    pub source_cluster_id: String,
+    /// The cut (destination offset of the first sealing batch), once known.
+    pub cut: Option<i64>,
+    /// Number of sealing batches (markers + barrier), once built.
+    pub seal_batches: Option<i32>,
+    /// The fetcher's last fetch offset seen for this partition.
+    pub fetcher_offset: Option<i64>,
+    /// Wall-clock ms of that fetch.
+    pub last_fetch_ms: Option<i64>,
+    /// Why (FAILED), or the operator-facing status of a waiting stop.
+    pub reason: Option<String>,
+    /// Wall-clock ms of the last transition.
+    pub since_ms: i64,
+    /// The sealing batches (not serialised: bytes).
+    #[serde(skip)]
+    pub seal: Option<Arc<SealPlan>>,
+    /// Open transactions of the seal read back from `__mirror_state` after
+    /// a restart (the plan is rebuilt from them at the next fetch).
+    #[serde(skip)]
+    pub restored_open_txns: Option<Vec<seal::OpenTxn>>,
+}
+
+fn ser_state<S: serde::Serializer>(s: &State, ser: S) -> Result<S::Ok, S::Error> {
+    ser.serialize_str(s.name())
+}
+
+/// Where transitions are persisted (the `__mirror_state` topic).
+pub trait TransitionStore: Send + Sync {
+    /// Persists an entry's state record (type 4) and, when present, the
+    /// open-transaction snapshot of its seal (type 5); resolves once acknowledged.
+    fn persist(
+        &self,
+        entry: Entry,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;
+}
+
+/// All controlled partitions.
+pub struct Lifecycle {
+    entries: Mutex<HashMap<PartitionKey, Entry>>,
+    /// Entries not in MIRRORING: zero means the fetch path skips everything.
+    controlled: AtomicUsize,
+    store: Mutex<Option<Arc<dyn TransitionStore>>>,
+    /// Serialises transitions so a persisted record and the in-memory state
+    /// never disagree (held across the persistence await: admin path only).
+    transitions: tokio::sync::Mutex<()>,
+    metrics: Arc<crate::metrics::Metrics>,
+}
+
+/// Wall-clock milliseconds.
+pub fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+impl Lifecycle {
+    /// An empty life cycle (everything MIRRORING).
+    pub fn new(metrics: Arc<crate::metrics::Metrics>) -> Arc<Self> {
+        Arc::new(Self {
+            entries: Mutex::new(HashMap::new()),
+            controlled: AtomicUsize::new(0),
+            store: Mutex::new(None),
+            transitions: tokio::sync::Mutex::new(()),
+            metrics,
+        })
+    }
+
+    /// Sets where transitions are persisted.
+    pub fn set_store(&self, store: Arc<dyn TransitionStore>) {
+        *lock(&self.store) = Some(store);
+    }
+
+    /// Whether any partition is not MIRRORING (the fetch path's fast check).
+    pub fn controls(&self) -> bool {
+        self.controlled.load(Ordering::Relaxed) > 0
+    }
+
+    /// The entry of a partition, if it has one.
+    pub fn get(&self, key: &PartitionKey) -> Option<Entry> {
+        lock(&self.entries).get(key).cloned()
+    }
+
+    /// Every entry, sorted by topic and partition.
+    pub fn list(&self) -> Vec<Entry> {
+        let mut v: Vec<Entry> = lock(&self.entries).values().cloned().collect();
+        v.sort_by(|a, b| (a.topic.as_str(), a.partition).cmp(&(b.topic.as_str(), b.partition)));
+        v
+    }
+
+    fn recount(&self, entries: &HashMap<PartitionKey, Entry>) {
+        let n = entries
+            .values()
+            .filter(|e| e.state != State::Mirroring)
+            .count();
+        self.controlled.store(n, Ordering::Relaxed);
+        let mut per_state: HashMap<&'static str, i64> = HashMap::new();
+        for s in ["MIRRORING", "PAUSED", "STOPPING", "STOPPED", "FAILED"] {
+            per_state.insert(s, 0);
+        }
+        for e in entries.values() {
+            *per_state.entry(e.state.name()).or_default() += 1;
+        }
+        for (state, count) in per_state {
+            self.metrics
+                .partitions_by_state
+                .get_or_create(&crate::metrics::StateLabels { state })
+                .set(count);
+        }
+    }
+
+    /// Applies a record read from `__mirror_state` (start-up or another
+    /// instance): the entry as persisted, seal rebuilt by the caller.
+    pub fn restore(&self, key: PartitionKey, entry: Entry) {
+        let mut entries = lock(&self.entries);
+        entries.insert(key, entry);
+        self.recount(&entries);
+    }
+
+    /// Applies an operator request to one partition: checks the transition,
+    /// persists it, then makes it effective. `source_cluster_id` is the
+    /// mirror's source (for the record).
+    pub async fn request(
+        &self,
+        key: &PartitionKey,
+        mirror: &str,
+        source_cluster_id: &str,
+        op: Operation,
+    ) -> Result<Entry, TransitionError> {
+        let _serial = self.transitions.lock().await;
+        let current = self.get(key);
+        let state = current
+            .as_ref()
+            .map(|e| e.state)
+            .unwrap_or(State::Mirroring);
+        if let Some(e) = &current {
+            if e.mirror != mirror && e.state != State::Mirroring {
+                return Err(TransitionError::OtherMirror {
+                    topic: key.topic.to_string(),
+                    partition: key.partition,
+                    owner: e.mirror.clone(),
+                    mirror: mirror.to_string(),
+                });
+            }
+        }
+        let next = match (state, op) {
+            (State::Mirroring | State::Paused, Operation::Stop) => State::Stopping,
+            (State::Mirroring, Operation::Pause) => State::Paused,
+            (State::Paused, Operation::Resume) => State::Mirroring,
+            (s, op) => {
+                return Err(TransitionError::NotAllowed {
+                    topic: key.topic.to_string(),
+                    partition: key.partition,
+                    op,
+                    state: s.name(),
+                })
+            }
+        };
+        let mut entry = current.unwrap_or_else(|| Entry {
+            mirror: mirror.to_string(),
+            topic: key.topic.to_string(),
+            partition: key.partition,
+            state: State::Mirroring,
+            source_cluster_id: source_cluster_id.to_string(),
+            cut: None,
+            seal_batches: None,
+            fetcher_offset: None,
+            last_fetch_ms: None,
+            reason: None,
+            since_ms: now_ms(),
+            seal: None,
+            restored_open_txns: None,
+        });
+        entry.mirror = mirror.to_string();
+        entry.state = next;
+        entry.since_ms = now_ms();
+        entry.reason = match next {
+            State::Stopping => {
+                Some("waiting for the destination fetcher's next fetch to take the cut".into())
+            }
+            _ => None,
+        };
+        self.persist(&entry).await?;
+        tracing::info!(mirror, topic = %key.topic, partition = key.partition,
+            from = state.name(), to = next.name(), "partition state transition");
+        let mut entries = lock(&self.entries);
+        entries.insert(key.clone(), entry.clone());
+        self.recount(&entries);
+        Ok(entry)
+    }
+
+    async fn persist(&self, entry: &Entry) -> Result<(), TransitionError> {
+        let store = lock(&self.store).clone();
+        match store {
+            Some(s) => s
+                .persist(entry.clone())
+                .await
+                .map_err(|message| TransitionError::NotPersisted { message }),
+            None => Err(TransitionError::NotPersisted {
+                message: "no [state] cluster is configured; transitions cannot be made durable"
+                    .into(),
+            }),
+        }
+    }
+
+    /// Records a seal decision or completion made on the fetch path:
+    /// persists `entry` then installs it. Used by [`seal`].
+    pub async fn commit(&self, key: &PartitionKey, entry: Entry) -> Result<(), TransitionError> {
+        let _serial = self.transitions.lock().await;
+        // Another connection may have committed the same step meanwhile.
+        if let Some(cur) = self.get(key) {
+            if cur.state == entry.state
+                && cur.cut == entry.cut
+                && cur.seal_batches == entry.seal_batches
+            {
+                return Ok(());
+            }
+            if cur.state == State::Stopped {
+                return Ok(());
+            }
+        }
+        self.persist(&entry).await?;
+        tracing::info!(mirror = %entry.mirror, topic = %key.topic, partition = key.partition,
+            state = entry.state.name(), cut = ?entry.cut, seal_batches = ?entry.seal_batches,
+            "partition seal progress persisted");
+        let mut entries = lock(&self.entries);
+        entries.insert(key.clone(), entry);
+        self.recount(&entries);
+        Ok(())
+    }
+
+    /// Notes the fetcher's offset (progress for the admin API).
+    pub fn note_fetch(&self, key: &PartitionKey, fetch_offset: i64) {
+        if let Some(e) = lock(&self.entries).get_mut(key) {
+            e.fetcher_offset = Some(fetch_offset);
+            e.last_fetch_ms = Some(now_ms());
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

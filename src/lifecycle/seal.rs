@@ -1,0 +1,239 @@
+//! The seal of a STOPPING partition: the batches served at the cut and the
+//! decision, per fetch, of what the fetcher gets.
+//!
+//! Sealing batches sit at consecutive offsets from the cut: one ABORT marker
+//! per transaction still open in the shadow producer state (ordered by first
+//! offset, then PID, so a rebuilt plan is the same plan), then the
+//! MIRROR_PID_RESET barrier carrying the source cluster id. All are stamped
+//! with the partition leader epoch of the last mirrored batch.
+
+use std::sync::Arc;
+
+use crate::producer_state::PartitionKey;
+use crate::records::builder::{build_abort_marker, build_mirror_pid_reset};
+use crate::state_store::schema::MirrorPartitionState as State;
+
+use super::{now_ms, Entry};
+
+/// A transaction open at the cut (from the shadow producer state).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenTxn {
+    /// PID as the destination knows it (mapped).
+    pub producer_id: i64,
+    /// Producer epoch.
+    pub producer_epoch: i16,
+    /// Coordinator epoch of the producer's last marker (0 if none seen).
+    pub coordinator_epoch: i32,
+    /// Offset of the transaction's first batch.
+    pub first_offset: i64,
+    /// Source cluster of the producer.
+    pub origin_cluster: [u8; 16],
+    /// PID on the source cluster.
+    pub original_pid: i64,
+}
+
+/// One sealing batch.
+#[derive(Debug, Clone)]
+pub struct SealBatch {
+    /// Its offset in the destination log.
+    pub base_offset: i64,
+    /// `abort` or `barrier`.
+    pub kind: &'static str,
+    /// The batch bytes (CRC-32C computed).
+    pub bytes: Vec<u8>,
+}
+
+/// Everything served at the cut.
+#[derive(Debug, Clone)]
+pub struct SealPlan {
+    /// Destination offset of the first sealing batch.
+    pub cut: i64,
+    /// Leader epoch stamped on every batch.
+    pub leader_epoch: i32,
+    /// The transactions the markers abort.
+    pub open_txns: Vec<OpenTxn>,
+    /// Markers then the barrier.
+    pub batches: Vec<SealBatch>,
+}
+
+impl SealPlan {
+    /// Builds the plan at `cut`.
+    pub fn build(
+        cut: i64,
+        leader_epoch: i32,
+        source_cluster_id: &str,
+        mut open: Vec<OpenTxn>,
+    ) -> Self {
+        open.sort_by_key(|t| (t.first_offset, t.producer_id));
+        let ts = now_ms();
+        let mut batches = Vec::with_capacity(open.len() + 1);
+        let mut offset = cut;
+        for t in &open {
+            batches.push(SealBatch {
+                base_offset: offset,
+                kind: "abort",
+                bytes: build_abort_marker(
+                    t.producer_id,
+                    t.producer_epoch,
+                    t.coordinator_epoch.max(0),
+                    ts,
+                    offset,
+                    leader_epoch,
+                ),
+            });
+            offset += 1;
+        }
+        batches.push(SealBatch {
+            base_offset: offset,
+            kind: "barrier",
+            bytes: build_mirror_pid_reset(source_cluster_id, offset, leader_epoch, ts),
+        });
+        Self {
+            cut,
+            leader_epoch,
+            open_txns: open,
+            batches,
+        }
+    }
+
+    /// Number of sealing batches.
+    pub fn len(&self) -> i32 {
+        self.batches.len() as i32
+    }
+
+    /// Never empty (the barrier is always there); for clippy's sake.
+    pub fn is_empty(&self) -> bool {
+        self.batches.is_empty()
+    }
+
+    /// The offset after the last sealing batch.
+    pub fn end(&self) -> i64 {
+        self.cut + i64::from(self.len())
+    }
+
+    /// The sealing batches at or after `fetch_offset`, concatenated.
+    pub fn records_from(&self, fetch_offset: i64) -> Vec<u8> {
+        let mut out = Vec::new();
+        for b in self
+            .batches
+            .iter()
+            .filter(|b| b.base_offset >= fetch_offset)
+        {
+            out.extend_from_slice(&b.bytes);
+        }
+        out
+    }
+}
+
+/// What a controlled partition's fetch gets.
+#[derive(Debug, Clone)]
+pub struct LocalPartition {
+    /// Records to return (possibly empty).
+    pub records: Vec<u8>,
+    /// High watermark to report.
+    pub high_watermark: i64,
+    /// Last stable offset to report.
+    pub last_stable_offset: i64,
+}
+
+/// The decision for one controlled partition at one fetch.
+#[derive(Debug)]
+pub enum Decision {
+    /// Answer with this.
+    Answer(LocalPartition),
+    /// Persist this entry first, then decide again.
+    Persist(Box<Entry>),
+}
+
+impl LocalPartition {
+    fn empty_at(offset: i64) -> Self {
+        Self {
+            records: Vec::new(),
+            high_watermark: offset,
+            last_stable_offset: offset,
+        }
+    }
+}
+
+/// Decides what a fetch at `fetch_offset` of a controlled partition gets.
+/// `open_txns` is consulted only when the cut is taken; `last_fetched_epoch`
+/// is the request's LastFetchedEpoch (v12+, else -1) and
+/// `current_leader_epoch` its CurrentLeaderEpoch (v9+, else -1).
+pub fn decide(
+    key: &PartitionKey,
+    entry: &Entry,
+    fetch_offset: i64,
+    last_fetched_epoch: i32,
+    current_leader_epoch: i32,
+    open_txns: &dyn Fn() -> Vec<OpenTxn>,
+) -> Decision {
+    match entry.state {
+        State::Stopping => {}
+        // PAUSED holds data; STOPPED and FAILED are answered locally: no byte
+        // of the source beyond the fetcher's position is ever served.
+        _ => return Decision::Answer(LocalPartition::empty_at(fetch_offset)),
+    }
+    let epoch = if last_fetched_epoch >= 0 {
+        last_fetched_epoch
+    } else {
+        current_leader_epoch.max(0)
+    };
+    let Some(cut) = entry.cut else {
+        // Take the cut now: the fetcher's next offset is the destination's
+        // log end offset.
+        let plan = SealPlan::build(fetch_offset, epoch, &entry.source_cluster_id, open_txns());
+        let mut next = entry.clone();
+        next.cut = Some(fetch_offset);
+        next.seal_batches = Some(plan.len());
+        next.reason = Some(format!(
+            "sealing: {} abort marker(s) and the barrier at offsets {}..{}",
+            plan.open_txns.len(),
+            plan.cut,
+            plan.end() - 1
+        ));
+        next.seal = Some(Arc::new(plan));
+        tracing::info!(mirror = %entry.mirror, partition = %key, cut = fetch_offset, epoch,
+            "seal: cut taken at the destination fetcher's offset");
+        return Decision::Persist(Box::new(next));
+    };
+    let plan = match &entry.seal {
+        Some(p) => p.clone(),
+        None => {
+            // Restored after a restart: rebuild from the persisted open
+            // transactions; the epoch is the one of the batches already
+            // appended, which the fetcher reports as its last fetched epoch.
+            let open = entry_open_txns(entry);
+            Arc::new(SealPlan::build(cut, epoch, &entry.source_cluster_id, open))
+        }
+    };
+    if fetch_offset >= plan.end() {
+        let mut next = entry.clone();
+        next.state = State::Stopped;
+        next.reason = None;
+        next.seal = Some(plan);
+        return Decision::Persist(Box::new(next));
+    }
+    if fetch_offset < cut {
+        let mut next = entry.clone();
+        next.state = State::Failed;
+        next.reason = Some(format!(
+            "the destination fetcher went back to offset {fetch_offset}, below the cut {cut} \
+             (log truncated?); sealing stopped, operator action needed"
+        ));
+        return Decision::Persist(Box::new(next));
+    }
+    Decision::Answer(LocalPartition {
+        records: plan.records_from(fetch_offset),
+        high_watermark: plan.end(),
+        last_stable_offset: plan.end(),
+    })
+}
+
+/// Open transactions remembered for a restored entry.
+fn entry_open_txns(entry: &Entry) -> Vec<OpenTxn> {
+    match (&entry.seal, &entry.restored_open_txns) {
+        (Some(p), _) => p.open_txns.clone(),
+        (None, Some(open)) => open.clone(),
+        (None, None) => Vec::new(),
+    }
+}
