@@ -30,6 +30,7 @@ pub mod find_coordinator;
 pub mod metadata;
 pub mod node_endpoints;
 pub mod produce;
+pub mod produce_build;
 pub mod produce_request;
 
 pub use api_versions::{clamp_api_versions_response, MaxVersion};
@@ -46,6 +47,7 @@ pub use find_coordinator::rewrite_find_coordinator_response;
 pub use metadata::rewrite_metadata_response;
 pub use node_endpoints::{rewrite_fetch_response, rewrite_produce_response};
 pub use produce::{walk_produce_response, ProduceResponseInfo};
+pub use produce_build::{build_produce_response, merge_produce_responses, ProducePartitionResult};
 pub use produce_request::{
     parse_produce_request, split_produce_request, ProduceRequestInfo, ProduceRequestPartition,
     ProduceRequestTopic, ProduceTopic,
