@@ -47,7 +47,9 @@ def test_broker_restart_same_port(broker_factory, proxy_factory):
 
     wait_until(lambda: proxy.metrics().sum(UPSTREAM_ERRORS) > errors_before, 10, what=f"{UPSTREAM_ERRORS} increased")
     assert proxy.readyz() == 200
-    print(f"client-side events during the outage: {[str(e) for e in events]}")
+    # The client was told: mirrorguard drops client connections when their upstream goes
+    # away, which librdkafka reports (_TRANSPORT / _ALL_BROKERS_DOWN) and retries.
+    assert events, "the client saw no disconnect or error while its broker was down"
 
 
 def test_connect_refused_at_startup(broker_factory, proxy_factory):
