@@ -345,9 +345,34 @@ def metadata_v1(conn: Connection, topics: list[str] | None = None) -> MetadataV1
 
 
 def find_coordinator(conn: Connection, key: str, version: int = 2, key_type: int = 0):
-    """Returns (error_code, node_id, host, port)."""
+    """Returns (error_code, node_id, host, port). v0-v2 classic, v3 flexible single key,
+    v4+ batched (one key asked, its entry returned)."""
+    if version == 3:
+        body = compact_string(key) + i8(key_type) + NO_TAGS
+        r = Reader(conn.request(API_FIND_COORDINATOR, 3, body, flexible=True))
+        r.i32()  # throttle
+        err = r.i16()
+        r.compact_string()  # error message
+        out = (err, r.i32(), r.compact_string(), r.i32())
+        r.tagged_fields()
+        return out
+    if version >= 4:
+        body = i8(key_type) + compact_array([compact_string(key)]) + NO_TAGS
+        r = Reader(conn.request(API_FIND_COORDINATOR, version, body, flexible=True))
+        r.i32()  # throttle
+        found = None
+        for _ in range(r.compact_count()):
+            k, node, host, port, err = r.compact_string(), r.i32(), r.compact_string(), r.i32(), r.i16()
+            r.compact_string()  # error message
+            r.tagged_fields()
+            if k == key:
+                found = (err, node, host, port)
+        r.tagged_fields()
+        if found is None:
+            raise ProtocolError(f"key {key!r} missing from FindCoordinator v{version} response")
+        return found
     if version not in (0, 1, 2):
-        raise ValueError("only v0-v2 here")
+        raise ValueError(f"FindCoordinator v{version}")
     body = string(key) + (i8(key_type) if version >= 1 else b"")
     r = Reader(conn.request(API_FIND_COORDINATOR, version, body))
     if version >= 1:

@@ -268,10 +268,22 @@ def test_metadata_lists_only_proxy_addresses(kafka):
         with rawkafka.Connection(HOST, port) as c:
             raw = rawkafka.metadata_v1(c, [topic])
             assert raw.brokers == {TANSU_NODE_ID: (HOST, expected_port)}
-            for v in (0, 1, 2):
-                err, node, host, cport = rawkafka.find_coordinator(c, f"grp-{topic}", version=v)
-                assert err == 0
-                assert (node, host, cport) == (TANSU_NODE_ID, HOST, expected_port), f"FindCoordinator v{v}"
+            _, flex_brokers = rawkafka.topic_ids_v12(c, [topic])
+            assert flex_brokers == {TANSU_NODE_ID: (HOST, expected_port)}
+            lo, hi = rawkafka.api_versions(c)[rawkafka.API_FIND_COORDINATOR]
+            assert hi >= 4, f"FindCoordinator only up to v{hi}"
+            for v in range(lo, hi + 1):
+                for key_type, key in ((0, f"grp-{topic}"), (1, f"txn-{topic}")):
+                    if key_type and v == 0:
+                        continue
+                    err, node, host, cport = rawkafka.find_coordinator(c, key, version=v, key_type=key_type)
+                    assert err == 0, f"FindCoordinator v{v} key_type {key_type}: error {err}"
+                    assert (node, host, cport) == (TANSU_NODE_ID, HOST, expected_port), f"FindCoordinator v{v}"
+
+    # DescribeCluster (AdminClient.describe_cluster) hands out proxy addresses only, too.
+    desc = admin(kafka.bootstrap).describe_cluster(request_timeout=10).result(timeout=15)
+    assert [(n.id, n.host, n.port) for n in desc.nodes] == [(TANSU_NODE_ID, HOST, expected_port)]
+    assert desc.controller is None or (desc.controller.host, desc.controller.port) == (HOST, expected_port)
 
 
 def test_api_versions_through_proxy(kafka):
