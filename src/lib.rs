@@ -12,6 +12,7 @@ pub mod admin;
 pub mod admin_api;
 pub mod codec;
 pub mod config;
+pub mod ctl;
 pub mod dump;
 pub mod handlers;
 pub mod lifecycle;

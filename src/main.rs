@@ -19,6 +19,8 @@ enum Command {
     Dump(mirrorguard::dump::DumpArgs),
     /// Map a PID into a region, or decode a mapped PID.
     Map(mirrorguard::pid::MapArgs),
+    /// Call the admin API (partitions, stop, pause, resume, producers, collisions, anomalies).
+    Ctl(mirrorguard::ctl::CtlArgs),
     /// Run the proxy.
     Run {
         /// Path of proxy.toml.
@@ -32,6 +34,7 @@ fn main() -> std::process::ExitCode {
     match cli.command {
         Command::Dump(args) => mirrorguard::dump::run(&args),
         Command::Map(args) => mirrorguard::pid::run_map(&args),
+        Command::Ctl(args) => mirrorguard::ctl::run(&args),
         Command::Run { config } => match mirrorguard::run::run(&config) {
             Ok(()) => std::process::ExitCode::SUCCESS,
             Err(e) => {

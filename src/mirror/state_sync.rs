@@ -39,6 +39,10 @@ pub struct StateSync {
     lifecycle: std::sync::OnceLock<Arc<Lifecycle>>,
     /// Open transactions of seals read back (type 5), by destination partition.
     snapshots: std::sync::Mutex<std::collections::HashMap<PartitionKey, Vec<OpenTxn>>>,
+    /// Highest offset applied or written per record key: the tail skips
+    /// records at or below it, so reading back our own older records never
+    /// moves a partition's state backwards.
+    applied: std::sync::Mutex<std::collections::HashMap<Vec<u8>, i64>>,
 }
 
 /// Destination topic names and ids (collision records name topics by id,
@@ -68,6 +72,7 @@ impl StateSync {
             dest_topics: Default::default(),
             lifecycle: Default::default(),
             snapshots: Default::default(),
+            applied: Default::default(),
         })
     }
 
@@ -185,8 +190,24 @@ impl StateSync {
         (layout, pid::fold(cluster))
     }
 
+    /// Notes that the record for `key` at `offset` is known (applied or ours);
+    /// false if a later record for the key was already seen.
+    fn advance(&self, key: &[u8], offset: i64) -> bool {
+        let mut applied = self.applied.lock().unwrap_or_else(|p| p.into_inner());
+        match applied.get(key) {
+            Some(&seen) if seen >= offset => false,
+            _ => {
+                applied.insert(key.to_vec(), offset);
+                true
+            }
+        }
+    }
+
     /// Applies one stored record; true if it was a collision salt.
     fn apply(&self, r: &StoredRecord) -> bool {
+        if !self.advance(&r.key, r.offset) {
+            return false;
+        }
         let Ok(rec) = decode(&r.key, r.value.as_deref()) else {
             tracing::warn!(
                 offset = r.offset,
@@ -368,13 +389,12 @@ impl StateSync {
                 unknown_tagged_fields: Vec::new(),
             };
             let v = value.encode().map_err(|e| e.to_string())?;
-            self.store
-                .append(key.encode(), Some(v))
-                .await
-                .map_err(|e| {
-                    self.count("append_error");
-                    e.to_string()
-                })?;
+            let k = key.encode();
+            let offset = self.store.append(k.clone(), Some(v)).await.map_err(|e| {
+                self.count("append_error");
+                e.to_string()
+            })?;
+            self.advance(&k, offset);
             self.count("append");
         }
         let key = MirrorPartitionStateKey {
@@ -393,14 +413,12 @@ impl StateSync {
             unknown_tagged_fields: Vec::new(),
         };
         let v = value.encode().map_err(|e| e.to_string())?;
-        let offset = self
-            .store
-            .append(key.encode(), Some(v))
-            .await
-            .map_err(|e| {
-                self.count("append_error");
-                e.to_string()
-            })?;
+        let k = key.encode();
+        let offset = self.store.append(k.clone(), Some(v)).await.map_err(|e| {
+            self.count("append_error");
+            e.to_string()
+        })?;
+        self.advance(&k, offset);
         self.count("append");
         tracing::debug!(offset, topic = %entry.topic, partition = entry.partition,
             state = entry.state.name(), "partition state persisted");
