@@ -29,6 +29,10 @@ pub struct Config {
     /// Plain proxy listeners, one per upstream cluster.
     #[serde(default, rename = "listener")]
     pub listeners: Vec<ListenerConfig>,
+    /// Produce guards in front of the destination cluster: refuse Produce
+    /// for mirrored partitions until they are STOPPED.
+    #[serde(default, rename = "guard")]
+    pub guards: Vec<ListenerConfig>,
     /// Mirror (fetch-path) listeners, one per source cluster.
     #[serde(default, rename = "mirror")]
     pub mirrors: Vec<MirrorConfig>,
@@ -388,7 +392,7 @@ impl Config {
                 ),
             ));
         }
-        if self.listeners.is_empty() && self.mirrors.is_empty() {
+        if self.listeners.is_empty() && self.mirrors.is_empty() && self.guards.is_empty() {
             return Err(invalid(
                 "listener".into(),
                 "at least one [[listener]] or [[mirror]] is required".into(),
@@ -434,6 +438,12 @@ impl Config {
             .iter()
             .enumerate()
             .map(|(i, l)| (format!("listener[{i}]"), l.clone()))
+            .chain(
+                self.guards
+                    .iter()
+                    .enumerate()
+                    .map(|(i, l)| (format!("guard[{i}]"), l.clone())),
+            )
             .chain(
                 self.mirrors
                     .iter()

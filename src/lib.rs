@@ -14,6 +14,7 @@ pub mod codec;
 pub mod config;
 pub mod ctl;
 pub mod dump;
+pub mod guard;
 pub mod handlers;
 pub mod lifecycle;
 pub mod metrics;

@@ -143,6 +143,34 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         listeners.push(listener);
     }
 
+    let mirror_contexts: Vec<Arc<MirrorContext>> = mirrors.iter().map(|(_, m)| m.clone()).collect();
+    for gc in &config.guards {
+        let (lifecycle, mirror_contexts, metrics2, name) = (
+            lifecycle.clone(),
+            mirror_contexts.clone(),
+            metrics.clone(),
+            gc.name.clone(),
+        );
+        let listener = Listener::new(
+            gc.clone(),
+            max_frame,
+            metrics.clone(),
+            shutdown_rx.clone(),
+            tracker.clone(),
+            move |nodes| {
+                Arc::new(crate::guard::GuardRewriter::new(
+                    &name,
+                    nodes,
+                    lifecycle,
+                    mirror_contexts,
+                    metrics2,
+                )) as Arc<dyn ResponseRewriter>
+            },
+        );
+        listener.start().await?;
+        listeners.push(listener);
+    }
+
     for lc in &config.listeners {
         let listener = Listener::new(
             lc.clone(),

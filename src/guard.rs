@@ -1,0 +1,288 @@
+//! The produce guard: a proxy listener in front of the destination broker
+//! that refuses Produce for partitions a mirror still feeds.
+//!
+//! A partition of a mirrored topic is writable only once it is STOPPED
+//! (sealed). Produce requests naming partitions that are MIRRORING, PAUSED,
+//! STOPPING or FAILED get POLICY_VIOLATION (a non-retriable error) with a
+//! message naming the mirror; the other partitions of the same request are
+//! forwarded untouched and the two answers are merged. Every other API key
+//! passes through (with the usual address rewriting).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use bytes::{BufMut, BytesMut};
+
+use crate::codec::api;
+use crate::codec::header::{request_body_offset, response_body_offset};
+use crate::codec::RequestHeader;
+use crate::handlers::{
+    self, build_produce_response, merge_produce_responses, parse_produce_request,
+    split_produce_request, FetchTopic, ProducePartitionResult,
+};
+use crate::lifecycle::Lifecycle;
+use crate::metrics::{ListenerLabels, Metrics};
+use crate::mirror::MirrorContext;
+use crate::producer_state::PartitionKey;
+use crate::proxy::connection::{Plan, RequestAction, ResponseRewriter, RewriteError, Rewritten};
+use crate::proxy::nodes::NodeRegistry;
+use crate::proxy::rewrite::{needs_address_rewrite, rewrite_addresses};
+use crate::state_store::schema::MirrorPartitionState as State;
+
+/// Kafka's POLICY_VIOLATION: not retriable, carries a message.
+pub const POLICY_VIOLATION: i16 = 44;
+
+/// Highest Produce version the guard lets clients use (v13 names topics by
+/// id, which the guard cannot match against mirrored topic names).
+const MAX_PRODUCE_VERSION: i16 = 12;
+
+/// Partitions refused in one request, with their messages.
+struct Refusals {
+    topics: Vec<(String, Vec<(i32, String)>)>,
+}
+
+/// The guard's rewriter.
+pub struct GuardRewriter {
+    listener: String,
+    nodes: Arc<NodeRegistry>,
+    lifecycle: Arc<Lifecycle>,
+    mirrors: Vec<Arc<MirrorContext>>,
+    metrics: Arc<Metrics>,
+}
+
+impl GuardRewriter {
+    /// A guard for `mirrors`' topics using the shared life cycle.
+    pub fn new(
+        listener: &str,
+        nodes: Arc<NodeRegistry>,
+        lifecycle: Arc<Lifecycle>,
+        mirrors: Vec<Arc<MirrorContext>>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            listener: listener.to_string(),
+            nodes,
+            lifecycle,
+            mirrors,
+            metrics,
+        }
+    }
+
+    /// Why `topic`-`partition` may not be written, or `None` if it may.
+    pub fn refusal(&self, topic: &str, partition: i32) -> Option<String> {
+        let key = PartitionKey::new([0; 16], topic, partition);
+        if let Some(e) = self.lifecycle.get(&key) {
+            return (e.state != State::Stopped).then(|| {
+                format!(
+                    "{topic}-{partition} is mirrored by mirror '{}' and is {}; it becomes writable \
+                     once the mirror is stopped and the partition is STOPPED",
+                    e.mirror,
+                    e.state.name()
+                )
+            });
+        }
+        self.mirrors
+            .iter()
+            .find(|m| m.destination_topics().iter().any(|(t, _)| t == topic))
+            .map(|m| {
+                format!(
+                    "{topic}-{partition} is mirrored by mirror '{}' and is MIRRORING; it becomes \
+                     writable once the mirror is stopped and the partition is STOPPED",
+                    m.name
+                )
+            })
+    }
+
+    fn err(h: &RequestHeader, message: String) -> RewriteError {
+        RewriteError {
+            api: api::api_name(h.api_key).unwrap_or("unknown"),
+            version: h.api_version,
+            message,
+        }
+    }
+}
+
+fn frame_with_body(h: &RequestHeader, header_version: i16, body: &[u8]) -> BytesMut {
+    let header_len = if header_version >= 1 { 5 } else { 4 };
+    let mut out = BytesMut::with_capacity(4 + header_len + body.len());
+    out.put_i32((header_len + body.len()) as i32);
+    out.put_i32(h.correlation_id);
+    if header_version >= 1 {
+        out.put_u8(0);
+    }
+    out.extend_from_slice(body);
+    out
+}
+
+fn results(refusals: &Refusals) -> Vec<(FetchTopic<'_>, Vec<ProducePartitionResult<'_>>)> {
+    refusals
+        .topics
+        .iter()
+        .map(|(t, parts)| {
+            (
+                FetchTopic::Name(t.as_str()),
+                parts
+                    .iter()
+                    .map(|(p, msg)| ProducePartitionResult {
+                        index: *p,
+                        error_code: POLICY_VIOLATION,
+                        base_offset: -1,
+                        log_append_time_ms: -1,
+                        log_start_offset: -1,
+                        error_message: Some(msg.as_str()),
+                    })
+                    .collect(),
+            )
+        })
+        .collect()
+}
+
+impl ResponseRewriter for GuardRewriter {
+    fn on_request(&self, h: &RequestHeader, frame: &[u8]) -> Result<RequestAction, RewriteError> {
+        let forward = RequestAction::Forward {
+            replacement: None,
+            plan: None,
+        };
+        if h.api_key != api::PRODUCE {
+            return Ok(forward);
+        }
+        if h.api_version > MAX_PRODUCE_VERSION || h.api_version < 3 {
+            // Clients only use what the clamped ApiVersions offered.
+            return Err(Self::err(
+                h,
+                format!(
+                    "Produce v{} is not accepted by the produce guard",
+                    h.api_version
+                ),
+            ));
+        }
+        let hv = handlers::request_header_version(h.api_key, h.api_version)
+            .ok_or_else(|| Self::err(h, "unknown request header version".into()))?;
+        let at = request_body_offset(frame, hv).map_err(|e| Self::err(h, e.to_string()))?;
+        let body = frame.get(at..).unwrap_or(&[]);
+        let req =
+            parse_produce_request(h.api_version, body).map_err(|e| Self::err(h, e.to_string()))?;
+        let mut refused: BTreeMap<String, Vec<(i32, String)>> = BTreeMap::new();
+        let mut total = 0;
+        for t in &req.topics {
+            let FetchTopic::Name(name) = t.topic else {
+                continue;
+            };
+            for p in &t.partitions {
+                total += 1;
+                if let Some(msg) = self.refusal(name, p.index) {
+                    refused
+                        .entry(name.to_string())
+                        .or_default()
+                        .push((p.index, msg));
+                }
+            }
+        }
+        if refused.is_empty() {
+            return Ok(forward);
+        }
+        let count: usize = refused.values().map(Vec::len).sum();
+        self.metrics
+            .produce_refused
+            .get_or_create(&ListenerLabels {
+                listener: self.listener.clone(),
+            })
+            .inc_by(count as u64);
+        for (t, parts) in &refused {
+            for (p, msg) in parts {
+                tracing::warn!(listener = %self.listener, topic = %t, partition = p,
+                    transactional_id = ?req.transactional_id, "produce refused: {msg}");
+            }
+        }
+        let acks_zero = req.acks == 0;
+        let refusals = Refusals {
+            topics: refused.into_iter().collect(),
+        };
+        if count == total {
+            return Ok(if acks_zero {
+                RequestAction::Drop
+            } else {
+                RequestAction::Answer(Box::new(refusals))
+            });
+        }
+        let is_refused = |topic: &FetchTopic<'_>, partition: i32| match topic {
+            FetchTopic::Name(n) => refusals
+                .topics
+                .iter()
+                .any(|(t, ps)| t == n && ps.iter().any(|(p, _)| *p == partition)),
+            FetchTopic::Id(_) => false,
+        };
+        let kept = split_produce_request(h.api_version, body, &mut |t, p| !is_refused(t, p))
+            .map_err(|e| Self::err(h, e.to_string()))?
+            .ok_or_else(|| Self::err(h, "split kept everything".into()))?;
+        let mut replacement = BytesMut::with_capacity(at + kept.len());
+        replacement.put_i32((at - 4 + kept.len()) as i32);
+        replacement.extend_from_slice(&frame[4..at]);
+        replacement.extend_from_slice(&kept);
+        Ok(RequestAction::Forward {
+            replacement: Some(replacement),
+            plan: if acks_zero {
+                None
+            } else {
+                Some(Box::new(refusals))
+            },
+        })
+    }
+
+    fn wants(&self, h: &RequestHeader) -> bool {
+        needs_address_rewrite(h)
+    }
+
+    fn rewrite(
+        &self,
+        h: &RequestHeader,
+        plan: Option<&mut Plan>,
+        frame: BytesMut,
+    ) -> Result<Rewritten, RewriteError> {
+        let mut frame = frame;
+        if let Some(refusals) = plan.and_then(|p| p.downcast_ref::<Refusals>()) {
+            let hv = handlers::response_header_version(h.api_key, h.api_version)
+                .ok_or_else(|| Self::err(h, "unknown response header version".into()))?;
+            let body_at = response_body_offset(&frame, hv)
+                .ok_or_else(|| Self::err(h, "response header truncated".into()))?;
+            let merged =
+                merge_produce_responses(h.api_version, &frame[body_at..], &results(refusals))
+                    .map_err(|e| Self::err(h, e.to_string()))?;
+            frame = frame_with_body(h, hv, &merged);
+        }
+        if !needs_address_rewrite(h) {
+            return Ok(Rewritten::Ready(frame));
+        }
+        let mut map =
+            |node_id: i32, host: &str, port: i32| Some(self.nodes.advertise(node_id, host, port));
+        let mut out = rewrite_addresses(h, frame, &mut map)?;
+        if h.api_key == api::API_VERSIONS {
+            out = clamp_produce(h, out)?;
+        }
+        Ok(Rewritten::Ready(out))
+    }
+
+    fn answer(&self, h: &RequestHeader, plan: &mut Plan) -> Result<Rewritten, RewriteError> {
+        let refusals = plan
+            .downcast_ref::<Refusals>()
+            .ok_or_else(|| Self::err(h, "wrong plan type".into()))?;
+        let hv = handlers::response_header_version(h.api_key, h.api_version)
+            .ok_or_else(|| Self::err(h, "unknown response header version".into()))?;
+        let body = build_produce_response(h.api_version, &results(refusals), 0)
+            .map_err(|e| Self::err(h, e.to_string()))?;
+        Ok(Rewritten::Ready(frame_with_body(h, hv, &body)))
+    }
+}
+
+/// Lowers Produce's max version in an ApiVersions response to what the guard accepts.
+fn clamp_produce(h: &RequestHeader, frame: BytesMut) -> Result<BytesMut, RewriteError> {
+    let body_at =
+        response_body_offset(&frame, 0).ok_or_else(|| GuardRewriter::err(h, "truncated".into()))?;
+    let table: &[(i16, i16)] = &[(api::PRODUCE, MAX_PRODUCE_VERSION)];
+    match handlers::clamp_api_versions_response(h.api_version, &frame[body_at..], table)
+        .map_err(|e| GuardRewriter::err(h, e.to_string()))?
+    {
+        None => Ok(frame),
+        Some(body) => Ok(frame_with_body(h, 0, &body)),
+    }
+}
