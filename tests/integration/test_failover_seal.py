@@ -297,3 +297,24 @@ def test_kill9_mid_seal_restart_counts_reserved_seal(broker_factory, mirror_fact
     f.close()
     served = {k: _seal_metric(mg, k) for k in ("abort_marker_served", "barrier_served", "seal_completed")}
     assert served == {"abort_marker_served": 1, "barrier_served": 1, "seal_completed": 1}, served
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "product bug: the shadow producer state is not restored at start-up (no snapshots while "
+    "mirroring, no replay; ProducerStateRegistry::restore is never called), so a transaction "
+    "open on the source when mirrorguard restarted gets no ABORT marker at the seal and stays "
+    "hanging on the destination"))
+def test_restart_while_mirroring_then_stop_still_aborts_open_transaction(broker_factory, mirror_factory):
+    src, state, mg = _setup(broker_factory, mirror_factory)
+    _idem, tp = _open_transaction_on_source(src, "txn-restart")
+    f = StandInFetcher(TOPIC, version=12).connect(mg.mirrors[MIRROR].bootstrap)
+    f.catch_up(high_watermark(src.bootstrap, TOPIC))
+    cut = f.leo
+    open_b = [b for b in f.log if b.is_transactional and not b.is_control][-1]
+    mg.restart()  # plain restart (SIGTERM), partition still MIRRORING
+    mg.wait_sources_known()
+    status, body = mg.post("stop", MIRROR, TOPIC, [0])
+    assert status == 200, body
+    f.connect(mg.mirrors[MIRROR].bootstrap)
+    _, got = f.fetch_once()
+    _check_seal(got, cut, open_b.producer_id, open_b.producer_epoch, src.cluster_id)

@@ -305,3 +305,44 @@ def test_two_instances_racing_on_one_collision_converge(broker_factory, mirror_f
     for mg in (mg1, mg2):
         cols = mg.get("/v1/collisions")["collisions"]
         assert [c["salt"] for c in cols] == [winner.value["salt"]], cols
+
+
+PSM_NOT_RESTORED = (
+    "product bug: the shadow producer state is not restored at start-up (no producer-state "
+    "snapshots are written while mirroring and no replay: ProducerStateRegistry::restore in "
+    "src/producer_state/registry.rs is never called; src/mirror/state_sync.rs only keeps type-5 "
+    "records as the open transactions of a seal), so after a restart a second origin with the "
+    "same fold and PID is mapped onto the first origin's PID in the same destination partition")
+
+
+@pytest.mark.xfail(strict=True, reason=PSM_NOT_RESTORED)
+def test_collision_still_detected_after_restart(broker_factory, mirror_factory):
+    """Issue 5, restart recovery: "producer state of each partition is restored before its
+    first rewritten byte leaves ... so no collision is missed because of a restart".
+    A's PID 1 is mirrored into t-0; mirrorguard restarts; then B (same fold, PID 1) feeds
+    the same destination partition: B must still get a salted PID."""
+    cid_a, cid_b = same_fold_pair()
+    a = broker_factory(cid=cid_a)
+    b = broker_factory(cid=cid_b)
+    state = broker_factory()
+    for br in (a, b, state):
+        harness.create_topics(br.bootstrap, [TOPIC])
+    fl = fold(cid_a)
+    send(idempotent_producer(a.bootstrap), TOPIC, [b"a-%d" % i for i in range(3)])
+    send(idempotent_producer(b.bootstrap), TOPIC, [b"b-%d" % i for i in range(3)])
+    mg = mirror_factory(state.bootstrap, [MirrorSpec("from-a", a.bootstrap), MirrorSpec("from-b", b.bootstrap)])
+    f = StandInFetcher(TOPIC)
+    f.connect(mg.mirrors["from-a"].bootstrap, rebase=True)
+    f.catch_up(high_watermark(a.bootstrap, TOPIC))
+    assert {x.producer_id for x in f.log} == {map_pid(1, fl)}
+    n_a = len(f.log)
+
+    mg.restart()
+    f.connect(mg.mirrors["from-b"].bootstrap, rebase=True)
+    f.catch_up(high_watermark(b.bootstrap, TOPIC))
+    f.close()
+    b_pids = {x.producer_id for x in f.log[n_a:]}
+    assert len(b_pids) == 1
+    assert b_pids != {map_pid(1, fl)}, (
+        "after a restart B's PID 1 was mapped onto A's PID in the same destination partition "
+        "(collision missed: producer state not restored)")
