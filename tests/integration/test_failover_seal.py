@@ -74,11 +74,12 @@ def _check_seal(batches, cut: int, open_pid: int, open_epoch: int, source_cid: s
     assert decode_barrier_value(barrier.control_value) == (0, source_cid)
 
 
-def test_stop_seals_open_transaction_then_stopped(broker_factory, mirror_factory):
+@pytest.mark.parametrize("version", [12, 13, 4])
+def test_stop_seals_open_transaction_then_stopped(broker_factory, mirror_factory, version):
     src, state, mg = _setup(broker_factory, mirror_factory)
     idem, tp = _open_transaction_on_source(src)
     hw = high_watermark(src.bootstrap, TOPIC)
-    f = StandInFetcher(TOPIC, version=12).connect(mg.mirrors[MIRROR].bootstrap)
+    f = StandInFetcher(TOPIC, version=version).connect(mg.mirrors[MIRROR].bootstrap)
     f.catch_up(hw)
     cut = f.leo
     assert cut == hw
@@ -100,7 +101,9 @@ def test_stop_seals_open_transaction_then_stopped(broker_factory, mirror_factory
     _check_seal(got, cut, open_pid, open_epoch, src.cluster_id)
     assert res.high_watermark == cut + 2 and res.last_stable_offset == cut + 2
     assert f.leo == cut + 2
-    assert all(b.leader_epoch == got[0].leader_epoch for b in got)
+    # SPEC 3.4: stamped with the partition leader epoch of the last mirrored batch
+    print("leader epochs: data", [b.leader_epoch for b in f.log[:-2]], "seal", [b.leader_epoch for b in got])
+    assert all(b.leader_epoch == f.log[-3].leader_epoch for b in got)
     e = mg.partition(TOPIC, 0)
     assert e["state"] == "STOPPING" and e["cut"] == cut and e["seal_batches"] == 2, e
 
@@ -318,3 +321,54 @@ def test_restart_while_mirroring_then_stop_still_aborts_open_transaction(broker_
     f.connect(mg.mirrors[MIRROR].bootstrap)
     _, got = f.fetch_once()
     _check_seal(got, cut, open_b.producer_id, open_b.producer_epoch, src.cluster_id)
+
+
+@pytest.mark.parametrize("n_open", [0, 2])
+def test_seal_has_one_abort_marker_per_open_transaction(broker_factory, mirror_factory, n_open):
+    """0 open transactions: the barrier alone at the cut; 2 open: two ABORT markers in the
+    order of the transactions' first offsets, then the barrier. Paused first, then stopped
+    (PAUSED -> STOPPING is allowed), with `all: true`."""
+    src, state, mg = _setup(broker_factory, mirror_factory)
+    fl = fold(src.cluster_id)
+    idem = idempotent_producer(src.bootstrap)
+    send(idem, TOPIC, [b"idem-0"])
+    producers = []
+    for i in range(2):
+        tp = transactional_producer(src.bootstrap, f"txn-{i}")
+        txn(tp, TOPIC, [b"done-%d" % i], commit=True)
+        producers.append(tp)
+    for i, tp in enumerate(producers[:n_open]):
+        tp.begin_transaction()
+        tp.produce(TOPIC, value=b"open-%d" % i, partition=0)
+        assert tp.flush(20) == 0
+    f = StandInFetcher(TOPIC).connect(mg.mirrors[MIRROR].bootstrap)
+    f.catch_up(high_watermark(src.bootstrap, TOPIC))
+    cut = f.leo
+    firsts = {}
+    for b in f.log:
+        if b.is_transactional and not b.is_control and b.values[0].startswith(b"open-"):
+            firsts[b.producer_id] = (b.base_offset, b.producer_epoch)
+    assert len(firsts) == n_open
+
+    status, body = mg.post("pause", MIRROR, all_=True)
+    assert status == 200, body
+    res, got = f.fetch_once()
+    assert got == []
+    status, body = mg.post("stop", MIRROR, all_=True)
+    assert status == 200, body
+    assert [e["state"] for e in body["applied"]] == ["STOPPING"], body
+
+    _, got = f.fetch_once()
+    kinds = [b.kind for b in got]
+    assert kinds == ["abort"] * n_open + ["barrier"], kinds
+    assert [b.base_offset for b in got] == list(range(cut, cut + n_open + 1))
+    expected = sorted(firsts.items(), key=lambda kv: (kv[1][0], kv[0]))
+    assert [(b.producer_id, b.producer_epoch) for b in got[:-1]] == [(pid, ep) for pid, (_, ep) in expected]
+    for b in got[:-1]:
+        assert b.producer_id in {map_pid(2, fl), map_pid(3, fl)} and b.attributes == 0x30
+    assert decode_barrier_value(got[-1].control_value) == (0, src.cluster_id)
+    f.fetch_once()
+    e = mg.partition(TOPIC, 0)
+    assert e["state"] == "STOPPED" and e["cut"] == cut and e["seal_batches"] == n_open + 1, e
+    assert _seal_metric(mg, "abort_marker_served") == n_open
+    f.close()
