@@ -91,6 +91,7 @@ def test_stop_seals_open_transaction_then_stopped(broker_factory, mirror_factory
     assert status == 200, body
     e = mg.partition(TOPIC, 0)
     assert e["state"] == "STOPPING" and e["cut"] is None, e
+    assert "waiting for the destination fetcher" in (e["reason"] or ""), e
 
     # The source keeps receiving data after the stop: it must never reach the fetcher.
     send(idem, TOPIC, [b"after-stop-%d" % i for i in range(3)])
@@ -163,11 +164,11 @@ def test_pause_holds_data_resume_continues(broker_factory, mirror_factory):
 
 
 def test_api_errors_change_nothing(broker_factory, mirror_factory):
-    src, state, mg = _setup(broker_factory, mirror_factory)
+    src, state, mg = _setup(broker_factory, mirror_factory, partitions=2)
     status, body = mg.post("stop", MIRROR, TOPIC, [0])
     assert status == 200, body
     snapshot = mg.partitions()
-    assert [p["state"] for p in snapshot] == ["STOPPING"]
+    assert [(p["partition"], p["state"]) for p in snapshot] == [(0, "STOPPING"), (1, "MIRRORING")]
     state_records = len(read_state_records(state.bootstrap))
 
     cases = [
@@ -183,6 +184,23 @@ def test_api_errors_change_nothing(broker_factory, mirror_factory):
         ("no token", dict(op="stop", mirror=MIRROR, topic=TOPIC, token=None), 401, "missing_token"),
         ("wrong token", dict(op="stop", mirror=MIRROR, topic=TOPIC, token="wrong"), 401, "bad_token"),
     ]
+    # one bad item in a request: nothing of it is applied (p1 stays MIRRORING)
+    mixed = [
+        ("valid p1 + unknown partition", {"mirror": MIRROR, "topics": [{"topic": TOPIC, "partitions": [1, 9]}]},
+         "stop", 404, "unknown_partition"),
+        ("valid p1 + unknown topic", {"mirror": MIRROR, "topics": [{"topic": TOPIC, "partitions": [1]},
+                                                                   {"topic": "nope"}]}, "pause", 404, "unknown_topic"),
+        ("p1 + STOPPING p0", {"mirror": MIRROR, "topics": [{"topic": TOPIC, "partitions": [1, 0]}]}, "pause", 409,
+         "transition_not_allowed"),
+        ("all, one STOPPING", {"mirror": MIRROR, "all": True}, "pause", 409, "transition_not_allowed"),
+        ("resume a MIRRORING partition", {"mirror": MIRROR, "topics": [{"topic": TOPIC, "partitions": [1]}]},
+         "resume", 409, "transition_not_allowed"),
+    ]
+    for what, body, op, want_status, want_code in mixed:
+        status, resp = mg.request("POST", f"/v1/partitions/{op}", body)
+        assert status == want_status, (what, status, resp)
+        assert isinstance(resp, dict) and resp.get("error") == want_code and resp.get("message"), (what, resp)
+        assert mg.partitions() == snapshot, what
     for what, kw, want_status, want_code in cases:
         op = kw.pop("op")
         status, body = mg.post(op, **kw)
@@ -372,3 +390,48 @@ def test_seal_has_one_abort_marker_per_open_transaction(broker_factory, mirror_f
     assert e["state"] == "STOPPED" and e["cut"] == cut and e["seal_batches"] == n_open + 1, e
     assert _seal_metric(mg, "abort_marker_served") == n_open
     f.close()
+
+
+def test_stopped_partition_spliced_out_of_multi_partition_fetches(broker_factory, mirror_factory):
+    """t has 2 partitions; p0 is sealed and STOPPED, p1 keeps mirroring. A librdkafka
+    consumer (check.crcs) reading both through the mirror listener sends fetches naming
+    both partitions: the proxy forwards them and replaces p0's entry, so p1's data flows
+    (also what the source got after the stop) and p0's post-stop data never shows up."""
+    src, state, mg = _setup(broker_factory, mirror_factory, partitions=2)
+    idem = idempotent_producer(src.bootstrap)
+    send(idem, TOPIC, [b"p0-before-%d" % i for i in range(3)], partition=0)
+    send(idem, TOPIC, [b"p1-before-%d" % i for i in range(3)], partition=1)
+    f = StandInFetcher(TOPIC, partition=0).connect(mg.mirrors[MIRROR].bootstrap)
+    f.catch_up(high_watermark(src.bootstrap, TOPIC, 0))
+    status, body = mg.post("stop", MIRROR, TOPIC, [0])
+    assert status == 200, body
+    f.follow(lambda x: x.log and x.log[-1].kind == "barrier", what="barrier")
+    f.fetch_once()
+    f.close()
+    assert mg.partition(TOPIC, 0)["state"] == "STOPPED"
+    assert mg.partition(TOPIC, 1)["state"] == "MIRRORING"
+    send(idem, TOPIC, [b"p0-after-%d" % i for i in range(3)], partition=0)
+    send(idem, TOPIC, [b"p1-after-%d" % i for i in range(3)], partition=1)
+
+    from confluent_kafka import TopicPartition
+    import time
+
+    c = harness.new_consumer(mg.mirrors[MIRROR].bootstrap, **{
+        "group.id": "mg-splice", "enable.auto.commit": False, "fetch.wait.max.ms": 100,
+        "check.crcs": True, "enable.partition.eof": False})
+    c.assign([TopicPartition(TOPIC, 0, 0), TopicPartition(TOPIC, 1, 0)])
+    got = {0: [], 1: []}
+    deadline = time.monotonic() + 15
+    while len(got[1]) < 6 and time.monotonic() < deadline:
+        for m in c.consume(10, timeout=0.5):
+            assert not m.error(), m.error()
+            got[m.partition()].append(m.value())
+    # a little longer, in case p0 data would still arrive
+    end = time.monotonic() + 1.0
+    while time.monotonic() < end:
+        for m in c.consume(10, timeout=0.2):
+            assert not m.error(), m.error()
+            got[m.partition()].append(m.value())
+    c.close()
+    assert got[1] == [b"p1-before-%d" % i for i in range(3)] + [b"p1-after-%d" % i for i in range(3)]
+    assert not any(v.startswith(b"p0-after") for v in got[0]), got[0]
