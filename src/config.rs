@@ -166,6 +166,14 @@ pub struct ProducerStateConfig {
     /// Anomalies kept in memory for the admin API.
     #[serde(default = "default_anomaly_log")]
     pub anomaly_log_capacity: usize,
+    /// Period of producer-state snapshots to `__mirror_state` (and of idle
+    /// expiry); a restart restores from the latest snapshot.
+    #[serde(default = "default_snapshot_interval")]
+    pub snapshot_interval_ms: u64,
+}
+
+fn default_snapshot_interval() -> u64 {
+    10_000
 }
 
 impl Default for ProducerStateConfig {
@@ -173,6 +181,7 @@ impl Default for ProducerStateConfig {
         Self {
             max_idle_ms: default_producer_idle_ms(),
             anomaly_log_capacity: default_anomaly_log(),
+            snapshot_interval_ms: default_snapshot_interval(),
         }
     }
 }
@@ -426,6 +435,12 @@ impl Config {
             if st.topic.is_empty() {
                 return Err(invalid("state.topic".into(), "must not be empty".into()));
             }
+        }
+        if self.producer_state.snapshot_interval_ms < 100 {
+            return Err(invalid(
+                "producer_state.snapshot_interval_ms".into(),
+                "must be >= 100".into(),
+            ));
         }
         if self.producer_state.max_idle_ms <= 0 {
             return Err(invalid(

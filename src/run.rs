@@ -127,6 +127,9 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     if let Some(s) = &state_sync {
         s.load().await?;
         tokio::spawn(s.clone().tail(Duration::from_secs(1)));
+        tokio::spawn(s.clone().snapshot_loop(Duration::from_millis(
+            config.producer_state.snapshot_interval_ms,
+        )));
     }
     for (mc, mirror) in &mirrors {
         let m = mirror.clone();

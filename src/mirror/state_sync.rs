@@ -43,6 +43,12 @@ pub struct StateSync {
     /// records at or below it, so reading back our own older records never
     /// moves a partition's state backwards.
     applied: std::sync::Mutex<std::collections::HashMap<Vec<u8>, i64>>,
+    /// True while the start-up load runs: producer-state snapshots are
+    /// restored only then (later ones are this process's own, or another
+    /// instance's view, which must not overwrite live state).
+    loading: std::sync::atomic::AtomicBool,
+    /// Next offset of the last snapshot written per partition.
+    snapshotted: std::sync::Mutex<std::collections::HashMap<PartitionKey, (i64, usize)>>,
 }
 
 /// Destination topic names and ids (collision records name topics by id,
@@ -73,6 +79,8 @@ impl StateSync {
             lifecycle: Default::default(),
             snapshots: Default::default(),
             applied: Default::default(),
+            loading: std::sync::atomic::AtomicBool::new(false),
+            snapshotted: Default::default(),
         })
     }
 
@@ -289,10 +297,151 @@ impl StateSync {
             })
             .collect();
         let pk = PartitionKey::new([0; 16], topic, key.partition);
+        if self.loading.load(std::sync::atomic::Ordering::SeqCst) {
+            self.restore_producers(&pk, &value);
+        }
         self.snapshots
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(pk, open);
+    }
+
+    /// Restores a partition's shadow producer state from a snapshot read at
+    /// start-up, keeping the salts already applied.
+    fn restore_producers(&self, pk: &PartitionKey, value: &MirrorProducerSnapshotValue) {
+        let now = crate::lifecycle::now_ms();
+        let handle = self.registry.partition(pk);
+        let salts: Vec<SaltRecord> = handle.with(|s| s.salts().records().collect());
+        let snapshot = ps::PartitionSnapshot {
+            version: ps::PARTITION_SNAPSHOT_VERSION,
+            key: pk.clone(),
+            next_offset: value.snapshot_offset,
+            producers: value
+                .producers
+                .iter()
+                .filter(|p| p.producer_id != -1)
+                .map(|p| ps::ProducerSnapshotEntry {
+                    mapped_pid: p.producer_id,
+                    origin: Origin {
+                        source_cluster: ps::ClusterId(p.origin_cluster_id),
+                        original_pid: p.original_pid,
+                    },
+                    epoch: p.producer_epoch,
+                    last_sequence: p.last_sequence,
+                    last_offset: p.last_offset,
+                    last_timestamp: p.last_timestamp,
+                    last_seen_ms: now,
+                    coordinator_epoch: p.coordinator_epoch,
+                    transaction_first_offset: (p.txn_first_offset >= 0)
+                        .then_some(p.txn_first_offset),
+                })
+                .collect(),
+            salts,
+        };
+        match self.registry.restore(&snapshot) {
+            Ok(()) => tracing::info!(partition = %pk, producers = snapshot.producers.len(),
+                upto = value.snapshot_offset, "producer state restored from __mirror_state"),
+            Err(e) => {
+                tracing::warn!(partition = %pk, error = %e, "producer-state snapshot not restored")
+            }
+        }
+        self.snapshotted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(
+                pk.clone(),
+                (value.snapshot_offset, snapshot.producers.len()),
+            );
+    }
+
+    /// Writes a producer-state snapshot (type 5) of every MIRRORING partition
+    /// whose state moved since its last snapshot; returns how many.
+    pub async fn snapshot_once(&self) -> anyhow::Result<usize> {
+        let mut written = 0;
+        for key in self.registry.partition_keys() {
+            if let Some(lc) = self.lifecycle.get() {
+                // A sealing or sealed partition keeps the seal's snapshot.
+                if lc
+                    .get(&key)
+                    .is_some_and(|e| e.state != MirrorPartitionState::Mirroring)
+                {
+                    continue;
+                }
+            }
+            let Some(handle) = self.registry.get(&key) else {
+                continue;
+            };
+            let snap = handle.with(|s| s.snapshot());
+            let mark = (snap.next_offset, snap.producers.len());
+            if self
+                .snapshotted
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&key)
+                == Some(&mark)
+            {
+                continue;
+            }
+            let Some(topic_id) = self.destination_topic_id(&key.topic) else {
+                continue;
+            };
+            let value = MirrorProducerSnapshotValue {
+                snapshot_offset: snap.next_offset,
+                producers: snap
+                    .producers
+                    .iter()
+                    .map(|p| SnapshotProducer {
+                        producer_id: p.mapped_pid,
+                        origin_cluster_id: p.origin.source_cluster.0,
+                        original_pid: p.origin.original_pid,
+                        producer_epoch: p.epoch,
+                        last_sequence: p.last_sequence,
+                        last_offset: p.last_offset,
+                        coordinator_epoch: p.coordinator_epoch,
+                        txn_first_offset: p.transaction_first_offset.unwrap_or(-1),
+                        last_timestamp: p.last_timestamp,
+                    })
+                    .collect(),
+                unknown_tagged_fields: Vec::new(),
+            };
+            let k = MirrorProducerSnapshotKey {
+                topic_id,
+                partition: key.partition,
+            }
+            .encode();
+            let v = value.encode().map_err(|e| anyhow::anyhow!(e.to_string()))?;
+            let offset = self
+                .store
+                .append(k.clone(), Some(v))
+                .await
+                .inspect_err(|_| self.count("append_error"))?;
+            self.advance(&k, offset);
+            self.count("append");
+            self.snapshotted
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(key, mark);
+            written += 1;
+        }
+        Ok(written)
+    }
+
+    /// Runs forever: periodic producer-state snapshots and idle expiry.
+    pub async fn snapshot_loop(self: Arc<Self>, period: Duration) {
+        loop {
+            tokio::time::sleep(period).await;
+            let expired = self.registry.expire_idle(crate::lifecycle::now_ms());
+            if expired > 0 {
+                tracing::info!(
+                    expired,
+                    "idle producers expired from the shadow producer state"
+                );
+            }
+            if let Err(e) = self.snapshot_once().await {
+                self.count("snapshot_error");
+                tracing::warn!(error = %e, "producer-state snapshot to __mirror_state failed; will retry");
+            }
+        }
     }
 
     fn apply_partition_state(
