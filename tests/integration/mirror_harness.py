@@ -710,3 +710,32 @@ def read_state_records(state_bootstrap: str, topic: str = "__mirror_state", time
     finally:
         c.close()
     return out
+
+
+# --------------------------------------------------------------------------
+# the salt candidate contract (src/producer_state/salt.rs module doc), written again here
+
+
+def collision_seed(topic_id: bytes, partition: int, source_cluster: bytes, original_pid: int) -> int:
+    """FNV-1a 64 over topic_id (16) || partition (i32 BE) || source cluster id (16) || pid (i64 BE)."""
+    h = 0xCBF29CE484222325
+    for b in topic_id + struct.pack(">i", partition) + source_cluster + struct.pack(">q", original_pid):
+        h ^= b
+        h = (h * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def salt_candidates(seed: int, n: int) -> list[int]:
+    """splitmix64 outputs masked to 31 bits, zeros skipped."""
+    out = []
+    state = seed
+    m = 0xFFFFFFFFFFFFFFFF
+    while len(out) < n:
+        state = (state + 0x9E3779B97F4A7C15) & m
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+        z ^= z >> 31
+        if z & 0x7FFFFFFF:
+            out.append(z & 0x7FFFFFFF)
+    return out

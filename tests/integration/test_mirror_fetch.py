@@ -346,3 +346,34 @@ def test_collision_still_detected_after_restart(broker_factory, mirror_factory):
     assert b_pids != {map_pid(1, fl)}, (
         "after a restart B's PID 1 was mapped onto A's PID in the same destination partition "
         "(collision missed: producer state not restored)")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "product bug (contract deviation): the salt candidates are seeded with an all-zero topic "
+    "id instead of the destination topic id of the collision key (SPEC 2.2 'seeded by the "
+    "collision's key'; src/producer_state/salt.rs module doc). src/mirror/mod.rs "
+    "MirrorContext::partition_key builds PartitionKey::new([0; 16], name, partition) and "
+    "resolve_collision seeds from state.key().topic_id, while the type-3 record carries the "
+    "real topic id looked up on the state cluster"))
+def test_salt_is_first_candidate_seeded_by_the_collision_key(broker_factory, mirror_factory):
+    from mirror_harness import cluster_id_bytes, collision_seed, salt_candidates
+
+    cid_a, cid_b = same_fold_pair()
+    a = broker_factory(cid=cid_a)
+    b = broker_factory(cid=cid_b)
+    state = broker_factory()
+    for br in (a, b, state):
+        harness.create_topics(br.bootstrap, [TOPIC])
+    send(idempotent_producer(a.bootstrap), TOPIC, [b"a"])
+    send(idempotent_producer(b.bootstrap), TOPIC, [b"b"])
+    mg = mirror_factory(state.bootstrap, [MirrorSpec("from-a", a.bootstrap), MirrorSpec("from-b", b.bootstrap)])
+    _fetch_pids(mg.mirrors["from-a"].bootstrap, a.bootstrap)
+    salted = _fetch_pids(mg.mirrors["from-b"].bootstrap, b.bootstrap)[0]
+    (r,) = _collision_records(state.bootstrap)
+    topic_id = _topic_id(state.bootstrap, TOPIC)
+    assert r.key["topic_id"] == topic_id
+    # the partition holds one other origin, so the first candidate is free
+    expect = salt_candidates(collision_seed(topic_id, 0, cluster_id_bytes(cid_b), 1), 1)[0]
+    zero_seeded = salt_candidates(collision_seed(bytes(16), 0, cluster_id_bytes(cid_b), 1), 1)[0]
+    assert r.value["salt"] == expect, (r.value["salt"], expect, f"zero topic id would give {zero_seeded}")
+    assert salted == map_pid(1, fold(cid_a), expect)
