@@ -147,10 +147,14 @@ impl StateSync {
             .inspect_err(|_| self.count("load_error"))?;
         self.count("load");
         let mut applied = 0;
+        self.loading
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         for r in &records {
             applied += usize::from(self.apply(r));
             *next = (*next).max(r.offset + 1);
         }
+        self.loading
+            .store(false, std::sync::atomic::Ordering::SeqCst);
         tracing::info!(
             records = records.len(),
             salts = applied,
@@ -358,6 +362,7 @@ impl StateSync {
     /// whose state moved since its last snapshot; returns how many.
     pub async fn snapshot_once(&self) -> anyhow::Result<usize> {
         let mut written = 0;
+        let mut refreshed = false;
         for key in self.registry.partition_keys() {
             if let Some(lc) = self.lifecycle.get() {
                 // A sealing or sealed partition keeps the seal's snapshot.
@@ -382,8 +387,20 @@ impl StateSync {
             {
                 continue;
             }
-            let Some(topic_id) = self.destination_topic_id(&key.topic) else {
-                continue;
+            let topic_id = match self.destination_topic_id(&key.topic) {
+                Some(id) => id,
+                None if !refreshed => {
+                    // A topic created since the last look: refresh once per round.
+                    refreshed = true;
+                    if let Err(e) = self.refresh_destination_topics().await {
+                        tracing::debug!(error = %e, "destination topics not refreshed");
+                    }
+                    match self.destination_topic_id(&key.topic) {
+                        Some(id) => id,
+                        None => continue,
+                    }
+                }
+                None => continue,
             };
             let value = MirrorProducerSnapshotValue {
                 snapshot_offset: snap.next_offset,
