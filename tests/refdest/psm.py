@@ -207,6 +207,17 @@ class ProducerStateManager:
         self.barriers_applied.append(offset)
         return n
 
+    def remove_expired_producers(self, now_ms: int, expiration_ms: int = 86_400_000) -> list[int]:
+        """ProducerStateManager.removeExpiredProducers (run every
+        producer.id.expiration.check.interval.ms = 10 min): drops every PID with NO ongoing
+        transaction whose lastTimestamp (the batch CreateTime) is producer.id.expiration.ms
+        (24 h) old. Ongoing transactions never expire."""
+        gone = [pid for pid, e in self.producers.items()
+                if e.current_txn_first_offset is None and now_ms - e.last_timestamp >= expiration_ms]
+        for pid in gone:
+            del self.producers[pid]
+        return gone
+
     # ------------------------------------------------------------------ append
 
     def _warn(self, text: str) -> None:
