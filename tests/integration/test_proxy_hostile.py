@@ -13,6 +13,8 @@ import threading
 import time
 
 import pytest
+
+import rawkafka
 from harness import HOST, consume_assign, create_topics, new_producer, produce, topic_name
 
 FRAME_ERRORS = "mirrorguard_frame_errors_total"
@@ -210,3 +212,30 @@ def test_many_hostile_connections_at_once(proxy):
                 f"(was {base_open})"
             )
         time.sleep(0.05)
+
+
+def test_client_vanishes_with_request_in_flight(proxy):
+    """Clients that send a request and hang up before the answer: the proxy drops the
+    late responses, stays up, and the open-connections gauge returns to its baseline."""
+    topic = topic_name("vanish")
+    create_topics(proxy.bootstrap, [topic])
+    base_open = proxy.metrics().sum("mirrorguard_connections_open", listener="main")
+    for i in range(20):
+        c = rawkafka.Connection(HOST, proxy.ports.node_port if i % 2 else proxy.ports.bootstrap)
+        body = (
+            rawkafka.i32(-1) + rawkafka.i32(500) + rawkafka.i32(1) + rawkafka.i32(1 << 20) + rawkafka.i8(0)
+            + rawkafka.array([rawkafka.string(topic) + rawkafka.array([rawkafka.i32(0) + rawkafka.i64(0) + rawkafka.i32(1 << 20)])])
+        )
+        header = rawkafka.i16(rawkafka.API_FETCH) + rawkafka.i16(4) + rawkafka.i32(1) + rawkafka.string("vanish")
+        c.sock.sendall(rawkafka.i32(len(header + body)) + header + body)
+        if i % 3 == 0:
+            c.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # RST
+        c.close()
+    deadline = time.monotonic() + 10
+    while proxy.metrics().sum("mirrorguard_connections_open", listener="main") > base_open:
+        if time.monotonic() > deadline:
+            pytest.fail(f"connections_open stuck at {proxy.metrics().select('mirrorguard_connections_open')}")
+        time.sleep(0.05)
+    assert proxy.alive() and proxy.readyz() == 200
+    produce(proxy.bootstrap, topic, [(None, b"still fine")])
+    assert consume_assign(proxy.bootstrap, topic, count=1)[0].value() == b"still fine"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 
 import pytest
@@ -74,3 +76,35 @@ def test_connect_refused_at_startup(broker_factory, proxy_factory):
     create_topics(proxy.bootstrap, [topic])
     produce(proxy.bootstrap, topic, [(None, b"hello")])
     assert consume_assign(proxy.bootstrap, topic, count=1)[0].value() == b"hello"
+
+
+def test_stalled_broker_then_recovers(broker, proxy_factory):
+    """A broker that stops answering (SIGSTOP) and comes back: nothing is acknowledged
+    while it is stalled, the admin endpoints stay responsive, and afterwards every
+    message arrives exactly once and in order (idempotent producer)."""
+    proxy = proxy_factory([broker.bootstrap])
+    topic = topic_name("stall")
+    create_topics(proxy.bootstrap, [topic])
+    p = new_producer(proxy.bootstrap, **{"enable.idempotence": True, "message.timeout.ms": 60000, "linger.ms": 0})
+    produce(proxy.bootstrap, topic, [(None, f"m{i}".encode()) for i in range(10)], producer=p)
+
+    acked = []
+    os.kill(broker.proc.pid, signal.SIGSTOP)
+    try:
+        for i in range(10, 20):
+            p.produce(topic, value=f"m{i}".encode(), partition=0, on_delivery=lambda err, msg: acked.append(err))
+        t_end = time.monotonic() + 2.0
+        while time.monotonic() < t_end:
+            p.poll(0.1)
+        assert not [e for e in acked if e is None], "acknowledged while the broker was stalled"
+        t0 = time.monotonic()
+        m = proxy.metrics()  # the admin listener does not depend on the upstream
+        assert time.monotonic() - t0 < 2.0
+        assert m.sum("mirrorguard_requests_total", api="Produce") > 0
+        assert proxy.alive()
+    finally:
+        os.kill(broker.proc.pid, signal.SIGCONT)
+    assert p.flush(45) == 0
+    assert acked == [None] * 10, f"delivery results after recovery: {acked}"
+    got = consume_assign(proxy.bootstrap, topic, count=20)
+    assert [m.value() for m in got] == [f"m{i}".encode() for i in range(20)]
