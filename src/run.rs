@@ -28,6 +28,16 @@ use crate::state_store::{StateStore, StateStoreConfig};
 struct NoStateCluster;
 
 impl SaltStore for NoStateCluster {
+    fn topic_id(&self, _topic: &str) -> Option<[u8; 16]> {
+        None
+    }
+
+    fn refresh_topic_ids(
+        &self,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
+        Box::pin(async { Err("no [state] cluster is configured".to_string()) })
+    }
+
     fn persist(
         &self,
         _salts: Vec<PendingSalt>,

@@ -134,6 +134,10 @@ pub struct LocalPartition {
     pub high_watermark: i64,
     /// Last stable offset to report.
     pub last_stable_offset: i64,
+    /// ABORT markers among `records`.
+    pub aborts_served: u32,
+    /// Barriers among `records` (0 or 1).
+    pub barriers_served: u32,
 }
 
 /// The decision for one controlled partition at one fetch.
@@ -146,11 +150,14 @@ pub enum Decision {
 }
 
 impl LocalPartition {
-    fn empty_at(offset: i64) -> Self {
+    /// Nothing to serve, watermarks at `offset`.
+    pub fn empty_at(offset: i64) -> Self {
         Self {
             records: Vec::new(),
             high_watermark: offset,
             last_stable_offset: offset,
+            aborts_served: 0,
+            barriers_served: 0,
         }
     }
 }
@@ -222,10 +229,18 @@ pub fn decide(
         ));
         return Decision::Persist(Box::new(next));
     }
+    let served = plan
+        .batches
+        .iter()
+        .filter(|b| b.base_offset >= fetch_offset);
+    let aborts_served = served.clone().filter(|b| b.kind == "abort").count() as u32;
+    let barriers_served = served.filter(|b| b.kind == "barrier").count() as u32;
     Decision::Answer(LocalPartition {
         records: plan.records_from(fetch_offset),
         high_watermark: plan.end(),
         last_stable_offset: plan.end(),
+        aborts_served,
+        barriers_served,
     })
 }
 

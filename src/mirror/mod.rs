@@ -40,8 +40,8 @@ use crate::handlers::{self, FetchTopic};
 use crate::metrics::{Metrics, MirrorKindLabels};
 use crate::pid::{self, Layout, MapOutcome};
 use crate::producer_state::{
-    self as ps, resolve_collision, Anomaly, BatchObservation, ControlKind, MappingLookup, Origin,
-    PartitionHandle, PartitionKey, ProducerStateRegistry, DEFAULT_MAX_SALT_CANDIDATES,
+    self as ps, resolve_collision_for_topic, Anomaly, BatchObservation, ControlKind, MappingLookup,
+    Origin, PartitionHandle, PartitionKey, ProducerStateRegistry, DEFAULT_MAX_SALT_CANDIDATES,
 };
 use crate::proxy::connection::{ResponseRewriter, RewriteError, Rewritten};
 use crate::proxy::nodes::NodeRegistry;
@@ -89,8 +89,24 @@ pub struct PendingSalt {
     pub timestamp_ms: i64,
 }
 
+/// What a Fetch response waits for before it may be rewritten.
+#[derive(Debug)]
+pub enum Pending {
+    /// Collision salts to persist.
+    Salts(Vec<PendingSalt>),
+    /// The destination topic ids (to seed and key a salt).
+    TopicIds,
+}
+
 /// Where collision salts are made durable (the `__mirror_state` topic).
 pub trait SaltStore: Send + Sync {
+    /// The destination topic id of `topic`, if known (it seeds the salt
+    /// sequence and keys the record).
+    fn topic_id(&self, topic: &str) -> Option<[u8; 16]>;
+    /// Re-reads the destination's topic ids.
+    fn refresh_topic_ids(
+        &self,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;
     /// Persists `salts`, waits for the acknowledgement, and applies the
     /// winning record of each key (lowest offset) to the registry.
     fn persist(
@@ -417,14 +433,15 @@ impl ResponseRewriter for MirrorRewriter {
             {
                 let salts = self.mirror.salts.clone();
                 let wait = Box::pin(async move {
-                    salts
-                        .persist(pending)
-                        .await
-                        .map_err(|message| RewriteError {
-                            api: "Fetch",
-                            version: 0,
-                            message: format!("collision salt not persisted: {message}"),
-                        })
+                    let done = match pending {
+                        Pending::Salts(p) => salts.persist(p).await,
+                        Pending::TopicIds => salts.refresh_topic_ids().await,
+                    };
+                    done.map_err(|message| RewriteError {
+                        api: "Fetch",
+                        version: 0,
+                        message: format!("collision salt not persisted: {message}"),
+                    })
                 });
                 return Ok(Rewritten::Blocked {
                     frame: Some(frame),
@@ -455,7 +472,7 @@ pub fn rewrite_fetch_body(
     version: i16,
     body: &mut [u8],
     skip: &dyn Fn(&FetchTopic<'_>, i32) -> bool,
-) -> Result<Option<Vec<PendingSalt>>, String> {
+) -> Result<Option<Pending>, String> {
     let Some(source) = mirror.source() else {
         return Err(format!(
             "mirror {}: the source cluster id is not known yet (not learned from the source's \
@@ -509,10 +526,24 @@ pub fn rewrite_fetch_body(
                     original_pid: pid,
                 };
                 let map = |salt: i64| mirror.map(source, pid, salt);
+                let colliding = handle.with(|state| {
+                    matches!(
+                        state.lookup_mapping(&origin, &map),
+                        MappingLookup::Collision { .. }
+                    )
+                });
+                if !colliding {
+                    continue;
+                }
+                // The salt sequence is seeded by the destination topic id.
+                let Some(topic_id) = mirror.salts.topic_id(&slice.key.topic) else {
+                    return Ok(Some(Pending::TopicIds));
+                };
                 let choice = handle.with(|state| match state.lookup_mapping(&origin, &map) {
                     MappingLookup::Ready { .. } => None,
-                    MappingLookup::Collision { .. } => Some(resolve_collision(
+                    MappingLookup::Collision { .. } => Some(resolve_collision_for_topic(
                         state,
+                        &topic_id,
                         &origin,
                         &map,
                         DEFAULT_MAX_SALT_CANDIDATES,
@@ -539,7 +570,7 @@ pub fn rewrite_fetch_body(
             }
         }
         if !pending.is_empty() {
-            return Ok(Some(pending));
+            return Ok(Some(Pending::Salts(pending)));
         }
     }
 

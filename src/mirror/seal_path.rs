@@ -162,11 +162,7 @@ fn decide_all(
     for c in &plan.controlled {
         let Some(entry) = mirror.lifecycle.get(&c.key) else {
             // Resumed meanwhile: serve nothing this time.
-            answers.push(LocalPartition {
-                records: Vec::new(),
-                high_watermark: c.fetch_offset,
-                last_stable_offset: c.fetch_offset,
-            });
+            answers.push(LocalPartition::empty_at(c.fetch_offset));
             continue;
         };
         let registry = mirror.registry.clone();
@@ -202,20 +198,14 @@ fn decide_all(
             &open,
         ) {
             Decision::Answer(a) => {
-                if entry.state == State::Stopping && !a.records.is_empty() {
-                    let plan = entry.seal.as_ref();
-                    for b in plan
-                        .iter()
-                        .flat_map(|p| p.batches.iter())
-                        .filter(|b| b.base_offset >= c.fetch_offset)
-                    {
-                        let counter = match b.kind {
-                            "abort" => &mirror.seal_metrics.aborts,
-                            _ => &mirror.seal_metrics.barriers,
-                        };
-                        counter.inc();
-                    }
-                }
+                mirror
+                    .seal_metrics
+                    .aborts
+                    .inc_by(u64::from(a.aborts_served));
+                mirror
+                    .seal_metrics
+                    .barriers
+                    .inc_by(u64::from(a.barriers_served));
                 answers.push(a)
             }
             Decision::Persist(next) => {

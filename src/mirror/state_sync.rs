@@ -638,6 +638,23 @@ impl StateSync {
 }
 
 impl SaltStore for StateSync {
+    fn topic_id(&self, topic: &str) -> Option<[u8; 16]> {
+        self.destination_topic_id(topic)
+    }
+
+    fn refresh_topic_ids(
+        &self,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
+        let me = self.me.upgrade();
+        Box::pin(async move {
+            let me = me.ok_or("state store is shutting down")?;
+            me.refresh_destination_topics()
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(())
+        })
+    }
+
     fn persist(
         &self,
         salts: Vec<PendingSalt>,

@@ -53,8 +53,9 @@ pub use partition::{
 };
 pub use registry::{PartitionHandle, ProducerStateRegistry, RegistryConfig};
 pub use salt::{
-    collision_seed, resolve_collision, salt_candidates, CollisionError, MappingLookup, SaltApply,
-    SaltChoice, SaltRecord, SaltTable, DEFAULT_MAX_SALT_CANDIDATES,
+    collision_seed, resolve_collision, resolve_collision_for_topic, salt_candidates,
+    CollisionError, MappingLookup, SaltApply, SaltChoice, SaltRecord, SaltTable,
+    DEFAULT_MAX_SALT_CANDIDATES,
 };
 
 use std::fmt;

@@ -308,6 +308,20 @@ pub fn resolve_collision(
     map: &dyn Fn(i64) -> i64,
     max_candidates: usize,
 ) -> Result<SaltChoice, CollisionError> {
+    resolve_collision_for_topic(state, &state.key().topic_id, origin, map, max_candidates)
+}
+
+/// [`resolve_collision`] with the destination topic id of the collision key
+/// given explicitly (for partitions keyed by topic name, whose id is known
+/// elsewhere): the salt sequence is seeded by (TopicId, Partition,
+/// SourceClusterId, OriginalPid) as SPEC 2.2 requires.
+pub fn resolve_collision_for_topic(
+    state: &PartitionState,
+    topic_id: &[u8; 16],
+    origin: &Origin,
+    map: &dyn Fn(i64) -> i64,
+    max_candidates: usize,
+) -> Result<SaltChoice, CollisionError> {
     let holder = match state.lookup_mapping(origin, map) {
         MappingLookup::Collision { holder, .. } => holder,
         MappingLookup::Ready { mapped_pid, .. } => {
@@ -319,7 +333,7 @@ pub fn resolve_collision(
     };
     let key = state.key();
     let seed = collision_seed(
-        &key.topic_id,
+        topic_id,
         key.partition,
         &origin.source_cluster,
         origin.original_pid,
