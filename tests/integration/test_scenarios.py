@@ -166,3 +166,228 @@ def test_s1_active_passive_failover_local_producer(broker_factory, mirror_factor
         assert b.psm(T).barriers_applied == [7] and sorted(psm) == [1]
         assert b"open-0" not in values(rc)
     assert values(rc) == [v for v in values(ru) if v != b"open-0" or variant is SIGN_BIT]
+
+
+def _producers(mg, topic: str = T) -> list[dict]:
+    status, body = mg.request("GET", f"/v1/partitions/{topic}/0/producers", token=None)
+    return body["producers"] if status == 200 else []
+
+
+def _events(mg, mirror: str, kind: str) -> float:
+    return mg.metrics().sum("mirrorguard_mirror_events_total", mirror=mirror, kind=kind)
+
+
+# =============================================================================
+# 2. Failback A -> B, then B -> A
+
+
+@pytest.mark.parametrize("variant", [NONE, HIGH, PRESERVE_AWARE], ids=lambda v: v.name)
+def test_s2_failback(broker_factory, mirror_factory, refdest_factory, variant):
+    a = broker_factory()
+    harness.create_topics(a.bootstrap, [T])
+    send_each(idem(a.bootstrap), T, [b"a-0", b"a-1", b"a-2"])  # A's PID 1
+    a_end = source_end_offset(a.bootstrap, T)
+
+    # A -> B, failover to B, local producers on B.
+    b = refdest_factory("B", understands_mirror_pid_reset=variant.aware)
+    hop_ab = make_hop(broker_factory, mirror_factory, variant, a.bootstrap, b, T, "a-to-b")
+    hop_ab.link.catch_up(a_end)
+    if variant.guarded:
+        hop_ab.seal()
+    b.promote()
+    b.serve()
+    send_each(idem(b.bootstrap), T, [b"b1-0"])  # B's PID 1
+    bt = txn_producer(b.bootstrap, "b-txn")  # B's PID 2
+    txn(bt, [b"bt-0"], commit=True)
+    b_end = b.partition(T).leo
+
+    # Failback: A's log (its own data, rebuilt like log recovery: REPLICATION origin) then
+    # A mirrors B from A's log end offset (the common prefix).
+    a2 = refdest_factory("A-as-destination", understands_mirror_pid_reset=variant.aware, cluster_id=a.cluster_id,
+                         first_local_pid=2)  # Tansu A handed out PID 1 already
+    own = a2.mirror_from(a.bootstrap, T)
+    own.catch_up(a_end)
+    own.close()
+    hop_ba = make_hop(broker_factory, mirror_factory, variant, b.bootstrap, a2, T, "b-to-a")
+    assert hop_ba.link.position == a_end
+    seen0 = _events(hop_ba.mg, "b-to-a", "barrier_seen") if variant.guarded else 0
+    hop_ba.link.catch_up(b_end)
+    if variant.guarded:
+        # A received B's barrier in the data: mirrorguard expired its producer state there.
+        assert _events(hop_ba.mg, "b-to-a", "barrier_seen") - seen0 >= 1
+        origins = {p["origin_cluster"] for p in _producers(hop_ba.mg)}
+        assert origins == {b.cluster_id}, _producers(hop_ba.mg)
+        assert anomalies(hop_ba.mg) == []
+        hop_ba.seal()  # A stops mirroring B: A's own barrier
+    a2.promote()
+    a2.serve()
+    # A new local producer on A after failback: A's counter hands out PID 2.
+    local = send_each(idem(a2.bootstrap), T, [b"x-0", b"x-1"])
+    assert all(e is None for e, _ in local)
+    log = a2.partition(T)
+    ru = values(read_all(a2.bootstrap, T, "read_uncommitted"))
+    bars = barriers(MIRRORGUARD_BIN, log.path)
+    if variant is NONE:
+        # B's local PID 1 was "a duplicate" of A's mirrored PID 1 on B (S1), and on A the new
+        # producer's PID 2 meets B's transactional PID 2: x-0 is acknowledged, never stored.
+        assert b"b1-0" not in ru and bars == []
+        assert a2.produce_log[0]["duplicate_of"] is not None and b"x-0" not in ru and b"x-1" in ru
+        assert a2.psm(T).snapshot()[2]["last_sequence"] == 1
+        return
+    assert [x["duplicate_of"] for x in a2.produce_log] == [None, None]
+    assert ru == [b"a-0", b"a-1", b"a-2", b"b1-0", b"bt-0", b"x-0", b"x-1"]
+    # Two barriers in A's log: B's (sealing A -> B, source A) and A's own (sealing B -> A, source B).
+    assert bars == [(a_end, a.cluster_id), (b_end, b.cluster_id)], bars
+    psm = a2.psm(T)
+    if variant is PRESERVE_AWARE:
+        assert psm.barriers_applied == [a_end, b_end] and sorted(psm.snapshot()) == [2]
+    else:
+        fb = fold(b.cluster_id)
+        assert sorted(psm.snapshot()) == [1, 2, map_pid(1, fb), map_pid(2, fb)]
+
+
+# =============================================================================
+# 3. Fan-out A -> B and A -> C
+
+
+@pytest.mark.parametrize("variant", [NONE, HIGH], ids=lambda v: v.name)
+def test_s3_fan_out(broker_factory, mirror_factory, refdest_factory, variant):
+    a = broker_factory()
+    harness.create_topics(a.bootstrap, [T])
+    send_each(idem(a.bootstrap), T, [b"a-0", b"a-1", b"a-2"])
+    tp = txn_producer(a.bootstrap, "a-txn")
+    txn(tp, [b"open-0"], commit=None)  # offset 3, open
+    b = refdest_factory("B")
+    c = refdest_factory("C")
+    hop_b = make_hop(broker_factory, mirror_factory, variant, a.bootstrap, b, T, "a-to-b")
+    hop_c = make_hop(broker_factory, mirror_factory, variant, a.bootstrap, c, T, "a-to-c")
+    hop_b.link.catch_up(4)
+    hop_c.link.catch_up(4)
+    # Fail over B only.
+    if variant.guarded:
+        assert hop_b.seal()["cut"] == 4
+        assert hop_c.mg.partition(T)["state"] == "MIRRORING"
+    b.promote()
+    # A goes on; C keeps mirroring: A commits, writes more, then C fails over too.
+    tp.commit_transaction(15)
+    send_each(idem(a.bootstrap), T, [b"a-3"])
+    hop_c.link.catch_up(6)
+    if variant.guarded:
+        assert hop_c.seal()["cut"] == 6
+    c.promote()
+    for d in (b, c):
+        d.serve()
+        send_each(idem(d.bootstrap), T, [b"local-0", b"local-1", b"local-2", b"local-3"])
+    kb, kc = dump_kinds(MIRRORGUARD_BIN, b.segment(T)), dump_kinds(MIRRORGUARD_BIN, c.segment(T))
+    rc_b = values(read_all(b.bootstrap, T, "read_committed"))
+    rc_c = values(read_all(c.bootstrap, T, "read_committed"))
+    if variant is NONE:
+        for d in (b, c):  # both lose the local producer's first three batches
+            assert [x["duplicate_of"] is not None for x in d.produce_log] == [True, True, True, False]
+        assert rc_b == [b"a-0", b"a-1", b"a-2"]  # B: A's transaction hangs forever
+        assert b"open-0" in rc_c and b"local-0" not in rc_c
+        return
+    # Independent barriers at each destination's own cut; independent producer state.
+    assert [k for _, k, _ in kb[3:6]] == ["data", "abort", "barrier"] and kb[5][0] == 5
+    assert [k for _, k, _ in kc[3:7]] == ["data", "commit", "data", "barrier"] and kc[6][0] == 6
+    assert barriers(MIRRORGUARD_BIN, b.segment(T)) == [(5, a.cluster_id)]
+    assert barriers(MIRRORGUARD_BIN, c.segment(T)) == [(6, a.cluster_id)]
+    assert rc_b == [b"a-0", b"a-1", b"a-2"] + [b"local-%d" % i for i in range(4)]
+    assert rc_c == [b"a-0", b"a-1", b"a-2", b"open-0", b"a-3"] + [b"local-%d" % i for i in range(4)]
+    for d in (b, c):
+        assert [x["duplicate_of"] for x in d.produce_log] == [None] * 4
+    assert anomalies(hop_b.mg) == [] and anomalies(hop_c.mg) == []
+    assert hop_b.mg.partition(T)["cut"] == 4 and hop_c.mg.partition(T)["cut"] == 6
+
+
+# =============================================================================
+# 4. Fan-in: A -> C and B -> C, different topics; the same topic fed by both in turn
+
+
+@pytest.mark.parametrize("variant", [NONE, HIGH], ids=lambda v: v.name)
+def test_s4_fan_in_different_topics(broker_factory, mirror_factory, refdest_factory, variant):
+    a, b = broker_factory(), broker_factory()
+    harness.create_topics(a.bootstrap, ["ta"])
+    harness.create_topics(b.bootstrap, ["tb"])
+    send_each(idem(a.bootstrap), "ta", [b"a-0", b"a-1"])  # PID 1 on A
+    pb = idem(b.bootstrap)
+    send_each(pb, "tb", [b"b-0", b"b-1"])  # PID 1 on B
+    c = refdest_factory("C")
+    mg = None
+    if variant.guarded:
+        state = broker_factory()
+        harness.create_topics(state.bootstrap, ["ta", "tb"])
+        mg = mirror_factory(state.bootstrap, [MirrorSpec("from-a", a.bootstrap), MirrorSpec("from-b", b.bootstrap)])
+        mg.wait_sources_known()
+        la = c.mirror_from(mg.mirrors["from-a"].bootstrap, "ta")
+        lb = c.mirror_from(mg.mirrors["from-b"].bootstrap, "tb")
+    else:
+        la, lb = c.mirror_from(a.bootstrap, "ta"), c.mirror_from(b.bootstrap, "tb")
+    la.catch_up(2)
+    lb.catch_up(2)
+    # Per-partition producer state: the same raw PID in two partitions does not meet.
+    sa, sb = c.psm("ta").snapshot(), c.psm("tb").snapshot()
+    assert len(sa) == len(sb) == 1 and sa[next(iter(sa))]["last_sequence"] == 1
+    if not variant.guarded:
+        assert set(sa) == set(sb) == {1}  # harmless while the partitions stay apart
+        return
+    assert set(sa) == {map_pid(1, fold(a.cluster_id))} and set(sb) == {map_pid(1, fold(b.cluster_id))}
+    # Stop only ta: the barrier lands in ta-0 only; tb keeps mirroring.
+    st, _ = mg.post("stop", "from-a", "ta")
+    assert st == 200
+    la.follow(lambda _l: mg.partition("ta")["state"] == "STOPPED", 15, "ta STOPPED")
+    send_each(pb, "tb", [b"b-2"])
+    lb.catch_up(3)
+    assert mg.partition("tb")["state"] == "MIRRORING"
+    assert barriers(MIRRORGUARD_BIN, c.segment("ta")) == [(2, a.cluster_id)]
+    assert barriers(MIRRORGUARD_BIN, c.segment("tb")) == []
+    assert c.psm("tb").snapshot()[map_pid(1, fold(b.cluster_id))]["last_sequence"] == 2
+    assert anomalies(mg) == []
+
+
+@pytest.mark.parametrize("variant", [NONE, HIGH], ids=lambda v: v.name)
+def test_s4_fan_in_same_topic_source_reassignment(broker_factory, mirror_factory, refdest_factory, variant):
+    a, b = broker_factory(), broker_factory()
+    for br in (a, b):
+        harness.create_topics(br.bootstrap, [T])
+    pa, pb = idem(a.bootstrap), idem(b.bootstrap)
+    c = refdest_factory("C")
+    mg = None
+    if variant.guarded:
+        state = broker_factory()
+        harness.create_topics(state.bootstrap, [T])
+        mg = mirror_factory(state.bootstrap, [MirrorSpec("from-a", a.bootstrap), MirrorSpec("from-b", b.bootstrap)])
+        # (no wait_sources_known: both mirrors feed the one destination partition t-0)
+        addr = {"a": mg.mirrors["from-a"].bootstrap, "b": mg.mirrors["from-b"].bootstrap}
+    else:
+        addr = {"a": a.bootstrap, "b": b.bootstrap}
+    # C mirrors t from A, then from B, then from A again (offsets relabelled: new source).
+    send_each(pa, T, [b"a-0", b"a-1", b"a-2"])
+    l1 = c.mirror_from(addr["a"], T, rebase=True)
+    l1.catch_up(3)
+    l1.close()
+    send_each(pb, T, [b"b-0", b"b-1"])
+    l2 = c.mirror_from(addr["b"], T, rebase=True)
+    l2.catch_up(2)
+    l2.close()
+    send_each(pa, T, [b"a-3"])
+    l3 = c.mirror_from(addr["a"], T, rebase=True, source_offset=3)
+    l3.catch_up(4)
+    l3.close()
+    psm = c.psm(T)
+    assert [b.producer_id for b in c.partition(T).batches][:3] == [
+        1 if not variant.guarded else map_pid(1, fold(a.cluster_id))] * 3
+    if not variant.guarded:
+        # One PSM entry for two producers: B's sequence 0 after A's 2 (same epoch) and A's 3
+        # after B's 1 were accepted without a word; the entry holds both producers' batches.
+        snap = psm.snapshot()
+        assert list(snap) == [1] and psm.warnings == []
+        # (firstSeq, lastSeq, lastOffset) of the last 5 batches: A 1, A 2, B 0, B 1, A 3
+        assert snap[1]["batches"] == [(1, 1, 1), (2, 2, 2), (0, 0, 3), (1, 1, 4), (3, 3, 5)]
+        return
+    fa, fb = map_pid(1, fold(a.cluster_id)), map_pid(1, fold(b.cluster_id))
+    snap = psm.snapshot()
+    assert sorted(snap) == sorted([fa, fb])
+    assert [x[:2] for x in snap[fa]["batches"]] == [(0, 0), (1, 1), (2, 2), (3, 3)]
+    assert [x[:2] for x in snap[fb]["batches"]] == [(0, 0), (1, 1)]
+    assert psm.warnings == [] and anomalies(mg) == []
