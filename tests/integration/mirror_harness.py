@@ -116,7 +116,8 @@ class MirrorGuard:
     TOKEN = "s3cret-token-for-tests"
 
     def __init__(self, work_dir: Path, name: str, state_bootstrap: str, mirrors: list[MirrorSpec],
-                 metadata_refresh_ms: int = 1000, log_level: str = "info,mirrorguard=debug"):
+                 metadata_refresh_ms: int = 1000, log_level: str = "info,mirrorguard=debug",
+                 snapshot_interval_ms: int | None = None):
         self.name = name
         self.work_dir = work_dir
         taken: set[int] = set()
@@ -168,6 +169,7 @@ bootstrap = ["{state_bootstrap}"]
 request_timeout_ms = 10000
 
 """
+            + (f"[producer_state]\nsnapshot_interval_ms = {snapshot_interval_ms}\n\n" if snapshot_interval_ms else "")
             + "\n".join(blocks)
         )
         self.proc: ManagedProcess | None = None

@@ -30,12 +30,12 @@ TOPIC = "t"
 MIRROR = "a-to-b"
 
 
-def _setup(broker_factory, mirror_factory, partitions: int = 1):
+def _setup(broker_factory, mirror_factory, partitions: int = 1, **kw):
     src = broker_factory()
     state = broker_factory()
     harness.create_topics(src.bootstrap, [TOPIC], partitions=partitions)
     harness.create_topics(state.bootstrap, [TOPIC], partitions=partitions)
-    mg = mirror_factory(state.bootstrap, [MirrorSpec(MIRROR, src.bootstrap)])
+    mg = mirror_factory(state.bootstrap, [MirrorSpec(MIRROR, src.bootstrap)], **kw)
     mg.wait_sources_known()
     return src, state, mg
 
@@ -307,12 +307,6 @@ def test_kill9_mid_seal_restart_completes_seal_once(broker_factory, mirror_facto
     assert _seal_metric(mg, "barrier_served") == 0 and _seal_metric(mg, "abort_marker_served") == 0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "product bug: after restart recovery the re-served seal is not counted in "
-    "mirrorguard_seal_events_total{kind=abort_marker_served|barrier_served}: "
-    "src/mirror/seal_path.rs decide_all() counts from entry.seal, which is None for an "
-    "entry restored from __mirror_state (lifecycle::seal::decide rebuilds the plan "
-    "locally and never stores it)"))
 def test_kill9_mid_seal_restart_counts_reserved_seal(broker_factory, mirror_factory):
     _src, _state, mg, f = _kill9_mid_seal(broker_factory, mirror_factory, appended=False)
     f.close()
@@ -321,10 +315,11 @@ def test_kill9_mid_seal_restart_counts_reserved_seal(broker_factory, mirror_fact
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "product bug: the shadow producer state is not restored at start-up (no snapshots while "
-    "mirroring, no replay; ProducerStateRegistry::restore is never called), so a transaction "
-    "open on the source when mirrorguard restarted gets no ABORT marker at the seal and stays "
-    "hanging on the destination"))
+    "product bug: a graceful restart (SIGTERM) loses the shadow producer state observed since "
+    "the last periodic snapshot (producer_state.snapshot_interval_ms, default 10 s; "
+    "src/mirror/state_sync.rs snapshot_loop is timer-only, nothing snapshots at shutdown in "
+    "src/run.rs, no replay), so a transaction open on the source gets no ABORT marker at the "
+    "seal and stays hanging on the destination"))
 def test_restart_while_mirroring_then_stop_still_aborts_open_transaction(broker_factory, mirror_factory):
     src, state, mg = _setup(broker_factory, mirror_factory)
     _idem, tp = _open_transaction_on_source(src, "txn-restart")
@@ -435,3 +430,31 @@ def test_stopped_partition_spliced_out_of_multi_partition_fetches(broker_factory
     c.close()
     assert got[1] == [b"p1-before-%d" % i for i in range(3)] + [b"p1-after-%d" % i for i in range(3)]
     assert not any(v.startswith(b"p0-after") for v in got[0]), got[0]
+
+
+def test_kill9_while_mirroring_then_stop_aborts_open_transaction_from_snapshot(broker_factory, mirror_factory):
+    """A snapshot (type 5, every 200 ms here) holds the open transaction; kill -9; restart;
+    stop: the seal still carries its ABORT marker."""
+    src, state, mg = _setup(broker_factory, mirror_factory, snapshot_interval_ms=200)
+    _idem, tp = _open_transaction_on_source(src, "txn-snap")
+    f = StandInFetcher(TOPIC, version=12).connect(mg.mirrors[MIRROR].bootstrap)
+    f.catch_up(high_watermark(src.bootstrap, TOPIC))
+    cut = f.leo
+    open_b = [b for b in f.log if b.is_transactional and not b.is_control][-1]
+
+    def snapshotted():
+        return any(r.type == 5 and r.value and any(p["producer_id"] == open_b.producer_id
+                                                   and p["txn_first_offset"] >= 0 for p in r.value["producers"])
+                   for r in read_state_records(state.bootstrap))
+
+    harness.wait_until(snapshotted, 10, interval=0.2, what="a snapshot with the open transaction")
+    mg.kill9()
+    mg.start()
+    mg.wait_sources_known()
+    status, body = mg.post("stop", MIRROR, TOPIC, [0])
+    assert status == 200, body
+    f.connect(mg.mirrors[MIRROR].bootstrap)
+    _, got = f.fetch_once()
+    _check_seal(got, cut, open_b.producer_id, open_b.producer_epoch, src.cluster_id)
+    f.fetch_once()
+    assert mg.partition(TOPIC, 0)["state"] == "STOPPED"

@@ -307,20 +307,18 @@ def test_two_instances_racing_on_one_collision_converge(broker_factory, mirror_f
         assert [c["salt"] for c in cols] == [winner.value["salt"]], cols
 
 
-PSM_NOT_RESTORED = (
-    "product bug: the shadow producer state is not restored at start-up (no producer-state "
-    "snapshots are written while mirroring and no replay: ProducerStateRegistry::restore in "
-    "src/producer_state/registry.rs is never called; src/mirror/state_sync.rs only keeps type-5 "
-    "records as the open transactions of a seal), so after a restart a second origin with the "
-    "same fold and PID is mapped onto the first origin's PID in the same destination partition")
+PSM_LOST_ON_RESTART = (
+    "product bug: a graceful restart (SIGTERM) loses the shadow producer state observed since "
+    "the last periodic snapshot (producer_state.snapshot_interval_ms, default 10 s): "
+    "src/mirror/state_sync.rs snapshot_loop only snapshots on a timer, nothing snapshots at "
+    "shutdown (src/run.rs) and nothing replays the source log, so a second origin with the "
+    "same fold and PID is mapped onto the first origin's PID in the same destination partition "
+    "(issue 5: 'no collision is missed because of a restart')")
 
 
-@pytest.mark.xfail(strict=True, reason=PSM_NOT_RESTORED)
-def test_collision_still_detected_after_restart(broker_factory, mirror_factory):
-    """Issue 5, restart recovery: "producer state of each partition is restored before its
-    first rewritten byte leaves ... so no collision is missed because of a restart".
-    A's PID 1 is mirrored into t-0; mirrorguard restarts; then B (same fold, PID 1) feeds
-    the same destination partition: B must still get a salted PID."""
+def _restart_then_second_origin(broker_factory, mirror_factory, kill: bool, snapshot_interval_ms=None):
+    """A's PID 1 is mirrored into t-0; mirrorguard restarts; then B (same fold, PID 1)
+    feeds the same destination partition. Returns (mapped PID of A, mapped PIDs of B)."""
     cid_a, cid_b = same_fold_pair()
     a = broker_factory(cid=cid_a)
     b = broker_factory(cid=cid_b)
@@ -330,31 +328,47 @@ def test_collision_still_detected_after_restart(broker_factory, mirror_factory):
     fl = fold(cid_a)
     send(idempotent_producer(a.bootstrap), TOPIC, [b"a-%d" % i for i in range(3)])
     send(idempotent_producer(b.bootstrap), TOPIC, [b"b-%d" % i for i in range(3)])
-    mg = mirror_factory(state.bootstrap, [MirrorSpec("from-a", a.bootstrap), MirrorSpec("from-b", b.bootstrap)])
+    mg = mirror_factory(state.bootstrap, [MirrorSpec("from-a", a.bootstrap), MirrorSpec("from-b", b.bootstrap)],
+                        snapshot_interval_ms=snapshot_interval_ms)
     f = StandInFetcher(TOPIC)
     f.connect(mg.mirrors["from-a"].bootstrap, rebase=True)
     f.catch_up(high_watermark(a.bootstrap, TOPIC))
     assert {x.producer_id for x in f.log} == {map_pid(1, fl)}
     n_a = len(f.log)
+    if snapshot_interval_ms:
+        # wait for a producer-state snapshot (type 5) of t-0 that holds A's producer
+        def snapshotted():
+            return any(r.type == 5 and r.value and any(p["producer_id"] == map_pid(1, fl)
+                                                       for p in r.value["producers"])
+                       for r in read_state_records(state.bootstrap))
 
-    mg.restart()
+        harness.wait_until(snapshotted, 10, interval=0.2, what="a type-5 snapshot holding A's producer")
+    if kill:
+        mg.kill9()
+        mg.start()
+    else:
+        mg.restart()
     f.connect(mg.mirrors["from-b"].bootstrap, rebase=True)
     f.catch_up(high_watermark(b.bootstrap, TOPIC))
     f.close()
-    b_pids = {x.producer_id for x in f.log[n_a:]}
+    return map_pid(1, fl), {x.producer_id for x in f.log[n_a:]}
+
+
+def test_collision_detected_after_kill9_from_snapshot(broker_factory, mirror_factory):
+    """Producer-state snapshots (type 5, every 200 ms here) restore the partition's
+    producers at start-up: after kill -9, B's PID 1 still gets a salt."""
+    a_pid, b_pids = _restart_then_second_origin(broker_factory, mirror_factory, kill=True, snapshot_interval_ms=200)
+    assert len(b_pids) == 1 and b_pids != {a_pid}, (a_pid, b_pids)
+
+
+@pytest.mark.xfail(strict=True, reason=PSM_LOST_ON_RESTART)
+def test_collision_still_detected_after_graceful_restart(broker_factory, mirror_factory):
+    """Default snapshot interval; SIGTERM right after mirroring."""
+    a_pid, b_pids = _restart_then_second_origin(broker_factory, mirror_factory, kill=False)
     assert len(b_pids) == 1
-    assert b_pids != {map_pid(1, fl)}, (
-        "after a restart B's PID 1 was mapped onto A's PID in the same destination partition "
-        "(collision missed: producer state not restored)")
+    assert b_pids != {a_pid}, "after a restart B's PID 1 was mapped onto A's PID (collision missed)"
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "product bug (contract deviation): the salt candidates are seeded with an all-zero topic "
-    "id instead of the destination topic id of the collision key (SPEC 2.2 'seeded by the "
-    "collision's key'; src/producer_state/salt.rs module doc). src/mirror/mod.rs "
-    "MirrorContext::partition_key builds PartitionKey::new([0; 16], name, partition) and "
-    "resolve_collision seeds from state.key().topic_id, while the type-3 record carries the "
-    "real topic id looked up on the state cluster"))
 def test_salt_is_first_candidate_seeded_by_the_collision_key(broker_factory, mirror_factory):
     from mirror_harness import cluster_id_bytes, collision_seed, salt_candidates
 
