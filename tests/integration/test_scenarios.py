@@ -391,3 +391,159 @@ def test_s4_fan_in_same_topic_source_reassignment(broker_factory, mirror_factory
     assert [x[:2] for x in snap[fa]["batches"]] == [(0, 0), (1, 1), (2, 2), (3, 3)]
     assert [x[:2] for x in snap[fb]["batches"]] == [(0, 0), (1, 1)]
     assert psm.warnings == [] and anomalies(mg) == []
+
+
+# =============================================================================
+# 5. Chain A -> B -> C, failover at B, new local producers on B with A's PIDs
+
+DAY_MS = 86_400_000
+
+
+@pytest.mark.parametrize("variant", [NONE, HIGH, PRESERVE_AWARE], ids=lambda v: v.name)
+def test_s5_chain_failover_at_b(broker_factory, mirror_factory, refdest_factory, variant):
+    a = broker_factory()
+    harness.create_topics(a.bootstrap, [T])
+    send_each(idem(a.bootstrap), T, [b"a-0", b"a-1", b"a-2"])  # A PID 1, epoch 0, seq 0..2 @0..2
+    t2 = txn_producer(a.bootstrap, "a-t2")  # A PID 2, epoch 0
+    txn(t2, [b"a-open"], commit=None)  # @3, still open at the failover
+    first = txn_producer(a.bootstrap, "a-t3")  # A PID 3, epoch 0 ...
+    first.close()
+    t3 = txn_producer(a.bootstrap, "a-t3")  # ... re-initialised: PID 3, epoch 1
+    txn(t3, [b"a-t3"], commit=True)  # @4, COMMIT @5
+    a_end = source_end_offset(a.bootstrap, T)
+    assert a_end == 6
+
+    b = refdest_factory("B", understands_mirror_pid_reset=variant.aware)
+    c = refdest_factory("C", understands_mirror_pid_reset=variant.aware)
+    hop_ab = make_hop(broker_factory, mirror_factory, variant, a.bootstrap, b, T, "a-to-b")
+    hop_ab.link.catch_up(a_end)
+    b.serve()
+    hop_bc = make_hop(broker_factory, mirror_factory, variant, b.bootstrap, c, T, "b-to-c")
+    hop_bc.link.catch_up(a_end)
+    assert [x.producer_epoch for x in b.partition(T).batches if x.base_offset == 4] == [1]
+
+    # Failover at B; B's periodic producer-id expiration runs a day later
+    # (ProducerStateManager.removeExpiredProducers: idle PIDs without an open transaction).
+    if variant.guarded:
+        hop_ab.seal()
+    b.promote()
+    b.psm(T).remove_expired_producers(int(time.time() * 1000) + DAY_MS + 3_600_000)
+    # New local producers on B: PIDs 1, 2, 3 from B's own counter, epoch 0.
+    l1 = send_each(idem(b.bootstrap), T, [b"b1-0", b"b1-1"])
+    l2p = txn_producer(b.bootstrap, "b-t2")
+    txn(l2p, [b"b2-0"], commit=True)
+    l3p = txn_producer(b.bootstrap, "b-t3")
+    txn(l3p, [b"b3-0"], commit=True)
+    assert all(e is None for e, _ in l1)
+    b_end = b.partition(T).leo
+    hop_bc.link.catch_up(b_end)
+    assert c.partition(T).leo == b_end and c.partition(T).failed is None
+    psm = c.psm(T)
+    snap = psm.snapshot()
+    rc = values(read_all(c.bootstrap if c.server else c.serve().bootstrap, T, "read_committed"))
+
+    if variant is NONE:
+        # 1. same epoch, wrong sequence: B's PID 1 seq 0 after A's seq 2, accepted silently;
+        #    the entry "regressed" to B's sequences.
+        assert snap[1]["epoch"] == 0 and snap[1]["last_sequence"] == 1
+        assert [x[:2] for x in snap[1]["batches"]] == [(0, 0), (1, 1), (2, 2), (0, 0), (1, 1)]
+        # 2. lower epoch: B's PID 3 epoch 0 after A's epoch 1: accepted with the WARN only,
+        #    the stored epoch goes back from 1 to 0.
+        b3_off = next(x.base_offset for x in c.partition(T).batches
+                      if x.producer_id == 3 and not x.is_control and x.base_offset > a_end)
+        assert psm.warnings == [f"Epoch of producer 3 at offset {b3_off} in t-0 is 0, which is smaller than "
+                                f"the last seen epoch 1"]
+        assert snap[3]["epoch"] == 0
+        # 3. B's PID 2 COMMIT closed A's open transaction (B's own data was a "duplicate" of
+        #    A's batch on B and was never stored): A's never-committed record is now committed.
+        closed = [t for t in psm.completed_txns if t.producer_id == 2]
+        assert len(closed) == 1 and closed[0].first_offset == 3 and not closed[0].is_aborted
+        assert b"a-open" in rc and b"b2-0" not in rc
+        assert b.produce_log[2]["duplicate_of"] == (3, 3)
+        return
+
+    # With mirrorguard: none of the three.
+    assert psm.warnings == [] and anomalies(hop_ab.mg) == [] and anomalies(hop_bc.mg) == []
+    assert b"a-open" not in rc and {b"b2-0", b"b3-0", b"b1-0", b"b1-1"} <= set(rc)
+    assert [x.is_aborted for x in psm.completed_txns if x.first_offset == 3] == [True]
+    bars = barriers(MIRRORGUARD_BIN, c.segment(T))
+    assert bars == [(7, a.cluster_id)], bars  # B's seal travelled down the chain as is
+    assert dump_kinds(MIRRORGUARD_BIN, c.segment(T))[6][1] == "abort"
+    if variant is HIGH:
+        fa, fb = fold(a.cluster_id), fold(b.cluster_id)
+        assert _events(hop_bc.mg, "b-to-c", "barrier_seen") >= 1
+        assert sorted(snap) == sorted([map_pid(p, fa) for p in (1, 2, 3)] + [map_pid(p, fb) for p in (1, 2, 3)])
+        assert snap[map_pid(1, fa)]["last_sequence"] == 2 and snap[map_pid(3, fa)]["epoch"] == 1
+        assert snap[map_pid(1, fb)]["last_sequence"] == 1 and snap[map_pid(3, fb)]["epoch"] == 0
+    else:  # preserve + KIP-1279 destinations: the barrier expired A's producers at B and C
+        assert psm.barriers_applied == [7] and sorted(snap) == [1, 2, 3]
+        assert snap[1]["batches"][0][2] > 7 and snap[3]["epoch"] == 0
+
+
+# =============================================================================
+# 6. Same-region collision: two source clusters with the same fold, PID 1 active in both
+
+
+@pytest.mark.parametrize("variant", [NONE, HIGH, SIGN_BIT], ids=lambda v: v.name)
+def test_s6_same_region_collision_salt_survives_restart(broker_factory, mirror_factory, refdest_factory, variant):
+    cid_a, cid_b = same_fold_pair()
+    a, b = broker_factory(cid=cid_a), broker_factory(cid=cid_b)
+    for br in (a, b):
+        harness.create_topics(br.bootstrap, [T])
+    pa, pb = idem(a.bootstrap), idem(b.bootstrap)
+    send_each(pa, T, [b"a-0", b"a-1"])
+    send_each(pb, T, [b"b-0", b"b-1"])
+    c = refdest_factory("C")
+    mg = state = None
+    if variant.guarded:
+        state = broker_factory()
+        harness.create_topics(state.bootstrap, [T])
+        mg = mirror_factory(state.bootstrap, [MirrorSpec("from-a", a.bootstrap, layout=variant.layout),
+                                              MirrorSpec("from-b", b.bootstrap, layout=variant.layout)])
+        addr = lambda n: mg.mirrors[f"from-{n}"].bootstrap  # noqa: E731
+    else:
+        addr = {"a": a.bootstrap, "b": b.bootstrap}.get
+    la = c.mirror_from(addr("a"), T, rebase=True)
+    la.catch_up(2)
+    la.close()
+    lb = c.mirror_from(addr("b"), T, rebase=True)
+    lb.catch_up(2)
+    lb.close()
+    pids = [x.producer_id for x in c.partition(T).batches]
+    if not variant.guarded:
+        assert pids == [1, 1, 1, 1]
+        snap = c.psm(T).snapshot()
+        assert [x[:2] for x in snap[1]["batches"]] == [(0, 0), (1, 1), (0, 0), (1, 1)] and c.psm(T).warnings == []
+        return
+    fl = fold(cid_a)
+    assert fold(cid_b) == fl
+    plain = map_pid(1, fl, 0, variant.layout)
+    assert pids[:2] == [plain, plain] and pids[2] == pids[3] != plain
+    salted = pids[2]
+    cols = mg.get("/v1/collisions")["collisions"]
+    assert len(cols) == 1 and cols[0]["source_cluster"] == cid_b and cols[0]["mapped_pid"] == salted
+    salt = cols[0]["salt"]
+    assert salted == map_pid(1, fl, salt, variant.layout)
+    from mirror_harness import read_state_records
+
+    recs = [r for r in read_state_records(state.bootstrap) if r.type == 3]
+    assert len(recs) == 1 and recs[0].value["salt"] == salt and recs[0].key["source_cluster_id"] == cid_b
+    # Restart mirrorguard: the salt comes back from __mirror_state and is applied again.
+    mg.restart()
+    send_each(pb, T, [b"b-2"])
+    lb2 = c.mirror_from(addr("b"), T, rebase=True, source_offset=2)
+    lb2.catch_up(3)
+    lb2.close()
+    send_each(pa, T, [b"a-2"])
+    la2 = c.mirror_from(addr("a"), T, rebase=True, source_offset=2)
+    la2.catch_up(3)
+    la2.close()
+    assert [x.producer_id for x in c.partition(T).batches][4:] == [salted, plain]
+    assert len([r for r in read_state_records(state.bootstrap) if r.type == 3]) == 1
+    snap = c.psm(T).snapshot()
+    if variant is HIGH:
+        assert sorted(snap) == sorted([plain, salted])
+        assert snap[salted]["last_sequence"] == 2 and snap[plain]["last_sequence"] == 2
+    else:
+        assert snap == {}  # sign-bit PIDs are negative: a stock broker keeps no state for them
+    assert c.psm(T).warnings == [] and anomalies(mg) == []
