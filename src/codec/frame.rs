@@ -56,6 +56,32 @@ impl FrameError {
     }
 }
 
+/// Where the first frame in `buf` ends (its length including the 4-byte
+/// size), `None` if more bytes are needed, or why `buf` does not start with
+/// an acceptable frame. This is the whole decision the reader makes; it is
+/// public so it can be fuzzed without an async stream.
+pub fn frame_boundary(buf: &[u8], max_frame: usize) -> Result<Option<usize>, FrameError> {
+    let Some(head) = buf.get(..4) else {
+        // Even two bytes are enough to recognise a TLS record header.
+        if buf.len() >= 2 && buf[0] == 0x16 && buf[1] == 0x03 {
+            return Err(FrameError::TlsOnPlaintext);
+        }
+        return Ok(None);
+    };
+    if head[0] == 0x16 && head[1] == 0x03 {
+        return Err(FrameError::TlsOnPlaintext);
+    }
+    let size = i32::from_be_bytes([head[0], head[1], head[2], head[3]]);
+    if size < 0 || size as usize > max_frame {
+        return Err(FrameError::TooLarge {
+            size: size as i64,
+            max: max_frame,
+        });
+    }
+    let total = size as usize + 4;
+    Ok((buf.len() >= total).then_some(total))
+}
+
 /// Initial buffer and the most we reserve before bytes arrive.
 const READ_CHUNK: usize = 64 * 1024;
 
@@ -108,25 +134,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     }
 
     fn complete_frame_len(&self) -> Result<Option<usize>, FrameError> {
-        let Some(head) = self.buf.get(..4) else {
-            // Even two bytes are enough to recognise a TLS record header.
-            if self.buf.len() >= 2 && self.buf[0] == 0x16 && self.buf[1] == 0x03 {
-                return Err(FrameError::TlsOnPlaintext);
-            }
-            return Ok(None);
-        };
-        if head[0] == 0x16 && head[1] == 0x03 {
-            return Err(FrameError::TlsOnPlaintext);
-        }
-        let size = i32::from_be_bytes([head[0], head[1], head[2], head[3]]);
-        if size < 0 || size as usize > self.max_frame {
-            return Err(FrameError::TooLarge {
-                size: size as i64,
-                max: self.max_frame,
-            });
-        }
-        let total = size as usize + 4;
-        Ok((self.buf.len() >= total).then_some(total))
+        frame_boundary(&self.buf, self.max_frame)
     }
 
     /// How much spare capacity to make before the next read: the rest of the
