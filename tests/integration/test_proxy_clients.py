@@ -25,6 +25,7 @@ from harness import (
     create_topics,
     produce,
     topic_name,
+    wait_until,
 )
 
 # Tansu answers Produce with acks=0 (Apache Kafka never does): a proxy that expects no
@@ -306,16 +307,32 @@ def test_request_metrics_move(kafka):
     before = kafka.proxy.metrics()
     produce(kafka.bootstrap, topic, [(None, b"x" * 1000) for _ in range(50)])
     consume_assign(kafka.bootstrap, topic, count=50)
-    after = kafka.proxy.metrics()
 
-    def delta(name, **lb):
-        return after.sum(name, **lb) - before.sum(name, **lb)
+    # A response's bytes may be counted just after the client has them: poll briefly.
+    def check():
+        after = kafka.proxy.metrics()
 
-    for api in ("Produce", "Fetch", "Metadata"):
-        assert delta("mirrorguard_requests_total", listener="main", api=api) > 0, api
-    assert delta("mirrorguard_bytes_total", api="Produce", direction="client_to_upstream") >= 50 * 1000
-    assert delta("mirrorguard_bytes_total", api="Fetch", direction="upstream_to_client") >= 50 * 1000
-    assert delta("mirrorguard_request_duration_seconds_count", listener="main", api="Produce") > 0
+        def delta(name, **lb):
+            return after.sum(name, **lb) - before.sum(name, **lb)
+
+        missing = [
+            api
+            for api in ("Produce", "Fetch", "Metadata")
+            if delta("mirrorguard_requests_total", listener="main", api=api) <= 0
+        ]
+        if delta("mirrorguard_bytes_total", api="Produce", direction="client_to_upstream") < 50 * 1000:
+            missing.append("Produce bytes client_to_upstream")
+        if delta("mirrorguard_bytes_total", api="Fetch", direction="upstream_to_client") < 50 * 1000:
+            missing.append("Fetch bytes upstream_to_client")
+        if delta("mirrorguard_request_duration_seconds_count", listener="main", api="Produce") <= 0:
+            missing.append("Produce latency")
+        check.missing = missing
+        return after if not missing else None
+
+    try:
+        after = wait_until(check, 5, what="metrics moved")
+    except TimeoutError:
+        pytest.fail(f"metrics did not move: {check.missing}")
     assert after.select("mirrorguard_connections_open", listener="main"), "no mirrorguard_connections_open"
 
 
