@@ -91,6 +91,22 @@ pub fn response_body_offset(frame: &[u8], header_version: i16) -> Option<usize> 
     }
 }
 
+/// A whole response frame (size prefix included) for `correlation_id` with
+/// the given response header version (v1 adds an empty tagged-field
+/// section) around `body`.
+pub fn response_frame(correlation_id: i32, header_version: i16, body: &[u8]) -> bytes::BytesMut {
+    use bytes::BufMut;
+    let header_len = if header_version >= 1 { 5 } else { 4 };
+    let mut out = bytes::BytesMut::with_capacity(4 + header_len + body.len());
+    out.put_i32((header_len + body.len()) as i32);
+    out.put_i32(correlation_id);
+    if header_version >= 1 {
+        out.put_u8(0);
+    }
+    out.extend_from_slice(body);
+    out
+}
+
 /// Correlation id of a response frame (including the size prefix).
 pub fn response_correlation_id(frame: &[u8]) -> Option<i32> {
     let b = frame.get(4..8)?;

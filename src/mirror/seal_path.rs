@@ -250,15 +250,7 @@ fn partition_response(
 }
 
 fn frame_with_body(h: &RequestHeader, header_version: i16, body: &[u8]) -> BytesMut {
-    let header_len = if header_version >= 1 { 5 } else { 4 };
-    let mut out = BytesMut::with_capacity(4 + header_len + body.len());
-    out.put_i32((header_len + body.len()) as i32);
-    out.put_i32(h.correlation_id);
-    if header_version >= 1 {
-        out.put_u8(0);
-    }
-    out.extend_from_slice(body);
-    out
+    crate::codec::header::response_frame(h.correlation_id, header_version, body)
 }
 
 /// Builds the local answer of a Fetch request whose partitions are all controlled.

@@ -202,6 +202,22 @@ impl StateSync {
         (layout, pid::fold(cluster))
     }
 
+    /// Appends one record (acks=all), notes its offset so the tail does not
+    /// re-apply it, and counts it.
+    async fn append_record(&self, key: Vec<u8>, value: Vec<u8>) -> Result<i64, String> {
+        let offset = self
+            .store
+            .append(key.clone(), Some(value))
+            .await
+            .map_err(|e| {
+                self.count("append_error");
+                e.to_string()
+            })?;
+        self.advance(&key, offset);
+        self.count("append");
+        Ok(offset)
+    }
+
     /// Notes that the record for `key` at `offset` is known (applied or ours);
     /// false if a later record for the key was already seen.
     fn advance(&self, key: &[u8], offset: i64) -> bool {
@@ -427,13 +443,7 @@ impl StateSync {
             }
             .encode();
             let v = value.encode().map_err(|e| anyhow::anyhow!(e.to_string()))?;
-            let offset = self
-                .store
-                .append(k.clone(), Some(v))
-                .await
-                .inspect_err(|_| self.count("append_error"))?;
-            self.advance(&k, offset);
-            self.count("append");
+            self.append_record(k, v).await.map_err(anyhow::Error::msg)?;
             self.snapshotted
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
@@ -556,12 +566,7 @@ impl StateSync {
             };
             let v = value.encode().map_err(|e| e.to_string())?;
             let k = key.encode();
-            let offset = self.store.append(k.clone(), Some(v)).await.map_err(|e| {
-                self.count("append_error");
-                e.to_string()
-            })?;
-            self.advance(&k, offset);
-            self.count("append");
+            self.append_record(k, v).await?;
         }
         let key = MirrorPartitionStateKey {
             topic_id,
@@ -580,12 +585,7 @@ impl StateSync {
         };
         let v = value.encode().map_err(|e| e.to_string())?;
         let k = key.encode();
-        let offset = self.store.append(k.clone(), Some(v)).await.map_err(|e| {
-            self.count("append_error");
-            e.to_string()
-        })?;
-        self.advance(&k, offset);
-        self.count("append");
+        let offset = self.append_record(k, v).await?;
         tracing::debug!(offset, topic = %entry.topic, partition = entry.partition,
             state = entry.state.name(), "partition state persisted");
         Ok(())
@@ -624,6 +624,8 @@ impl StateSync {
             };
             let key = key.encode().map_err(|e| e.to_string())?;
             let value = value.encode().map_err(|e| e.to_string())?;
+            // Not `append_record`: the catch-up below must read this record
+            // back and apply whichever record for the key is lowest.
             let offset = self.store.append(key, Some(value)).await.map_err(|e| {
                 self.count("append_error");
                 e.to_string()
