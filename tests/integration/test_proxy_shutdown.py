@@ -76,7 +76,15 @@ def test_sigterm_with_requests_in_flight(broker, proxy_factory):
 
         t0 = time.monotonic()
         proxy.proc.send_signal(signal.SIGTERM)
-        rc = proxy.proc.wait(grace_ms / 1000 + 3)
+        # While it drains, it must not claim to be ready.
+        ready_during_drain = []
+        rc = None
+        while time.monotonic() - t0 < grace_ms / 1000 + 3:
+            rc = proxy.proc.wait(0.05)
+            if rc is not None:
+                break
+            if proxy.readyz() == 200:
+                ready_during_drain.append(round(time.monotonic() - t0, 3))
         elapsed = time.monotonic() - t0
         proxy.exit_code = rc
         lpt.join(5)
@@ -87,10 +95,13 @@ def test_sigterm_with_requests_in_flight(broker, proxy_factory):
         idle.close()
         lp.close()
         c.close()
-        p.flush(6)
+        p.purge()  # the proxy is gone: what is still queued will not be delivered
+        p.flush(1)
 
+    print(f"exit {rc} {elapsed:.2f}s after SIGTERM")
     assert rc == 0, f"exit code {rc} (None: still running {grace_ms / 1000 + 3}s after SIGTERM)"
     assert elapsed < grace_ms / 1000 + 1, f"took {elapsed:.1f}s to exit, grace is {grace_ms / 1000}s"
+    assert not ready_during_drain, f"/readyz answered 200 after SIGTERM at {ready_during_drain} s"
     # The request that was in flight at SIGTERM was answered (drained), not cut off.
     assert "fetch" in result, f"in-flight Fetch not answered before exit: {result.get('error')!r}"
     assert result["fetch"].error_code == 0 and not result["fetch"].records, result["fetch"]
