@@ -141,4 +141,7 @@ shown = [k for k in sorted(moved, key=rank) if rank(k) < 2 or "connections" in k
 print("\n".join(f"{k} {after[k]}" for k in shown) if shown else "(no metric moved?)")
 PY
 
+say "Failover demo: SPEC scenario 1 without and with mirrorguard (B is the reference destination stand-in)"
+MIRRORGUARD_BIN="$MIRRORGUARD_BIN" "$PY" scripts/demo_failover.py
+
 say "Done: stopping mirrorguard and the broker"
