@@ -13,7 +13,8 @@ use kafka_protocol::messages::fetch_request::{
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{BrokerId, FetchRequest, ProduceRequest, TopicName};
 use mirrorguard::handlers::{
-    parse_fetch_request, parse_produce_request, split_produce_request, FetchTopic,
+    parse_fetch_request, parse_produce_request, split_fetch_request, split_produce_request,
+    FetchTopic,
 };
 use proptest::prelude::*;
 
@@ -161,6 +162,50 @@ fn fetch_request_all_versions() {
                     "v{v}: prefix {cut}/{} accepted",
                     body.len()
                 );
+            }
+        }
+    }
+}
+
+#[test]
+fn fetch_request_split_all_versions() {
+    // Topics have 1, 2 and 3 partitions (indices 1, 3, 5); keep by a bit
+    // pattern over the 6 entries in wire order.
+    let patterns: [u8; 6] = [0b111_111, 0, 0b000_001, 0b110_110, 0b111_000, 0b010_101];
+    for v in 4..=18i16 {
+        for follower in [true, false] {
+            let m = fetch_request(v, follower);
+            let body = enc(&m, v);
+            for &pat in &patterns {
+                let mut i = 0;
+                let out = split_fetch_request(v, &body, &mut |_, _| {
+                    i += 1;
+                    pat >> (i - 1) & 1 == 1
+                })
+                .unwrap_or_else(|e| panic!("v{v}: {e}"));
+                assert_eq!(i, 6);
+                if pat == 0b111_111 {
+                    assert!(out.is_none());
+                    continue;
+                }
+                let out = out.expect("split");
+                let mut expected = m.clone();
+                let mut k = 0;
+                expected.topics = m
+                    .topics
+                    .iter()
+                    .filter_map(|t| {
+                        let mut t = t.clone();
+                        t.partitions.retain(|_| {
+                            k += 1;
+                            pat >> (k - 1) & 1 == 1
+                        });
+                        (!t.partitions.is_empty()).then_some(t)
+                    })
+                    .collect();
+                let got: FetchRequest = dec(&out, v);
+                assert_eq!(got, expected, "v{v} pattern {pat:#b}");
+                assert_eq!(out, enc(&expected, v), "v{v} pattern {pat:#b} bytes");
             }
         }
     }
@@ -349,6 +394,7 @@ proptest! {
             let _ = parse_fetch_request(v, &b);
             let _ = parse_produce_request(v, &b);
             let _ = split_produce_request(v, &b, &mut |_, p| p % 2 == 0);
+            let _ = split_fetch_request(v, &b, &mut |_, p| p % 2 == 0);
         }
     }
 
@@ -372,6 +418,10 @@ proptest! {
             b.truncate(cut % (b.len() + 1));
             let _ = parse_fetch_request(v, &b);
             let _ = parse_produce_request(v, &b);
+            if let Ok(Some(out)) = split_fetch_request(v, &b, &mut |_, p| p != 1) {
+                let info = parse_fetch_request(v, &out).expect("split output parses");
+                prop_assert!(info.topics.iter().all(|t| t.partitions.iter().all(|p| p.partition != 1)));
+            }
             if let Ok(Some(out)) = split_produce_request(v, &b, &mut |_, p| p != 1) {
                 // A split output is itself a valid request with no partition 1.
                 let info = parse_produce_request(v, &out).expect("split output parses");

@@ -23,7 +23,7 @@ use std::ops::Range;
 
 use super::check_version;
 use super::fetch::FetchTopic;
-use crate::wire::{Reader, WireResult};
+use crate::wire::{Reader, Splicer, WireResult, Writer};
 
 /// One partition a FetchRequest asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -52,6 +52,10 @@ pub struct FetchRequestTopic<'a> {
     pub topic: FetchTopic<'a>,
     /// Partitions asked for, in wire order.
     pub partitions: Vec<FetchRequestPartition>,
+    /// Byte range of the whole topic entry within the body.
+    pub span: Range<usize>,
+    /// Byte range of the partitions count prefix within the body.
+    pub partitions_count: Range<usize>,
 }
 
 /// What [`parse_fetch_request`] learned about a FetchRequest body.
@@ -79,6 +83,8 @@ pub struct FetchRequestInfo<'a> {
     /// Topics and partitions asked for, in wire order. With an incremental
     /// fetch session, partitions whose fetch state did not change are absent.
     pub topics: Vec<FetchRequestTopic<'a>>,
+    /// Byte range of the `topics` count prefix within the body.
+    pub topics_count: Range<usize>,
     /// Number of entries of `forgotten_topics_data` (v7+, else 0).
     pub forgotten_topics: usize,
     /// Rack of the fetcher (v11+, else empty).
@@ -136,6 +142,7 @@ pub fn parse_fetch_request(version: i16, body: &[u8]) -> WireResult<FetchRequest
         (0, -1)
     };
 
+    let topics_count_start = r.position();
     // Smallest topic: name or uuid (>= 1) + partitions count (>= 1) (+ tags).
     let n_topics = r.read_array_len_v(flexible, 2, "FetchRequest.topics")?;
     // Smallest partition: partition(4) fetch_offset(8) partition_max_bytes(4).
@@ -144,11 +151,15 @@ pub fn parse_fetch_request(version: i16, body: &[u8]) -> WireResult<FetchRequest
         + if version >= 12 { 4 + 1 } else { 0 }
         + if version >= 5 { 8 } else { 0 };
     // No capacity from the wire counts: the vectors grow by parsed entries.
+    let topics_count = topics_count_start..r.position();
     let mut topics = Vec::new();
     for _ in 0..n_topics {
+        let tstart = r.position();
         let topic = read_topic(&mut r, version, flexible, "FetchRequest.topics.topic")?;
+        let pstart = r.position();
         let n_parts =
             r.read_array_len_v(flexible, min_partition, "FetchRequest.topics.partitions")?;
+        let partitions_count = pstart..r.position();
         let mut partitions = Vec::new();
         for _ in 0..n_parts {
             let start = r.position();
@@ -182,7 +193,12 @@ pub fn parse_fetch_request(version: i16, body: &[u8]) -> WireResult<FetchRequest
             });
         }
         r.skip_tagged_fields_v(flexible, "FetchRequest.topics._tagged_fields")?;
-        topics.push(FetchRequestTopic { topic, partitions });
+        topics.push(FetchRequestTopic {
+            topic,
+            partitions,
+            span: tstart..r.position(),
+            partitions_count,
+        });
     }
 
     let forgotten_topics = if version >= 7 {
@@ -245,6 +261,7 @@ pub fn parse_fetch_request(version: i16, body: &[u8]) -> WireResult<FetchRequest
         session_id,
         session_epoch,
         topics,
+        topics_count,
         forgotten_topics,
         rack_id,
         cluster_id,
@@ -264,4 +281,76 @@ fn read_topic<'a>(
     } else {
         Ok(FetchTopic::Name(r.read_string_v(flexible, field)?))
     }
+}
+
+/// Copies a FetchRequest body at `version` (4..=18) keeping only the
+/// partitions for which `keep(topic, partition)` is true: the request to
+/// forward upstream when the proxy answers some partitions itself (STOPPED
+/// partitions are never fetched from the source again).
+///
+/// Returns `Ok(None)` when every partition is kept (forward the original).
+/// Otherwise dropped partitions are removed, topics left without partitions
+/// removed, counts fixed up, and every other byte (session, forgotten
+/// topics, rack, kept entries with their tagged fields, top-level tagged
+/// fields) copied verbatim. When nothing is kept the copy asks for no
+/// partition at all.
+///
+/// Fetch sessions: in an incremental request (session epoch > 0) a partition
+/// absent from the request stays in the upstream session, so the upstream
+/// may still return it; the caller must then replace or drop it in the
+/// response (see `splice_fetch_response`). This function does not add the
+/// dropped partitions to `forgotten_topics_data`.
+pub fn split_fetch_request(
+    version: i16,
+    body: &[u8],
+    keep: &mut dyn FnMut(&FetchTopic<'_>, i32) -> bool,
+) -> WireResult<Option<Vec<u8>>> {
+    let info = parse_fetch_request(version, body)?;
+    let flexible = version >= 12;
+    // Decide first: the topics count prefix precedes everything it counts.
+    // One bool per parsed partition: bounded by the bytes actually present.
+    let mut decisions = Vec::new();
+    let mut kept_topics = 0usize;
+    for t in &info.topics {
+        let mut any = false;
+        for p in &t.partitions {
+            let k = keep(&t.topic, p.partition);
+            any |= k;
+            decisions.push(k);
+        }
+        kept_topics += usize::from(any);
+    }
+    if decisions.iter().all(|k| *k) {
+        return Ok(None);
+    }
+    let mut sp = Splicer::new(body);
+    let mut w = Vec::with_capacity(5);
+    Writer::new(&mut w).put_array_len_v(flexible, Some(kept_topics), "FetchRequest.topics")?;
+    sp.replace(info.topics_count.start, info.topics_count.end, &w)?;
+    let mut d = decisions.iter().copied();
+    for t in &info.topics {
+        let mine: Vec<bool> = d.by_ref().take(t.partitions.len()).collect();
+        let kept = mine.iter().filter(|k| **k).count();
+        if kept == 0 {
+            sp.replace(t.span.start, t.span.end, &[])?;
+            continue;
+        }
+        if kept == t.partitions.len() {
+            continue;
+        }
+        let mut w = Vec::with_capacity(5);
+        Writer::new(&mut w).put_array_len_v(
+            flexible,
+            Some(kept),
+            "FetchRequest.topics.partitions",
+        )?;
+        sp.replace(t.partitions_count.start, t.partitions_count.end, &w)?;
+        for (p, k) in t.partitions.iter().zip(mine) {
+            if !k {
+                sp.replace(p.span.start, p.span.end, &[])?;
+            }
+        }
+    }
+    // At least one replacement was made, so this is always Some.
+    Ok(sp.finish().or_else(|| Some(body.to_vec())))
 }

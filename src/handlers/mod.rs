@@ -41,7 +41,8 @@ pub use fetch_build::{
     FetchTopicRef,
 };
 pub use fetch_request::{
-    parse_fetch_request, FetchRequestInfo, FetchRequestPartition, FetchRequestTopic,
+    parse_fetch_request, split_fetch_request, FetchRequestInfo, FetchRequestPartition,
+    FetchRequestTopic,
 };
 pub use find_coordinator::rewrite_find_coordinator_response;
 pub use metadata::rewrite_metadata_response;
