@@ -22,6 +22,7 @@
 //! changes nothing; the salts they need are persisted to `__mirror_state`
 //! (the response is held meanwhile), and only then is the response rewritten.
 
+pub mod replay;
 pub mod seal_path;
 pub mod state_sync;
 
@@ -96,6 +97,8 @@ pub enum Pending {
     Salts(Vec<PendingSalt>),
     /// The destination topic ids (to seed and key a salt).
     TopicIds,
+    /// Source ranges to observe first (producer state after a restart).
+    Replay(Vec<replay::ReplayJob>),
 }
 
 /// Where collision salts are made durable (the `__mirror_state` topic).
@@ -168,6 +171,13 @@ pub struct MirrorContext {
     metrics: MirrorMetrics,
     topics: std::sync::RwLock<TopicNames>,
     topic_prefix: String,
+    /// Destination partitions whose producer state is known to be complete
+    /// up to what the fetcher asks for (after a replay if needed).
+    warm: std::sync::Mutex<std::collections::HashSet<PartitionKey>>,
+    /// Source bootstrap servers (replays try the known nodes, then these).
+    source_bootstrap: Vec<(String, u16)>,
+    /// The listener's source nodes (set when the listener is built).
+    nodes: OnceLock<Arc<NodeRegistry>>,
     /// Partition life cycle (shared by all mirrors).
     pub lifecycle: Arc<crate::lifecycle::Lifecycle>,
     seal_metrics: SealMetrics,
@@ -275,6 +285,43 @@ impl MirrorContext {
         PartitionKey::new([0; 16], destination_topic, partition)
     }
 
+    /// The source topic of a destination topic name, when it is one of ours.
+    pub(crate) fn source_topic(&self, destination_topic: &str) -> Option<String> {
+        if destination_topic.starts_with("topic-id:") {
+            return None;
+        }
+        destination_topic
+            .strip_prefix(&self.topic_prefix)
+            .map(str::to_string)
+    }
+
+    /// Where replays read the source: the known source nodes, then the
+    /// bootstrap servers.
+    pub(crate) fn replay_servers(&self) -> Vec<(String, u16)> {
+        self.nodes
+            .get()
+            .map(|n| n.snapshot())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(_, a)| (a.host, a.port))
+            .chain(self.source_bootstrap.iter().cloned())
+            .collect()
+    }
+
+    pub(crate) fn is_warm(&self, key: &PartitionKey) -> bool {
+        self.warm
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(key)
+    }
+
+    pub(crate) fn mark_warm(&self, key: &PartitionKey) {
+        self.warm
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key.clone());
+    }
+
     fn destination_topic(&self, source_topic: &str) -> Arc<str> {
         Arc::from(format!("{}{}", self.topic_prefix, source_topic))
     }
@@ -300,6 +347,13 @@ impl MirrorContext {
             metrics: MirrorMetrics::new(metrics, &cfg.name),
             topics: Default::default(),
             topic_prefix: cfg.destination_topic_prefix.clone(),
+            warm: Default::default(),
+            nodes: OnceLock::new(),
+            source_bootstrap: cfg
+                .source_bootstrap
+                .iter()
+                .filter_map(|a| crate::config::split_host_port(a).ok())
+                .collect(),
             lifecycle,
             seal_metrics: SealMetrics::new(metrics, &cfg.name),
         };
@@ -351,7 +405,7 @@ pub fn map_with_salt(pid: i64, fold: u32, salt: i64, layout: Layout) -> i64 {
     }
 }
 
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
@@ -376,6 +430,7 @@ pub struct MirrorRewriter {
 impl MirrorRewriter {
     /// A rewriter for `mirror` advertising `nodes`.
     pub fn new(nodes: Arc<NodeRegistry>, mirror: Arc<MirrorContext>) -> Self {
+        let _ = mirror.nodes.set(nodes.clone());
         Self { nodes, mirror }
     }
 }
@@ -432,10 +487,16 @@ impl ResponseRewriter for MirrorRewriter {
                 rewrite_fetch_body(&self.mirror, h.api_version, body, &skip).map_err(err)?
             {
                 let salts = self.mirror.salts.clone();
+                let mirror = self.mirror.clone();
+                let servers = self.mirror.replay_servers();
+                let max_frame = crate::config::DEFAULT_MAX_FRAME_BYTES as usize;
                 let wait = Box::pin(async move {
                     let done = match pending {
                         Pending::Salts(p) => salts.persist(p).await,
                         Pending::TopicIds => salts.refresh_topic_ids().await,
+                        Pending::Replay(jobs) => {
+                            run_replays(mirror, servers, jobs, max_frame).await
+                        }
                     };
                     done.map_err(|message| RewriteError {
                         api: "Fetch",
@@ -507,6 +568,38 @@ pub fn rewrite_fetch_body(
         .iter()
         .map(|s| mirror.registry.partition(&s.key))
         .collect();
+
+    // Phase 0: a partition seen for the first time since start-up must have
+    // its producer state complete up to where the fetcher is before any of
+    // its batches is mapped: replay the source range the state has not seen.
+    let mut replays = Vec::new();
+    for (slice, handle) in slices.iter().zip(&handles) {
+        if mirror.is_warm(&slice.key) {
+            continue;
+        }
+        let first = body
+            .get(slice.records.clone())
+            .and_then(|r| walk(r).next())
+            .and_then(|e| match e {
+                Ok(Entry::V2(h)) => Some(h.base_offset),
+                _ => None,
+            });
+        let Some(first) = first else { continue };
+        let next = handle.with(|s| s.next_offset());
+        match mirror.source_topic(&slice.key.topic) {
+            Some(source_topic) if next < first => replays.push(replay::ReplayJob {
+                key: slice.key.clone(),
+                source_topic,
+                partition: slice.key.partition,
+                from: next,
+                upto: first,
+            }),
+            _ => mirror.mark_warm(&slice.key),
+        }
+    }
+    if !replays.is_empty() {
+        return Ok(Some(Pending::Replay(replays)));
+    }
 
     // Phase 1: find collisions without changing anything.
     if mirror.mode == PidMode::Region {
@@ -585,6 +678,47 @@ pub fn rewrite_fetch_body(
         }
     }
     Ok(None)
+}
+
+/// Observes (and maps, in place) the batches of one partition's records;
+/// used by the fetch path and by replays.
+pub(crate) fn observe_records(
+    mirror: &MirrorContext,
+    source: &SourceIdentity,
+    handle: &PartitionHandle,
+    records: &mut [u8],
+    now: i64,
+    sink: &mut Vec<Anomaly>,
+) {
+    rewrite_partition_records(mirror, source, handle, records, now, sink)
+}
+
+/// Runs the replays a response waits for, then marks the partitions warm.
+pub(crate) async fn run_replays(
+    mirror: Arc<MirrorContext>,
+    servers: Vec<(String, u16)>,
+    jobs: Vec<replay::ReplayJob>,
+    max_frame: usize,
+) -> Result<(), String> {
+    let source = mirror
+        .source()
+        .cloned()
+        .ok_or("source cluster not identified")?;
+    for job in jobs {
+        tracing::info!(mirror = %mirror.name, partition = %job.key, from = job.from, upto = job.upto,
+            "first fetch since start-up: replaying the source range the producer state has not seen");
+        let key = job.key.clone();
+        replay::replay(
+            mirror.clone(),
+            source.clone(),
+            servers.clone(),
+            job,
+            max_frame,
+        )
+        .await?;
+        mirror.mark_warm(&key);
+    }
+    Ok(())
 }
 
 fn rewrite_partition_records(

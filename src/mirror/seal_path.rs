@@ -165,6 +165,33 @@ fn decide_all(
             answers.push(LocalPartition::empty_at(c.fetch_offset));
             continue;
         };
+        // Taking the cut needs the open transactions: after a restart the
+        // producer state may lag the fetcher; replay the source first.
+        if entry.state == State::Stopping && entry.cut.is_none() && !mirror.is_warm(&c.key) {
+            let next = mirror.registry.partition(&c.key).with(|s| s.next_offset());
+            match mirror.source_topic(&c.key.topic) {
+                Some(source_topic) if next < c.fetch_offset => {
+                    let job = super::replay::ReplayJob {
+                        key: c.key.clone(),
+                        source_topic,
+                        partition: c.partition,
+                        from: next,
+                        upto: c.fetch_offset,
+                    };
+                    let (mirror, servers) = (mirror.clone(), mirror.replay_servers());
+                    let max_frame = crate::config::DEFAULT_MAX_FRAME_BYTES as usize;
+                    return Err(Rewritten::Blocked {
+                        frame: None,
+                        wait: Box::pin(async move {
+                            super::run_replays(mirror, servers, vec![job], max_frame)
+                                .await
+                                .map_err(|m| err(0, m))
+                        }),
+                    });
+                }
+                _ => mirror.mark_warm(&c.key),
+            }
+        }
         let registry = mirror.registry.clone();
         let key = c.key.clone();
         let open = move || -> Vec<OpenTxn> {

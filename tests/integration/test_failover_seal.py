@@ -339,11 +339,6 @@ def test_graceful_restart_while_mirroring_then_stop_aborts_open_transaction(brok
     _restart_while_mirroring_then_stop(broker_factory, mirror_factory, kill=False)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "product gap: snapshot-only recovery (src/mirror/state_sync.rs snapshot_loop, default every "
-    "10 s, final snapshot on SIGTERM only); after kill -9 before the next snapshot the open "
-    "transaction is forgotten and nothing replays the source log, so the seal carries no ABORT "
-    "marker and the transaction hangs on the destination (issue 5 restart recovery)"))
 def test_kill9_before_any_snapshot_then_stop_aborts_open_transaction(broker_factory, mirror_factory):
     _restart_while_mirroring_then_stop(broker_factory, mirror_factory, kill=True)
 

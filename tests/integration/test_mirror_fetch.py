@@ -308,12 +308,12 @@ def test_two_instances_racing_on_one_collision_converge(broker_factory, mirror_f
 
 
 PSM_LOST_ON_CRASH = (
-    "product gap (issue 5: 'after a crash ... producer state restored ... so no collision is "
-    "missed because of a restart'): recovery is snapshot-only (src/mirror/state_sync.rs "
-    "snapshot_loop every producer_state.snapshot_interval_ms, default 10 s, plus a final one on "
-    "SIGTERM); after kill -9 the producers observed since the last snapshot are lost and nothing "
-    "replays the source log from the snapshot offset to the fetcher's offset, so a second origin "
-    "with the same fold and PID is mapped onto the first origin's PID in the same partition")
+    "known gap (issue 5: 'no collision is missed because of a restart'): after kill -9 the "
+    "producers observed since the last snapshot are recovered by replaying the CURRENT source's "
+    "log (src/mirror/replay.rs); here the destination partition was fed by A before the crash "
+    "and by B (rebased offsets) after it, so the lost state lives in A's log (or the destination "
+    "log), which nothing replays; B's PID 1 is mapped onto A's PID. A graceful restart and "
+    "kill -9 after a snapshot are covered by the tests above")
 
 
 def _restart_then_second_origin(broker_factory, mirror_factory, kill: bool, snapshot_interval_ms=None):
