@@ -18,8 +18,8 @@ use bytes::{BufMut, BytesMut};
 use crate::codec::header::{request_body_offset, response_body_offset};
 use crate::codec::RequestHeader;
 use crate::handlers::{
-    self, build_fetch_response, parse_fetch_request, splice_fetch_response, FetchPartitionResponse,
-    FetchTopic,
+    self, build_fetch_response, parse_fetch_request, splice_fetch_response, split_fetch_request,
+    FetchPartitionResponse, FetchTopic,
 };
 use crate::lifecycle::seal::{decide, Decision, LocalPartition, OpenTxn};
 use crate::producer_state::PartitionKey;
@@ -135,6 +135,26 @@ pub fn plan_fetch(
         return Ok(None);
     }
     let all_controlled = controlled.len() == total;
+    // Controlled partitions are never asked of the source: drop them from
+    // the forwarded request (their entries are added to the response).
+    let replacement = if all_controlled || force_full_fetch || controlled.is_empty() {
+        None
+    } else {
+        let is_controlled = |t: &FetchTopic<'_>, p: i32| {
+            controlled
+                .iter()
+                .any(|c| c.topic.as_fetch_topic() == *t && c.partition == p)
+        };
+        split_fetch_request(h.api_version, body, &mut |t, p| !is_controlled(t, p))
+            .map_err(|e| err(h.api_version, e.to_string()))?
+            .map(|kept| {
+                let mut f = BytesMut::with_capacity(at + kept.len());
+                f.put_i32((at - 4 + kept.len()) as i32);
+                f.extend_from_slice(&frame[4..at]);
+                f.extend_from_slice(&kept);
+                f
+            })
+    };
     let plan = FetchPlan {
         controlled,
         read_committed: req.isolation_level == 1,
@@ -146,7 +166,7 @@ pub fn plan_fetch(
         RequestAction::Answer(plan)
     } else {
         RequestAction::Forward {
-            replacement: None,
+            replacement,
             plan: Some(plan),
         }
     }))
