@@ -1,0 +1,463 @@
+#!/usr/bin/env python3
+"""End-to-end benchmark of mirrorguard over loopback (see BENCHMARKS.md).
+
+One run, bounded in time, everything on 127.0.0.1:
+
+1. Tansu scenario: one Tansu broker (memory storage) holds a topic filled by
+   an idempotent librdkafka producer; the load generator
+   (`examples/fetchbench.rs fetch`, a replica-style fetcher) reads it
+   repeatedly through five paths, in rotating order, `--repeat` times:
+   direct, mirrorguard plain listener, mirror listener pid_mode=preserve,
+   mirror listener pid_mode=region (every batch rewritten), `tansu proxy`.
+   Then the same at half of the direct saturation request rate, for latency.
+2. Synthetic scenario: the synthetic upstream benchmark fixture
+   (`fetchbench upstream`, pre-built Fetch responses at memory speed) behind
+   the same listener kinds, to find mirrorguard's own ceiling; beside it the
+   raw CRC-32C speed of one core measured in the same run.
+3. `--scaling`: partitions (1..10,000), producers per partition and
+   connections against the fixture, with mirrorguard's RSS and its
+   `mirrorguard_producer_state_bytes` / `_producers` gauges.
+
+CPU per path is read from /proc/<pid>/stat (utime+stime) of each process
+before and after each leg; millicores per MB/s = 1000 * cpu_s / wall_s / MBps.
+
+    scripts/bench.sh                 # build + run, prints tables, writes JSON
+    .tools/venv/bin/python bench/e2e.py --seconds 4 --repeat 2 [--scaling]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "integration"))
+
+import harness  # noqa: E402  (process helpers: free ports, Tansu, process groups)
+from confluent_kafka import Producer  # noqa: E402
+from confluent_kafka.admin import AdminClient, NewTopic  # noqa: E402
+
+HOST = "127.0.0.1"
+MG_BIN = Path(os.environ.get("MIRRORGUARD_BIN", ROOT / "target" / "release" / "mirrorguard"))
+FB_BIN = Path(os.environ.get("FETCHBENCH_BIN", ROOT / "target" / "release" / "examples" / "fetchbench"))
+CLK = os.sysconf("SC_CLK_TCK")
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+def cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLK  # utime, stime
+
+
+def rss_bytes(pid: int) -> int:
+    with open(f"/proc/{pid}/statm") as f:
+        return int(f.read().split()[1]) * PAGE
+
+
+def metric(admin_url: str, name: str) -> float:
+    text = urllib.request.urlopen(f"{admin_url}/metrics", timeout=5).read().decode()
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(name + " ") or line.startswith(name + "{"):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
+def run_fetch(addr: str, topic: str, partitions: int, seconds: float, *, rate: float = 0.0,
+              connections: int = 1, max_mb: int = 100_000, verify: bool = False,
+              partition_max: int = 1 << 20) -> dict:
+    argv = [str(FB_BIN), "fetch", "--addr", addr, "--topic", topic, "--partitions", str(partitions),
+            "--seconds", str(seconds), "--connections", str(connections), "--max-mb", str(max_mb),
+            "--partition-max-bytes", str(partition_max)]
+    if rate:
+        argv += ["--rate", str(rate)]
+    if verify:
+        argv.append("--verify-crc")
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60)
+    if out.returncode != 0:
+        raise RuntimeError(f"fetchbench failed on {addr}: {out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def leg(name: str, addr: str, topic: str, partitions: int, seconds: float, watch: dict[str, int], **kw) -> dict:
+    before = {k: cpu_seconds(p) for k, p in watch.items()}
+    t0 = time.monotonic()
+    r = run_fetch(addr, topic, partitions, seconds, **kw)
+    wall = time.monotonic() - t0
+    r["path"] = name
+    r["cpu_s"] = {k: cpu_seconds(p) - before[k] for k, p in watch.items()}
+    r["wall_s"] = wall
+    return r
+
+
+# ---------------------------------------------------------------------------
+# processes
+
+
+class Procs:
+    def __init__(self, work: Path):
+        self.work = work
+        self.procs: list[harness.ManagedProcess] = []
+
+    def start(self, name: str, argv: list, ready=None, timeout: float = 20.0) -> harness.ManagedProcess:
+        p = harness.ManagedProcess(name, [str(a) for a in argv], self.work / f"{name}.log")
+        self.procs.append(p)
+        if ready is not None:
+            def check():
+                if not p.alive():
+                    raise harness.HarnessError(f"{name} exited:\n{p.log_text()[-3000:]}")
+                return ready()
+            harness.wait_until(check, timeout, what=f"{name} ready")
+        return p
+
+    def stop_all(self):
+        for p in reversed(self.procs):
+            try:
+                p.stop(timeout=2.0)
+            except Exception:  # noqa: BLE001 - best effort teardown
+                pass
+
+
+def port_open(port: int) -> bool:
+    import socket
+    s = socket.socket()
+    s.settimeout(0.2)
+    try:
+        s.connect((HOST, port))
+        return True
+    except OSError:
+        return False
+    finally:
+        s.close()
+
+
+def ready_url(url: str):
+    def f():
+        try:
+            return urllib.request.urlopen(url, timeout=1).status == 200
+        except Exception:  # noqa: BLE001
+            return False
+    return f
+
+
+def mirrorguard_config(path: Path, admin: int, state: str | None, listeners: list[dict], mirrors: list[dict]) -> None:
+    out = [f'[admin]\nlisten = "{HOST}:{admin}"\n', '[logging]\nformat = "text"\nlevel = "warn"\n']
+    if state:
+        out.append(f'[state]\nbootstrap = ["{state}"]\n')
+    for l in listeners:
+        out.append(
+            f'[[listener]]\nname = "{l["name"]}"\nbootstrap = "{HOST}:{l["port"]}"\nlisten_host = "{HOST}"\n'
+            f'advertised_host = "{HOST}"\nnode_port_base = {l["base"]}\nupstream_bootstrap = ["{l["upstream"]}"]\n')
+    for m in mirrors:
+        cid = f'source_cluster_id = "{m["cid"]}"\n' if m.get("cid") else ""
+        out.append(
+            f'[[mirror]]\nname = "{m["name"]}"\nbootstrap = "{HOST}:{m["port"]}"\nlisten_host = "{HOST}"\n'
+            f'advertised_host = "{HOST}"\nnode_port_base = {m["base"]}\nsource_bootstrap = ["{m["upstream"]}"]\n'
+            f'pid_mode = "{m["mode"]}"\n{cid}')
+    path.write_text("\n".join(out))
+
+
+class Ports:
+    def __init__(self):
+        self.taken: set[int] = set()
+
+    def one(self) -> int:
+        p = harness.free_port(self.taken)
+        self.taken.add(p)
+        return p
+
+    def base(self, node: int) -> int:
+        b = harness.free_node_port_base(self.taken, node=node)
+        self.taken.add(b + node)
+        return b
+
+
+# ---------------------------------------------------------------------------
+# scenarios
+
+
+def produce(bootstrap: str, topic: str, partitions: int, mb: int, record: int) -> dict:
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])[topic].result(10)
+    p = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True, "acks": "all",
+                  "linger.ms": 20, "batch.size": 16384, "compression.type": "none",
+                  "queue.buffering.max.kbytes": 262144})
+    value = b"v" * record
+    n = mb * (1 << 20) // record
+    t0 = time.monotonic()
+    for i in range(n):
+        while True:
+            try:
+                p.produce(topic, value=value, partition=i % partitions)
+                break
+            except BufferError:
+                p.poll(0.01)
+    left = p.flush(60)
+    if left:
+        raise RuntimeError(f"{left} records not delivered")
+    return {"records": n, "mb": mb, "seconds": time.monotonic() - t0}
+
+
+def summarize(rows: list[dict], key_cpu: str) -> dict:
+    by: dict[str, list[dict]] = {}
+    for r in rows:
+        by.setdefault(r["path"], []).append(r)
+    out = {}
+    for path, rs in by.items():
+        mbps = [r["mb_per_s"] for r in rs]
+        med = statistics.median(mbps)
+        cores = [r["cpu_s"].get(key_cpu, 0.0) / r["elapsed_s"] for r in rs]
+        out[path] = {
+            "mb_per_s": med,
+            "mb_per_s_all": mbps,
+            "records_per_s": statistics.median(r["records_per_s"] for r in rs),
+            "p50_us": statistics.median(r["lat_us"]["p50"] for r in rs),
+            "p99_us": statistics.median(r["lat_us"]["p99"] for r in rs),
+            "p999_us": statistics.median(r["lat_us"]["p999"] for r in rs),
+            "mg_cores": statistics.median(cores),
+            "cpu_by_proc": {k: statistics.median(r["cpu_s"][k] / r["elapsed_s"] for r in rs) for k in rs[0]["cpu_s"]},
+            "mapped_batches": sum(r["mapped_batches"] for r in rs),
+            "batches": sum(r["batches"] for r in rs),
+            "requests_per_s": statistics.median(r["requests"] / r["elapsed_s"] for r in rs),
+        }
+        o = out[path]
+        o["mg_millicores_per_mbps"] = 1000 * o["mg_cores"] / med if med else None
+    return out
+
+
+def print_table(title: str, s: dict, base: str, cpu_keys: list[str]) -> None:
+    print(f"\n## {title}\n")
+    hdr = "| path | MB/s | vs " + base + " | records/s | p50 us | p99 us | p999 us | mirrorguard millicores/(MB/s) | " + \
+        " | ".join(f"{k} cores" for k in cpu_keys) + " |"
+    print(hdr)
+    print("|" + "---|" * (hdr.count("|") - 1))
+    b = s.get(base, {}).get("mb_per_s") or 1
+    for path, o in s.items():
+        mc = o["mg_millicores_per_mbps"]
+        mcs = f"{mc:.1f}" if mc is not None and o["mg_cores"] > 0.005 else "-"
+        print(f"| {path} | {o['mb_per_s']:.0f} | {100 * o['mb_per_s'] / b:.0f}% | {o['records_per_s']:.0f} | "
+              f"{o['p50_us']:.0f} | {o['p99_us']:.0f} | {o['p999_us']:.0f} | {mcs} | " +
+              " | ".join(f"{o['cpu_by_proc'].get(k, 0):.2f}" for k in cpu_keys) + " |")
+
+
+def rotate(paths: list, i: int) -> list:
+    k = i % len(paths)
+    return paths[k:] + paths[:k]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seconds", type=float, default=4.0, help="per leg")
+    ap.add_argument("--repeat", type=int, default=2, help="rounds of every leg (rotating order)")
+    ap.add_argument("--partitions", type=int, default=8)
+    ap.add_argument("--data-mb", type=int, default=48, help="produced into Tansu (kept small: Tansu slows on long partitions)")
+    ap.add_argument("--record-bytes", type=int, default=1000)
+    ap.add_argument("--skip-tansu", action="store_true")
+    ap.add_argument("--skip-synthetic", action="store_true")
+    ap.add_argument("--scaling", action="store_true", help="also run the scaling sweeps (about 2 minutes)")
+    ap.add_argument("--json", type=Path, default=ROOT / "target" / "bench-e2e.json")
+    args = ap.parse_args()
+    for b in (MG_BIN, FB_BIN):
+        if not b.exists():
+            print(f"{b} missing: run scripts/bench.sh (cargo build --release --bin mirrorguard --example fetchbench)")
+            return 2
+
+    work = Path(tempfile.mkdtemp(prefix="mg-bench-"))
+    procs = Procs(work)
+    ports = Ports()
+    results: dict = {"machine": {"nproc": os.cpu_count(), "cpu": cpu_model(), "kernel": platform.release()},
+                     "args": vars(args) | {"json": str(args.json)}}
+    try:
+        fb_crc = subprocess.run([str(FB_BIN), "crc"], capture_output=True, text=True, timeout=60)
+        if fb_crc.returncode == 0:
+            results["crc32c_16k_mb_per_s"] = json.loads(fb_crc.stdout)["mb_per_s"]
+        # --- Tansu broker (source for the Tansu scenario and the state cluster)
+        tansu = harness.TansuBroker(work, port=ports.one()).start()
+        procs.procs.append(tansu.proc)
+        topic = "bench"
+        if not args.skip_tansu:
+            results["produce"] = produce(tansu.bootstrap, topic, args.partitions, args.data_mb, args.record_bytes)
+        tp_port = ports.one()
+        tproxy = procs.start("tansu-proxy", [harness.TANSU_BIN, "proxy", "--listener-url", f"tcp://{HOST}:{tp_port}",
+                                             "--advertised-listener-url", f"tcp://{HOST}:{tp_port}",
+                                             "--origin-url", f"tcp://{tansu.bootstrap}"],
+                             ready=lambda: port_open(tp_port))
+        # --- synthetic upstream fixture
+        fx_port = ports.one()
+        fixture = procs.start("fixture", [FB_BIN, "upstream", "--listen", f"{HOST}:{fx_port}", "--topic", "synth",
+                                          "--partitions", str(args.partitions), "--batch-bytes", "16384",
+                                          "--batches", "16", "--producers", "16"],
+                              ready=lambda: port_open(fx_port))
+        # --- one mirrorguard with every listener kind
+        admin = ports.one()
+        L = {}
+        for name, kind, upstream, mode in [
+            ("plain", "listener", tansu.bootstrap, None), ("preserve", "mirror", tansu.bootstrap, "preserve"),
+            ("region", "mirror", tansu.bootstrap, "region"), ("synth-plain", "listener", f"{HOST}:{fx_port}", None),
+            ("synth-preserve", "mirror", f"{HOST}:{fx_port}", "preserve"),
+            ("synth-region", "mirror", f"{HOST}:{fx_port}", "region"),
+        ]:
+            node = harness.TANSU_NODE_ID if "synth" not in name else 0
+            L[name] = {"name": name, "kind": kind, "port": ports.one(), "base": ports.base(node),
+                       "upstream": upstream, "mode": mode,
+                       "cid": "MkU3OEVBNTcwNTJENDM2Qg" if "synth" in name else None}
+        cfg = work / "mirrorguard.toml"
+        mirrorguard_config(cfg, admin, tansu.bootstrap,
+                           [l for l in L.values() if l["kind"] == "listener"],
+                           [l for l in L.values() if l["kind"] == "mirror"])
+        mg = procs.start("mirrorguard", [MG_BIN, "run", "--config", cfg],
+                         ready=ready_url(f"http://{HOST}:{admin}/readyz"), timeout=30)
+        admin_url = f"http://{HOST}:{admin}"
+        watch = {"mirrorguard": mg.pid, "tansu": tansu.proc.pid, "tansu-proxy": tproxy.pid, "fixture": fixture.pid}
+        results["rss_start"] = rss_bytes(mg.pid)
+
+        # warm-up (each path once, short) so first-touch costs stay out of the figures
+        if not args.skip_tansu:
+            paths = [("direct", tansu.bootstrap), ("plain", f"{HOST}:{L['plain']['port']}"),
+                     ("preserve", f"{HOST}:{L['preserve']['port']}"), ("region", f"{HOST}:{L['region']['port']}"),
+                     ("tansu-proxy", f"{HOST}:{tp_port}")]
+            for name, addr in paths:
+                r = run_fetch(addr, topic, args.partitions, 1.0, verify=True)
+                if r["crc_errors"]:
+                    raise RuntimeError(f"{name}: {r['crc_errors']} CRC errors")
+                if name == "region" and r["mapped_batches"] != r["batches"]:
+                    raise RuntimeError(f"region: only {r['mapped_batches']}/{r['batches']} batches mapped")
+            rows = []
+            for i in range(args.repeat):
+                for name, addr in rotate(paths, i):
+                    rows.append(leg(name, addr, topic, args.partitions, args.seconds, watch))
+            sat = summarize(rows, "mirrorguard")
+            results["tansu_saturation"] = sat
+            print_table(f"Tansu source, saturation ({args.partitions} partitions, 1 connection, "
+                        f"median of {args.repeat})", sat, "direct", ["mirrorguard", "tansu", "tansu-proxy"])
+            # latency at half the direct saturation request rate, same rate for every path
+            rate = max(1.0, 0.5 * sat["direct"]["requests_per_s"])
+            rows = []
+            for i in range(args.repeat):
+                for name, addr in rotate(paths, i):
+                    rows.append(leg(name, addr, topic, args.partitions, args.seconds, watch, rate=rate))
+            half = summarize(rows, "mirrorguard")
+            d = half["direct"]
+            for o in half.values():
+                o["added_p50_us"] = o["p50_us"] - d["p50_us"]
+                o["added_p99_us"] = o["p99_us"] - d["p99_us"]
+                o["added_p999_us"] = o["p999_us"] - d["p999_us"]
+            results["tansu_half_rate"] = {"rate_req_per_s": rate, "paths": half}
+            print_table(f"Tansu source at half saturation ({rate:.0f} requests/s)", half, "direct",
+                        ["mirrorguard", "tansu", "tansu-proxy"])
+            print("\n| path | added p50 us | added p99 us | added p999 us |\n|---|---|---|---|")
+            for n, o in half.items():
+                print(f"| {n} | {o['added_p50_us']:.0f} | {o['added_p99_us']:.0f} | {o['added_p999_us']:.0f} |")
+
+        if not args.skip_synthetic:
+            spaths = [("fixture-direct", f"{HOST}:{fx_port}"), ("plain", f"{HOST}:{L['synth-plain']['port']}"),
+                      ("preserve", f"{HOST}:{L['synth-preserve']['port']}"),
+                      ("region", f"{HOST}:{L['synth-region']['port']}")]
+            for name, addr in spaths:
+                r = run_fetch(addr, "synth", args.partitions, 0.5, verify=True)
+                if r["crc_errors"] or (name == "region" and r["mapped_batches"] != r["batches"]):
+                    raise RuntimeError(f"synthetic {name}: bad rewrite {r}")
+            rows = []
+            for i in range(args.repeat):
+                for name, addr in rotate(spaths, i):
+                    rows.append(leg(name, addr, "synth", args.partitions, args.seconds, watch))
+            syn = summarize(rows, "mirrorguard")
+            for o in syn.values():
+                o["mb_per_s_per_mg_core"] = o["mb_per_s"] / o["mg_cores"] if o["mg_cores"] > 0.01 else None
+            results["synthetic"] = syn
+            print_table(f"Synthetic upstream fixture, 16 KiB batches ({args.partitions} partitions x 16 "
+                        f"batches per response, 1 connection)", syn, "fixture-direct", ["mirrorguard", "fixture"])
+            crc = results.get("crc32c_16k_mb_per_s")
+            print("\n| path | MB/s per mirrorguard core | raw CRC-32C MB/s (1 core, 16 KiB) | ratio |\n|---|---|---|---|")
+            for n, o in syn.items():
+                if o.get("mb_per_s_per_mg_core"):
+                    print(f"| {n} | {o['mb_per_s_per_mg_core']:.0f} | {crc:.0f} | "
+                          f"{o['mb_per_s_per_mg_core'] / crc:.2f} |")
+
+        if args.scaling:
+            results["scaling"] = scaling(procs, ports, work, args, tansu.bootstrap)
+        results["rss_end"] = rss_bytes(mg.pid)
+        results["producer_state_bytes"] = metric(admin_url, "mirrorguard_producer_state_bytes")
+    finally:
+        procs.stop_all()
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(results, indent=1))
+    print(f"\nraw results: {args.json}  (logs in {work})")
+    return 0
+
+
+def scaling(procs: Procs, ports: Ports, work: Path, args, state: str) -> dict:
+    """Sweeps against fresh fixtures behind a fresh region-mode mirrorguard each."""
+    out = {"partitions": [], "producers": [], "connections": []}
+
+    def one(kind: str, partitions: int, producers: int, connections: int, batches: int, batch_bytes: int,
+            seconds: float) -> dict:
+        fx_port = ports.one()
+        fx = procs.start(f"fx-{kind}-{partitions}-{producers}-{connections}",
+                         [FB_BIN, "upstream", "--listen", f"{HOST}:{fx_port}", "--topic", "s",
+                          "--partitions", str(partitions), "--batch-bytes", str(batch_bytes),
+                          "--batches", str(batches), "--producers", str(producers), "--records-per-batch", "1"],
+                         ready=lambda: port_open(fx_port))
+        admin, port, base = ports.one(), ports.one(), ports.base(0)
+        cfg = work / f"mg-{kind}-{partitions}-{producers}-{connections}.toml"
+        mirrorguard_config(cfg, admin, state, [], [{"name": "m", "port": port, "base": base, "upstream": f"{HOST}:{fx_port}",
+                                                    "mode": "region", "cid": "MkU3OEVBNTcwNTJENDM2Qg"}])
+        mg = procs.start(f"mg-{kind}-{partitions}-{producers}-{connections}", [MG_BIN, "run", "--config", cfg],
+                         ready=ready_url(f"http://{HOST}:{admin}/readyz"), timeout=30)
+        try:
+            rss0 = rss_bytes(mg.pid)
+            c0 = cpu_seconds(mg.pid)
+            r = run_fetch(f"{HOST}:{port}", "s", partitions, seconds, connections=connections,
+                          partition_max=max(batch_bytes * batches, 1 << 16))
+            cpu = cpu_seconds(mg.pid) - c0
+            admin_url = f"http://{HOST}:{admin}"
+            row = {"partitions": partitions, "producers_per_partition": producers, "connections": connections,
+                   "mb_per_s": r["mb_per_s"], "records_per_s": r["records_per_s"], "p99_us": r["lat_us"]["p99"],
+                   "mg_cores": cpu / r["elapsed_s"], "rss_start": rss0, "rss_end": rss_bytes(mg.pid),
+                   "tracked_producers": metric(admin_url, "mirrorguard_producer_state_producers"),
+                   "producer_state_bytes": metric(admin_url, "mirrorguard_producer_state_bytes"),
+                   "mapped": r["mapped_batches"] == r["batches"]}
+            tp = row["tracked_producers"]
+            row["state_bytes_per_producer"] = row["producer_state_bytes"] / tp if tp else None
+            row["rss_delta_per_producer"] = (row["rss_end"] - rss0) / tp if tp else None
+            print(f"  {kind}: {json.dumps(row)}", flush=True)
+            return row
+        finally:
+            mg.stop(timeout=3.0)
+            fx.stop(timeout=2.0)
+
+    print("\n## Scaling (region mode, synthetic upstream)\n", flush=True)
+    # partitions: one 1 KiB batch per partition per response (bounded to 2 s each)
+    for n in [1, 10, 100, 1000, 10000]:
+        out["partitions"].append(one("partitions", n, 1, 1, 1, 1024, 2.0))
+    # producers per partition (1 partition; a response carries 1000 batches
+    # of ~100 B, cycling through all producers)
+    for p in [1, 1000, 100_000]:
+        out["producers"].append(one("producers", 1, p, 1, min(p, 1000), 100, 3.0))
+    for c in [1, 2, 4, 8]:
+        out["connections"].append(one("connections", 64, 16, c, 16, 16384, 2.0))
+    return out
+
+
+def cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
