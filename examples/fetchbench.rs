@@ -177,6 +177,9 @@ struct Fixture {
     generation: AtomicU64,
 }
 
+/// Pre-built responses by (version, partitions requested, producer variant).
+type ResponseCache = HashMap<(i16, Vec<i32>, usize), Arc<Mutex<Prebuilt>>>;
+
 /// A pre-built response frame and where its batches are.
 struct Prebuilt {
     frame: Vec<u8>,
@@ -314,7 +317,7 @@ fn upstream(args: &Args) {
          partition per response, {producers} producers per partition ({nvariants} variants)",
         fx.variants[0].len() / batches
     );
-    let cache: Arc<Mutex<HashMap<(i16, Vec<i32>, usize), Arc<Mutex<Prebuilt>>>>> = Arc::default();
+    let cache: Arc<Mutex<ResponseCache>> = Arc::default();
     for conn in socket.incoming() {
         let Ok(mut conn) = conn else { continue };
         let fx = fx.clone();
