@@ -170,6 +170,7 @@ pub struct MirrorContext {
     salts: Arc<dyn SaltStore>,
     metrics: MirrorMetrics,
     topics: std::sync::RwLock<TopicNames>,
+    handles: std::sync::RwLock<HandleCache>,
     topic_prefix: String,
     /// Destination partitions whose producer state is known to be complete
     /// up to what the fetcher asks for (after a replay if needed).
@@ -208,6 +209,20 @@ impl SealMetrics {
         }
     }
 }
+
+/// Partition handles by source topic (name or resolved id) and partition
+/// index, so the steady Fetch path finds a partition's state without
+/// formatting its destination key and hashing it in the registry (the
+/// registry never replaces or removes a handle, so a cached one stays valid).
+#[derive(Default)]
+struct HandleCache {
+    by_name: std::collections::HashMap<Box<str>, Vec<Option<PartitionHandle>>>,
+    by_id: std::collections::HashMap<[u8; 16], Vec<Option<PartitionHandle>>>,
+}
+
+/// Partition indexes at or above this are looked up without the cache (a
+/// hostile upstream must not make the cache allocate per index).
+const MAX_CACHED_PARTITION: usize = 1 << 16;
 
 /// Source topic names and ids, learned from Metadata (KIP-1279 keeps topic
 /// ids across the mirror, so they identify destination partitions too).
@@ -248,6 +263,50 @@ impl crate::proxy::refresh::RefreshHook for MirrorContext {
 }
 
 impl MirrorContext {
+    /// The producer-state handle of [`partition_key`](Self::partition_key)
+    /// (cached per source topic and partition).
+    pub fn partition_handle(&self, topic: &FetchTopic<'_>, partition: i32) -> PartitionHandle {
+        let index = usize::try_from(partition)
+            .ok()
+            .filter(|&i| i < MAX_CACHED_PARTITION);
+        if let Some(i) = index {
+            let c = self.handles.read().unwrap_or_else(|p| p.into_inner());
+            let slots = match topic {
+                FetchTopic::Name(name) => c.by_name.get(*name),
+                FetchTopic::Id(id) => c.by_id.get(id),
+            };
+            if let Some(h) = slots.and_then(|v| v.get(i)).and_then(Option::as_ref) {
+                return h.clone();
+            }
+        }
+        // An id is cached only once its name is known (ids are never
+        // forgotten): before that its key is a placeholder that changes.
+        let resolved = match topic {
+            FetchTopic::Name(_) => true,
+            FetchTopic::Id(id) => self
+                .topics
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .by_id
+                .contains_key(id),
+        };
+        let handle = self
+            .registry
+            .partition(&self.partition_key(topic, partition));
+        if let (Some(i), true) = (index, resolved) {
+            let mut c = self.handles.write().unwrap_or_else(|p| p.into_inner());
+            let slots = match topic {
+                FetchTopic::Name(name) => c.by_name.entry(Box::from(*name)).or_default(),
+                FetchTopic::Id(id) => c.by_id.entry(*id).or_default(),
+            };
+            if slots.len() <= i {
+                slots.resize(i + 1, None);
+            }
+            slots[i] = Some(handle.clone());
+        }
+        handle
+    }
+
     /// The destination partition a Fetch response partition feeds: keyed by
     /// destination topic *name* (the source name, unless renamed) and
     /// partition, so mirrors from different sources into one destination
@@ -346,6 +405,7 @@ impl MirrorContext {
             salts,
             metrics: MirrorMetrics::new(metrics, &cfg.name),
             topics: Default::default(),
+            handles: Default::default(),
             topic_prefix: cfg.destination_topic_prefix.clone(),
             warm: Default::default(),
             nodes: OnceLock::new(),
@@ -415,6 +475,7 @@ pub(crate) fn now_ms() -> i64 {
 /// One partition of a Fetch response, as the rewriter needs it.
 struct PartitionSlice {
     key: PartitionKey,
+    handle: PartitionHandle,
     records: std::ops::Range<usize>,
     /// Body offsets of the ProducerId of each aborted-transaction entry
     /// (empty, and unallocated, unless the fetch was read_committed).
@@ -546,7 +607,6 @@ pub fn rewrite_fetch_body(
         if p.error_code != 0 || skip(&p.topic, p.partition_index) {
             return; // error partitions are left alone; controlled ones are replaced
         }
-        let key = mirror.partition_key(&p.topic, p.partition_index);
         let aborted: Vec<usize> = match &p.aborted_transactions {
             Some(a) if !a.is_empty() => a.iter().map(|t| t.producer_id_offset).collect(),
             _ => Vec::new(),
@@ -555,8 +615,10 @@ pub fn rewrite_fetch_body(
         if records.is_empty() && aborted.is_empty() {
             return;
         }
+        let handle = mirror.partition_handle(&p.topic, p.partition_index);
         slices.push(PartitionSlice {
-            key,
+            key: handle.key().clone(),
+            handle,
             records,
             aborted,
         });
@@ -564,10 +626,7 @@ pub fn rewrite_fetch_body(
     .map_err(|e| e.to_string())?;
 
     let now = now_ms();
-    let handles: Vec<PartitionHandle> = slices
-        .iter()
-        .map(|s| mirror.registry.partition(&s.key))
-        .collect();
+    let handles: Vec<PartitionHandle> = slices.iter().map(|s| s.handle.clone()).collect();
 
     // Phase 0: a partition seen for the first time since start-up must have
     // its producer state complete up to where the fetcher is before any of
@@ -866,5 +925,108 @@ fn rewrite_aborted(
         let mapped = mirror.map(source, pid, salt);
         dst.copy_from_slice(&mapped.to_be_bytes());
         mirror.metrics.aborted_rewritten.inc();
+    }
+}
+
+#[cfg(test)]
+mod handle_cache_tests {
+    use super::*;
+    use crate::proxy::refresh::{ClusterView, RefreshHook};
+
+    struct NoSalts;
+
+    impl SaltStore for NoSalts {
+        fn topic_id(&self, _topic: &str) -> Option<[u8; 16]> {
+            None
+        }
+        fn refresh_topic_ids(
+            &self,
+        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>
+        {
+            Box::pin(async { Ok(()) })
+        }
+        fn persist(
+            &self,
+            _salts: Vec<PendingSalt>,
+        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>
+        {
+            Box::pin(async { Ok(()) })
+        }
+    }
+
+    fn ctx(prefix: &str) -> Arc<MirrorContext> {
+        let cfg: MirrorConfig = toml::from_str(&format!(
+            "name = \"m\"\nbootstrap = \"127.0.0.1:1\"\nadvertised_host = \"h\"\n\
+             node_port_base = 2\nsource_bootstrap = [\"127.0.0.1:3\"]\n\
+             source_cluster_id = \"MkU3OEVBNTcwNTJENDM2Qg\"\ndestination_topic_prefix = \"{prefix}\"\n"
+        ))
+        .unwrap();
+        let metrics = Metrics::new();
+        MirrorContext::new(
+            &cfg,
+            Arc::new(ProducerStateRegistry::default()),
+            Arc::new(NoSalts),
+            crate::lifecycle::Lifecycle::new(metrics.clone()),
+            &metrics,
+        )
+        .unwrap()
+    }
+
+    fn producers(h: &PartitionHandle) -> usize {
+        h.with(|s| s.producer_count())
+    }
+
+    fn observe_one(h: &PartitionHandle, pid: i64) {
+        let origin = Origin {
+            source_cluster: ps::ClusterId([1; 16]),
+            original_pid: pid,
+        };
+        let mut sink = Vec::new();
+        h.observe(
+            &origin,
+            &BatchObservation::data(pid, 0, pid * 10, 0, 1, false),
+            0,
+            &mut sink,
+        );
+    }
+
+    #[test]
+    fn cached_handle_is_the_registry_handle_of_the_key() {
+        let m = ctx("dst.");
+        let a = m.partition_handle(&FetchTopic::Name("t"), 3);
+        assert_eq!(a.key(), &m.partition_key(&FetchTopic::Name("t"), 3));
+        assert_eq!(&*a.key().topic, "dst.t");
+        let b = m.partition_handle(&FetchTopic::Name("t"), 3);
+        observe_one(&a, 5);
+        assert_eq!(producers(&b), 1, "same state through the cache");
+        let r = m.registry.get(a.key()).unwrap();
+        assert_eq!(producers(&r), 1, "same state as the registry's");
+        // other partitions and topics are distinct
+        assert_eq!(producers(&m.partition_handle(&FetchTopic::Name("t"), 4)), 0);
+        assert_eq!(producers(&m.partition_handle(&FetchTopic::Name("u"), 3)), 0);
+        // out-of-range indexes bypass the cache but still resolve
+        let big = m.partition_handle(&FetchTopic::Name("t"), i32::MAX);
+        assert_eq!(big.key().partition, i32::MAX);
+        let neg = m.partition_handle(&FetchTopic::Name("t"), -1);
+        assert_eq!(neg.key().partition, -1);
+    }
+
+    #[test]
+    fn topic_id_is_cached_only_once_its_name_is_known() {
+        let m = ctx("");
+        let id = [9u8; 16];
+        let early = m.partition_handle(&FetchTopic::Id(id), 0);
+        assert!(early.key().topic.starts_with("topic-id:"));
+        m.on_refresh(&ClusterView {
+            cluster_id: None,
+            topics: vec![("named".into(), id, 1)],
+        })
+        .unwrap();
+        let late = m.partition_handle(&FetchTopic::Id(id), 0);
+        assert_eq!(&*late.key().topic, "named");
+        let by_name = m.partition_handle(&FetchTopic::Name("named"), 0);
+        observe_one(&late, 7);
+        assert_eq!(producers(&by_name), 1);
+        assert_eq!(producers(&m.partition_handle(&FetchTopic::Id(id), 0)), 1);
     }
 }
