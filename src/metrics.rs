@@ -18,7 +18,7 @@ use prometheus_client::registry::Registry;
 pub struct ApiLabels {
     /// Listener name.
     pub listener: String,
-    /// Kafka API name (or `unknown_<key>`).
+    /// Kafka API name (or `unknown`).
     pub api: String,
 }
 
@@ -265,7 +265,7 @@ impl Metrics {
 
     /// Handles for one (listener, API) pair; look up once, then keep.
     pub fn api(&self, listener: &str, api_key: i16) -> ApiMetrics {
-        let api = crate::codec::api::api_label(api_key);
+        let api = crate::codec::api::api_label(api_key).to_string();
         let labels = ApiLabels {
             listener: listener.to_string(),
             api: api.clone(),

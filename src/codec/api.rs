@@ -121,11 +121,18 @@ pub fn api_name(api_key: i16) -> Option<&'static str> {
         .and_then(|k| NAMES.get(k).copied())
 }
 
-/// Metric label for an API key: its name, or `unknown_<key>`.
-pub fn api_label(api_key: i16) -> String {
+/// Metric label for an API key: its name, or `unknown` for every key this
+/// build does not know (one label, so hostile clients cannot create a series
+/// per key; logs carry the number).
+pub fn api_label(api_key: i16) -> &'static str {
+    api_name(api_key).unwrap_or("unknown")
+}
+
+/// Name for logs: the API's name, or `unknown(<key>)`.
+pub fn api_display(api_key: i16) -> String {
     match api_name(api_key) {
         Some(n) => n.to_string(),
-        None => format!("unknown_{api_key}"),
+        None => format!("unknown({api_key})"),
     }
 }
 
@@ -140,7 +147,8 @@ mod tests {
         assert_eq!(api_name(DESCRIBE_CLUSTER), Some("DescribeCluster"));
         assert_eq!(api_name(FIND_COORDINATOR), Some("FindCoordinator"));
         assert_eq!(api_name(75), Some("DescribeTopicPartitions"));
-        assert_eq!(api_label(10000), "unknown_10000");
-        assert_eq!(api_label(-1), "unknown_-1");
+        assert_eq!(api_label(10000), "unknown");
+        assert_eq!(api_label(-1), "unknown");
+        assert_eq!(api_display(10000), "unknown(10000)");
     }
 }

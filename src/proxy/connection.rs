@@ -409,7 +409,7 @@ where
             return ConnectionEnd::UpstreamProtocol(format!(
                 "response correlation id {:?} does not answer the oldest request ({} v{} id {})",
                 response_correlation_id(&frame),
-                api::api_label(h.api_key),
+                api::api_display(h.api_key),
                 h.api_version,
                 h.correlation_id
             ));
