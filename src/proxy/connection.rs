@@ -18,7 +18,9 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 
 use crate::codec::api;
-use crate::codec::header::{produce_acks, response_correlation_id, RequestHeader};
+use crate::codec::header::{
+    produce_acks, request_body_offset, response_correlation_id, RequestHeader,
+};
 use crate::codec::{FrameError, FrameReader};
 use crate::metrics::{ApiMetrics, Metrics};
 
@@ -223,7 +225,16 @@ where
                 return ConnectionEnd::ClientProtocol(e.to_string());
             }
         };
-        let header = match RequestHeader::parse(&frame) {
+        // The fixed header, and for every API whose header version is known,
+        // the whole header (client id and tagged fields inside the frame).
+        let parsed =
+            RequestHeader::parse(&frame).and_then(
+                |h| match crate::handlers::request_header_version(h.api_key, h.api_version) {
+                    Some(hv) if hv >= 1 => request_body_offset(&frame, hv).map(|_| h),
+                    _ => Ok(h),
+                },
+            );
+        let header = match parsed {
             Ok(h) => h,
             Err(e) => {
                 Metrics::count(&ctx.metrics.frame_errors, &ctx.listener, "bad_header");

@@ -139,10 +139,10 @@ def test_hostile_inputs_close_only_that_connection(proxy, broker):
             ("truncated", proxy.ports.bootstrap, struct.pack(">i", 100) + b"\0\x03\0\x01" + b"\0" * 6, True, "truncated"),
             ("header too short", proxy.ports.bootstrap, struct.pack(">i", 4) + b"\0\x03\0\x01", False, "bad_header"),
             ("negative api key", proxy.ports.node_port, struct.pack(">ihhih", 10, -2, 1, 7, -1), False, "bad_header"),
-            # The proxy routes on the fixed 8 header bytes and may forward the rest opaquely, so
-            # a client id overrunning the frame is only required to end that connection (here or
-            # at the broker), not to be counted as a frame error.
-            ("client id overruns frame", proxy.ports.node_port, struct.pack(">ihhih", 10, 3, 1, 7, 500), False, ""),
+            # For every API whose header version is known the whole header is checked: a client
+            # id overrunning the frame closes the connection at the proxy and is counted.
+            ("client id overruns frame", proxy.ports.node_port, struct.pack(">ihhih", 10, 3, 1, 7, 500), False,
+             "bad_header"),
             ("garbage", proxy.ports.bootstrap, bytes(garbage), False, None),
             ("negative size", proxy.ports.node_port, b"\xff\xff\xff\xf0" + rng.randbytes(64), False, None),
         ]
