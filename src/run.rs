@@ -86,7 +86,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         anomaly_log_capacity: config.producer_state.anomaly_log_capacity,
     }));
     let state_sync = match &config.state {
-        Some(st) if !config.mirrors.is_empty() => {
+        Some(st) if !config.mirrors.is_empty() || !config.guards.is_empty() => {
             let store = StateStore::open(StateStoreConfig {
                 bootstrap: st.bootstrap.clone(),
                 topic: st.topic.clone(),
