@@ -278,3 +278,48 @@ fn skipped_partitions_are_left_alone() {
     rewrite_fetch_body(&m, 12, &mut body, &|_, p| p == 0).unwrap();
     assert_eq!(body, original);
 }
+
+mod hostile {
+    //! The upstream is hostile input too: arbitrary or mutated Fetch response
+    //! bodies never panic the rewriter, and a rejected body is never half
+    //! rewritten in a way that changes its length.
+    use super::*;
+    use proptest::prelude::*;
+
+    fn valid_body() -> Vec<u8> {
+        let mut records = data_batch(0, 5, true);
+        records.extend(build_abort_marker(5, 0, 2, 0, 1, 3));
+        records.extend(data_batch(2, 7, false));
+        response(
+            &records,
+            Some(vec![AbortedTransaction {
+                producer_id: 5,
+                first_offset: 0,
+            }]),
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+
+        #[test]
+        fn random_bodies_never_panic(body in proptest::collection::vec(any::<u8>(), 0..512), version in 4i16..=17) {
+            let m = mirror(PidMode::Region, LayoutConfig::High);
+            let mut b = body.clone();
+            let _ = rewrite_fetch_body(&m, version, &mut b, &|_, _| false);
+            prop_assert_eq!(b.len(), body.len());
+        }
+
+        #[test]
+        fn mutated_bodies_never_panic(pos in any::<prop::sample::Index>(), byte in any::<u8>(), cut in any::<prop::sample::Index>()) {
+            let m = mirror(PidMode::Region, LayoutConfig::High);
+            let mut body = valid_body();
+            let i = pos.index(body.len());
+            body[i] = byte;
+            body.truncate(cut.index(body.len() + 1));
+            let len = body.len();
+            let _ = rewrite_fetch_body(&m, 12, &mut body, &|_, _| false);
+            prop_assert_eq!(body.len(), len);
+        }
+    }
+}
