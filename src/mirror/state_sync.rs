@@ -49,7 +49,12 @@ pub struct StateSync {
     loading: std::sync::atomic::AtomicBool,
     /// Next offset of the last snapshot written per partition.
     snapshotted: std::sync::Mutex<std::collections::HashMap<PartitionKey, (i64, usize)>>,
+    /// Where the next bounded snapshot round starts.
+    snapshot_cursor: std::sync::atomic::AtomicUsize,
 }
+
+/// Snapshots appended per periodic round (the shutdown snapshot writes all).
+const MAX_SNAPSHOTS_PER_ROUND: usize = 256;
 
 /// Destination topic names and ids (collision records name topics by id,
 /// the producer state by destination name).
@@ -81,6 +86,7 @@ impl StateSync {
             applied: Default::default(),
             loading: std::sync::atomic::AtomicBool::new(false),
             snapshotted: Default::default(),
+            snapshot_cursor: Default::default(),
         })
     }
 
@@ -377,9 +383,29 @@ impl StateSync {
     /// Writes a producer-state snapshot (type 5) of every MIRRORING partition
     /// whose state moved since its last snapshot; returns how many.
     pub async fn snapshot_once(&self) -> anyhow::Result<usize> {
+        self.snapshot_round(usize::MAX).await
+    }
+
+    /// Writes at most `limit` snapshots, continuing where the previous round
+    /// stopped: with many partitions the appends are spread over rounds, so
+    /// salt and life-cycle records (which wait on the fetch path and the
+    /// admin API) never queue behind thousands of snapshots.
+    async fn snapshot_round(&self, limit: usize) -> anyhow::Result<usize> {
         let mut written = 0;
         let mut refreshed = false;
-        for key in self.registry.partition_keys() {
+        let mut keys = self.registry.partition_keys();
+        keys.sort_by(|a, b| (a.topic.as_ref(), a.partition).cmp(&(b.topic.as_ref(), b.partition)));
+        let start = self
+            .snapshot_cursor
+            .load(std::sync::atomic::Ordering::Relaxed)
+            % keys.len().max(1);
+        keys.rotate_left(start);
+        let mut visited = 0;
+        for key in keys {
+            if written >= limit {
+                break;
+            }
+            visited += 1;
             if let Some(lc) = self.lifecycle.get() {
                 // A sealing or sealed partition keeps the seal's snapshot.
                 if lc
@@ -450,6 +476,8 @@ impl StateSync {
                 .insert(key, mark);
             written += 1;
         }
+        self.snapshot_cursor
+            .fetch_add(visited, std::sync::atomic::Ordering::Relaxed);
         Ok(written)
     }
 
@@ -464,7 +492,7 @@ impl StateSync {
                     "idle producers expired from the shadow producer state"
                 );
             }
-            if let Err(e) = self.snapshot_once().await {
+            if let Err(e) = self.snapshot_round(MAX_SNAPSHOTS_PER_ROUND).await {
                 self.count("snapshot_error");
                 tracing::warn!(error = %e, "producer-state snapshot to __mirror_state failed; will retry");
             }
