@@ -6,13 +6,11 @@
 //! Tansu comes from `scripts/install-test-deps.sh` (`.tools/bin/tansu`, or
 //! `TANSU_BIN`); the tests fail, naming that script, when it is missing.
 
-use std::net::{Shutdown, TcpListener};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::net::Shutdown;
+use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use base64::Engine;
 use mirrorguard::state_store::schema::{
     decode, MirrorPartitionState, MirrorPartitionStateKey, MirrorPartitionStateValue,
     MirrorPidCollisionKey, MirrorPidCollisionValue, MirrorProducerSnapshotKey,
@@ -22,93 +20,11 @@ use mirrorguard::state_store::{Connector, StateStore, StateStoreConfig, StoredRe
 use proptest::prelude::*;
 
 // ---------------------------------------------------------------------------
-// Tansu fixture
+// Tansu fixture (shared with other broker tests)
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-fn tansu_bin() -> PathBuf {
-    let p = std::env::var_os("TANSU_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join(".tools/bin/tansu"));
-    assert!(
-        p.is_file(),
-        "Tansu broker not found at {}: run scripts/install-test-deps.sh first",
-        p.display()
-    );
-    p
-}
-
-fn free_port() -> u16 {
-    let l = TcpListener::bind("127.0.0.1:0").expect("bind an ephemeral port");
-    l.local_addr().unwrap().port()
-}
-
-/// A Tansu broker with in-memory storage, killed on drop.
-struct Tansu {
-    child: Child,
-    port: u16,
-}
-
-impl Tansu {
-    fn start() -> Tansu {
-        let bin = tansu_bin();
-        let port = free_port();
-        let mut id = [0u8; 16];
-        // Distinct per broker; no need for cryptographic randomness.
-        let seed = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-            ^ u128::from(port);
-        id.copy_from_slice(&seed.to_be_bytes());
-        let cluster = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(id);
-        let url = format!("tcp://127.0.0.1:{port}");
-        let child = Command::new(bin)
-            .args([
-                "broker",
-                "--cluster-id",
-                &cluster,
-                "--listener-url",
-                &url,
-                "--advertised-listener-url",
-                &url,
-                "--storage-engine",
-                "memory://tansu/",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start tansu");
-        let t = Tansu { child, port };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "tansu did not listen on {port}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        t
-    }
-
-    fn addr(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
-    }
-
-    fn config(&self, topic: &str) -> StateStoreConfig {
-        StateStoreConfig {
-            topic: topic.to_owned(),
-            request_timeout: Duration::from_secs(10),
-            ..StateStoreConfig::new(vec![self.addr()])
-        }
-    }
-}
-
-impl Drop for Tansu {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
+#[path = "tansu_fixture/mod.rs"]
+mod tansu_fixture;
+use tansu_fixture::{free_port, root, Tansu};
 
 /// Runs a Python snippet with the project venv's interpreter (confluent-kafka
 /// AdminClient as an independent reader of the topic's configuration).

@@ -621,6 +621,7 @@ impl StateSync {
 
     async fn persist_all(self: Arc<Self>, salts: Vec<PendingSalt>) -> Result<(), String> {
         let mut last = -1;
+        let mut written = Vec::with_capacity(salts.len());
         for p in &salts {
             let topic_id = match self.destination_topic_id(&p.partition.topic) {
                 Some(id) => id,
@@ -652,18 +653,54 @@ impl StateSync {
             };
             let key = key.encode().map_err(|e| e.to_string())?;
             let value = value.encode().map_err(|e| e.to_string())?;
+            let key_copy = key.clone();
             // Not `append_record`: the catch-up below must read this record
             // back and apply whichever record for the key is lowest.
-            let offset = self.store.append(key, Some(value)).await.map_err(|e| {
-                self.count("append_error");
-                e.to_string()
-            })?;
+            let offset = self
+                .store
+                .append(key_copy, Some(value))
+                .await
+                .map_err(|e| {
+                    self.count("append_error");
+                    e.to_string()
+                })?;
             self.count("append");
             tracing::info!(partition = %p.partition, origin = %p.origin, salt = p.choice.salt,
                 mapped_pid = p.choice.mapped_pid, offset, "collision salt persisted to __mirror_state");
             last = last.max(offset);
+            written.push((p.partition.clone(), p.origin, key, offset, p.choice.salt));
         }
-        self.catch_up(Some(last)).await.map_err(|e| e.to_string())
+        self.catch_up(Some(last)).await.map_err(|e| e.to_string())?;
+        // Compaction keeps the LAST record of a key while readers take the
+        // LOWEST: when another instance's record with a different salt won,
+        // write the winner again so compaction cannot leave the loser behind.
+        for (partition, origin, key, offset, our_salt) in written {
+            let winner = self
+                .registry
+                .partition(&partition)
+                .with(|s| s.salts().record_for(&origin).copied());
+            let Some(w) = winner else { continue };
+            // Ours won, or the racer chose the same salt: either record may stay.
+            if w.record_offset == offset || w.salt == our_salt {
+                continue;
+            }
+            let value = MirrorPidCollisionValue {
+                salt: w.salt,
+                colliding_cluster_id: w.colliding_cluster.to_string(),
+                timestamp_ms: w.timestamp_ms,
+                unknown_tagged_fields: Vec::new(),
+            }
+            .encode()
+            .map_err(|e| e.to_string())?;
+            tracing::info!(%partition, %origin, winner_offset = w.record_offset, ours = offset,
+                salt = w.salt, "another instance's salt record won; re-asserting it so compaction keeps it");
+            self.store.append(key, Some(value)).await.map_err(|e| {
+                self.count("append_error");
+                e.to_string()
+            })?;
+            self.count("append");
+        }
+        Ok(())
     }
 }
 
