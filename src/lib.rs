@@ -2,11 +2,20 @@
 //! mirroring safe for idempotent and transactional producers.
 //!
 //! The modules follow the data path:
-//! frame codec ([`codec`]) → routing/correlation ([`proxy`]) → per-API
-//! handlers ([`handlers`], built on the bounds-checked primitives of [`wire`])
-//! → record-batch engine ([`records`], [`pid`]) → producer state
-//! ([`producer_state`]) → admin/metrics ([`admin`], [`metrics`]).
-//! [`dump`] is the offline log-segment reader behind `mirrorguard dump`.
+//!
+//! - frame codec ([`codec`]) → routing and correlation ([`proxy`]: listeners,
+//!   port-per-node registry, the per-connection relay, address rewriting);
+//! - per-API handlers ([`handlers`], on the bounds-checked primitives of
+//!   [`wire`]);
+//! - the mirror fetch path ([`mirror`]) on the record-batch engine
+//!   ([`records`], [`pid`]) and the shadow producer state
+//!   ([`producer_state`]);
+//! - the partition life cycle and seal ([`lifecycle`]), the produce guard
+//!   ([`guard`]) and the durable state in `__mirror_state` ([`state_store`]);
+//! - operations: [`admin`], [`admin_api`], [`metrics`], [`ctl`].
+//!
+//! [`config`] reads `proxy.toml`, [`run`] assembles the process, and [`dump`]
+//! is the offline log-segment reader behind `mirrorguard dump`.
 
 pub mod admin;
 pub mod admin_api;
