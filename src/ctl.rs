@@ -157,10 +157,12 @@ pub fn http(
         .map_err(|e| e.to_string())?;
     let mut resp = Vec::new();
     stream.read_to_end(&mut resp).map_err(|e| e.to_string())?;
-    let text = String::from_utf8_lossy(&resp);
-    let (head, rest) = text
-        .split_once("\r\n\r\n")
+    let split = resp
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
         .ok_or("malformed HTTP response")?;
+    let head = String::from_utf8_lossy(&resp[..split]);
+    let rest = &resp[split + 4..];
     let status: u16 = head
         .split_whitespace()
         .nth(1)
@@ -172,22 +174,44 @@ pub fn http(
     let body = if chunked {
         dechunk(rest)
     } else {
-        rest.to_string()
+        rest.to_vec()
     };
+    let body = String::from_utf8_lossy(&body).into_owned();
     Ok((status, body))
 }
 
-fn dechunk(mut s: &str) -> String {
-    let mut out = String::new();
-    while let Some((size, rest)) = s.split_once("\r\n") {
+/// Joins the chunks of a chunked HTTP body (byte-wise: chunk sizes count
+/// bytes, not characters).
+fn dechunk(mut s: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    while let Some(eol) = s.windows(2).position(|w| w == b"\r\n") {
+        let size = String::from_utf8_lossy(&s[..eol]);
         let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
             break;
         };
+        let rest = &s[eol + 2..];
         if n == 0 || rest.len() < n {
             break;
         }
-        out.push_str(&rest[..n]);
-        s = rest[n..].trim_start_matches("\r\n");
+        out.extend_from_slice(&rest[..n]);
+        s = rest[n..].strip_prefix(b"\r\n").unwrap_or(&rest[n..]);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::dechunk;
+
+    #[test]
+    fn dechunk_counts_bytes() {
+        // "é" is two bytes: a chunk boundary may fall between them.
+        let mut bytes = b"2\r\na".to_vec();
+        bytes.push(0xc3);
+        bytes.extend_from_slice(b"\r\n2\r\n");
+        bytes.push(0xa9);
+        bytes.extend_from_slice(b"b\r\n0\r\n\r\n");
+        assert_eq!(String::from_utf8(dechunk(&bytes)).unwrap(), "aéb");
+        assert_eq!(dechunk(b"zz\r\n"), Vec::<u8>::new());
+    }
 }
