@@ -28,6 +28,17 @@ use crate::state_store::{StateStore, StateStoreConfig};
 struct NoStateCluster;
 
 impl SaltStore for NoStateCluster {
+    fn durable(&self) -> bool {
+        false
+    }
+
+    fn persist_snapshot(
+        &self,
+        _snapshot: crate::producer_state::PartitionSnapshot,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
+        Box::pin(async { Err("no [state] cluster is configured".to_string()) })
+    }
+
     fn topic_id(&self, _topic: &str) -> Option<[u8; 16]> {
         None
     }

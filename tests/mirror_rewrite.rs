@@ -29,6 +29,15 @@ const SOURCE: &str = "AAAAAAAAAAAAAAAAAAAAAQ";
 struct NoCollisionsExpected;
 
 impl SaltStore for NoCollisionsExpected {
+    fn durable(&self) -> bool {
+        false
+    }
+    fn persist_snapshot(
+        &self,
+        _snapshot: mirrorguard::producer_state::PartitionSnapshot,
+    ) -> Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
+        panic!("no claim expected without a durable store");
+    }
     fn topic_id(&self, _topic: &str) -> Option<[u8; 16]> {
         panic!("no collision expected");
     }

@@ -20,6 +20,12 @@ type Fut = Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>
 struct NoStore;
 
 impl SaltStore for NoStore {
+    fn durable(&self) -> bool {
+        false
+    }
+    fn persist_snapshot(&self, _snapshot: mirrorguard::producer_state::PartitionSnapshot) -> Fut {
+        Box::pin(async { Ok(()) })
+    }
     fn topic_id(&self, _topic: &str) -> Option<[u8; 16]> {
         Some([7; 16])
     }

@@ -18,9 +18,12 @@
 //! expires the partition's producer state. Truncated trailing batches, legacy
 //! message sets, error partitions and anything unparseable pass untouched.
 //!
-//! Collisions (two origins on one mapped PID) are found in a scan that
-//! changes nothing; the salts they need are persisted to `__mirror_state`
-//! (the response is held meanwhile), and only then is the response rewritten.
+//! Before anything changes, scans find what must be durable first: the
+//! source range a partition's state has not seen since start-up (replayed),
+//! collisions (two origins on one mapped PID: a salt is persisted), and
+//! producers seen for the first time (their claim on the mapped PID is
+//! persisted as a producer-state snapshot). The response is held meanwhile;
+//! only then is it rewritten.
 
 pub mod replay;
 pub mod seal_path;
@@ -99,10 +102,26 @@ pub enum Pending {
     TopicIds,
     /// Source ranges to observe first (producer state after a restart).
     Replay(Vec<replay::ReplayJob>),
+    /// Producers seen for the first time in a partition: their claims
+    /// (mapped PID → origin) are made durable before their batches leave.
+    Claims(Vec<(PartitionHandle, Vec<(i64, Origin)>)>),
 }
 
 /// Where collision salts are made durable (the `__mirror_state` topic).
 pub trait SaltStore: Send + Sync {
+    /// Whether producer claims are made durable (a `[state]` cluster). A
+    /// store that says so must implement
+    /// [`persist_snapshot`](Self::persist_snapshot).
+    fn durable(&self) -> bool {
+        false
+    }
+    /// Persists a producer-state snapshot of one partition (record type 5).
+    fn persist_snapshot(
+        &self,
+        _snapshot: ps::PartitionSnapshot,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
+        Box::pin(async { Err("this store keeps no producer-state snapshots".to_string()) })
+    }
     /// The destination topic id of `topic`, if known (it seeds the salt
     /// sequence and keys the record).
     fn topic_id(&self, topic: &str) -> Option<[u8; 16]>;
@@ -558,6 +577,7 @@ impl ResponseRewriter for MirrorRewriter {
                         Pending::Replay(jobs) => {
                             run_replays(mirror, servers, jobs, max_frame).await
                         }
+                        Pending::Claims(claims) => persist_claims(salts, claims).await,
                     };
                     done.map_err(|message| RewriteError {
                         api: "Fetch",
@@ -726,6 +746,25 @@ pub fn rewrite_fetch_body(
         }
     }
 
+    // Phase 1b: a producer seen for the first time in a partition claims its
+    // mapped PID; the claim is made durable before any of its batches
+    // leaves, so a crash cannot make a later collision with it go unseen.
+    if mirror.salts.durable() {
+        let mut claims: Vec<(PartitionHandle, Vec<(i64, Origin)>)> = Vec::new();
+        for (slice, handle) in slices.iter().zip(&handles) {
+            let Some(records) = body.get(slice.records.clone()) else {
+                continue;
+            };
+            let new = handle.with(|state| new_claims(mirror, source, state, records));
+            if !new.is_empty() {
+                claims.push((handle.clone(), new));
+            }
+        }
+        if !claims.is_empty() {
+            return Ok(Some(Pending::Claims(claims)));
+        }
+    }
+
     // Phase 2: observe and rewrite.
     let mut sink: Vec<Anomaly> = Vec::new();
     for (slice, handle) in slices.iter().zip(&handles) {
@@ -737,6 +776,65 @@ pub fn rewrite_fetch_body(
         }
     }
     Ok(None)
+}
+
+/// The (mapped PID, origin) pairs of `records` that no one holds yet in
+/// `state`. Allocates only when there is one (new producers are rare).
+fn new_claims(
+    mirror: &MirrorContext,
+    source: &SourceIdentity,
+    state: &ps::PartitionState,
+    records: &[u8],
+) -> Vec<(i64, Origin)> {
+    let mut new: Vec<(i64, Origin)> = Vec::new();
+    for entry in walk(records) {
+        let Ok(Entry::V2(h)) = entry else { break };
+        let pid = h.producer_id;
+        if pid == -1 || h.is_control() {
+            continue;
+        }
+        let origin = Origin {
+            source_cluster: source.origin_cluster(),
+            original_pid: pid,
+        };
+        let mapped = if mirror.mode == PidMode::Region && !pid::is_mapped(pid) {
+            match state.lookup_mapping(&origin, &|salt| mirror.map(source, pid, salt)) {
+                MappingLookup::Ready { mapped_pid, .. } => mapped_pid,
+                MappingLookup::Collision { .. } => continue,
+            }
+        } else {
+            pid
+        };
+        if state.holder_of(mapped).is_none() && !new.iter().any(|(m, _)| *m == mapped) {
+            new.push((mapped, origin));
+        }
+    }
+    new
+}
+
+/// Makes claims durable (a snapshot of the partition with them), then
+/// records them in the shadow producer state.
+async fn persist_claims(
+    salts: Arc<dyn SaltStore>,
+    claims: Vec<(PartitionHandle, Vec<(i64, Origin)>)>,
+) -> Result<(), String> {
+    let now = now_ms();
+    for (handle, new) in claims {
+        let snapshot = handle.with(|s| {
+            let mut with_claims = s.clone();
+            for (mapped, origin) in &new {
+                with_claims.claim(*mapped, *origin, now);
+            }
+            with_claims.snapshot()
+        });
+        salts.persist_snapshot(snapshot).await?;
+        handle.with(|s| {
+            for (mapped, origin) in &new {
+                s.claim(*mapped, *origin, now);
+            }
+        });
+    }
+    Ok(())
 }
 
 /// Observes (and maps, in place) the batches of one partition's records;
@@ -936,6 +1034,16 @@ mod handle_cache_tests {
     struct NoSalts;
 
     impl SaltStore for NoSalts {
+        fn durable(&self) -> bool {
+            false
+        }
+        fn persist_snapshot(
+            &self,
+            _snapshot: ps::PartitionSnapshot,
+        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>
+        {
+            Box::pin(async { Ok(()) })
+        }
         fn topic_id(&self, _topic: &str) -> Option<[u8; 16]> {
             None
         }

@@ -444,41 +444,53 @@ impl StateSync {
                 }
                 None => continue,
             };
-            let value = MirrorProducerSnapshotValue {
-                snapshot_offset: snap.next_offset,
-                producers: snap
-                    .producers
-                    .iter()
-                    .map(|p| SnapshotProducer {
-                        producer_id: p.mapped_pid,
-                        origin_cluster_id: p.origin.source_cluster.0,
-                        original_pid: p.origin.original_pid,
-                        producer_epoch: p.epoch,
-                        last_sequence: p.last_sequence,
-                        last_offset: p.last_offset,
-                        coordinator_epoch: p.coordinator_epoch,
-                        txn_first_offset: p.transaction_first_offset.unwrap_or(-1),
-                        last_timestamp: p.last_timestamp,
-                    })
-                    .collect(),
-                unknown_tagged_fields: Vec::new(),
-            };
-            let k = MirrorProducerSnapshotKey {
-                topic_id,
-                partition: key.partition,
-            }
-            .encode();
-            let v = value.encode().map_err(|e| anyhow::anyhow!(e.to_string()))?;
-            self.append_record(k, v).await.map_err(anyhow::Error::msg)?;
-            self.snapshotted
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(key, mark);
+            self.write_snapshot(topic_id, &snap)
+                .await
+                .map_err(anyhow::Error::msg)?;
             written += 1;
         }
         self.snapshot_cursor
             .fetch_add(visited, std::sync::atomic::Ordering::Relaxed);
         Ok(written)
+    }
+
+    /// Appends one partition's producer-state snapshot (type 5) and notes it.
+    async fn write_snapshot(
+        &self,
+        topic_id: [u8; 16],
+        snap: &ps::PartitionSnapshot,
+    ) -> Result<(), String> {
+        let value = MirrorProducerSnapshotValue {
+            snapshot_offset: snap.next_offset,
+            producers: snap
+                .producers
+                .iter()
+                .map(|p| SnapshotProducer {
+                    producer_id: p.mapped_pid,
+                    origin_cluster_id: p.origin.source_cluster.0,
+                    original_pid: p.origin.original_pid,
+                    producer_epoch: p.epoch,
+                    last_sequence: p.last_sequence,
+                    last_offset: p.last_offset,
+                    coordinator_epoch: p.coordinator_epoch,
+                    txn_first_offset: p.transaction_first_offset.unwrap_or(-1),
+                    last_timestamp: p.last_timestamp,
+                })
+                .collect(),
+            unknown_tagged_fields: Vec::new(),
+        };
+        let k = MirrorProducerSnapshotKey {
+            topic_id,
+            partition: snap.key.partition,
+        }
+        .encode();
+        let v = value.encode().map_err(|e| e.to_string())?;
+        self.append_record(k, v).await?;
+        self.snapshotted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(snap.key.clone(), (snap.next_offset, snap.producers.len()));
+        Ok(())
     }
 
     /// Runs forever: periodic producer-state snapshots and idle expiry.
@@ -705,6 +717,22 @@ impl StateSync {
 }
 
 impl SaltStore for StateSync {
+    fn durable(&self) -> bool {
+        true
+    }
+
+    fn persist_snapshot(
+        &self,
+        snapshot: ps::PartitionSnapshot,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
+        let me = self.me.upgrade();
+        Box::pin(async move {
+            let me = me.ok_or("state store is shutting down")?;
+            let topic_id = me.topic_id_for(&snapshot.key.topic).await?;
+            me.write_snapshot(topic_id, &snapshot).await
+        })
+    }
+
     fn topic_id(&self, topic: &str) -> Option<[u8; 16]> {
         self.destination_topic_id(topic)
     }

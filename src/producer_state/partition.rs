@@ -500,6 +500,30 @@ impl PartitionState {
             .or_else(|| self.salts.claimant_of(mapped_pid))
     }
 
+    /// Records that `origin` holds `mapped_pid` before any of its batches
+    /// is observed (a claim made durable first, so a restart cannot forget
+    /// it); nothing changes when the PID already has an entry. Returns
+    /// whether an entry was added.
+    pub fn claim(&mut self, mapped_pid: i64, origin: Origin, now_ms: i64) -> bool {
+        if mapped_pid == -1 || self.producers.contains_key(&mapped_pid) {
+            return false;
+        }
+        self.producers.insert(
+            mapped_pid,
+            ProducerEntry {
+                origin,
+                last_offset: -1,
+                last_timestamp: -1,
+                last_seen_ms: now_ms,
+                txn_first_offset: NO_TXN,
+                coordinator_epoch: -1,
+                last_sequence: -1,
+                epoch: -1,
+            },
+        );
+        true
+    }
+
     /// Estimated heap plus inline bytes of this state (hashbrown layout:
     /// one slot and one control byte per bucket, plus a 16-byte control
     /// group tail). Salt records are counted separately by

@@ -307,13 +307,6 @@ def test_two_instances_racing_on_one_collision_converge(broker_factory, mirror_f
         assert [c["salt"] for c in cols] == [winner.value["salt"]], cols
 
 
-PSM_LOST_ON_CRASH = (
-    "known gap (issue 5: 'no collision is missed because of a restart'): after kill -9 the "
-    "producers observed since the last snapshot are recovered by replaying the CURRENT source's "
-    "log (src/mirror/replay.rs); here the destination partition was fed by A before the crash "
-    "and by B (rebased offsets) after it, so the lost state lives in A's log (or the destination "
-    "log), which nothing replays; B's PID 1 is mapped onto A's PID. A graceful restart and "
-    "kill -9 after a snapshot are covered by the tests above")
 
 
 def _restart_then_second_origin(broker_factory, mirror_factory, kill: bool, snapshot_interval_ms=None):
@@ -368,9 +361,10 @@ def test_collision_still_detected_after_graceful_restart(broker_factory, mirror_
     assert b_pids != {a_pid}, "after a restart B's PID 1 was mapped onto A's PID (collision missed)"
 
 
-@pytest.mark.xfail(strict=True, reason=PSM_LOST_ON_CRASH)
 def test_collision_still_detected_after_kill9_before_any_snapshot(broker_factory, mirror_factory):
-    """Default snapshot interval (10 s); kill -9 right after mirroring A."""
+    """Default snapshot interval (10 s); kill -9 right after mirroring A. A's first batch
+    could only leave mirrorguard after its claim (a type-5 snapshot holding A's mapped PID)
+    was acknowledged by __mirror_state, so B's PID 1 still gets a salt after the restart."""
     a_pid, b_pids = _restart_then_second_origin(broker_factory, mirror_factory, kill=True)
     assert len(b_pids) == 1
     assert b_pids != {a_pid}, "after kill -9 B's PID 1 was mapped onto A's PID (collision missed)"
