@@ -170,6 +170,21 @@ pub struct ProducerStateConfig {
     /// expiry); a restart restores from the latest snapshot.
     #[serde(default = "default_snapshot_interval")]
     pub snapshot_interval_ms: u64,
+    /// Most producers tracked over all partitions (about 110 bytes each);
+    /// beyond it mirror fetches fail closed rather than forget a producer.
+    #[serde(default = "default_max_producers")]
+    pub max_producers: u64,
+    /// Most destination partitions tracked.
+    #[serde(default = "default_max_partitions")]
+    pub max_partitions: usize,
+}
+
+fn default_max_producers() -> u64 {
+    crate::producer_state::DEFAULT_MAX_PRODUCERS
+}
+
+fn default_max_partitions() -> usize {
+    crate::producer_state::DEFAULT_MAX_PARTITIONS
 }
 
 fn default_snapshot_interval() -> u64 {
@@ -182,6 +197,8 @@ impl Default for ProducerStateConfig {
             max_idle_ms: default_producer_idle_ms(),
             anomaly_log_capacity: default_anomaly_log(),
             snapshot_interval_ms: default_snapshot_interval(),
+            max_producers: default_max_producers(),
+            max_partitions: default_max_partitions(),
         }
     }
 }
@@ -440,6 +457,12 @@ impl Config {
             return Err(invalid(
                 "producer_state.snapshot_interval_ms".into(),
                 "must be >= 100".into(),
+            ));
+        }
+        if self.producer_state.max_producers == 0 || self.producer_state.max_partitions == 0 {
+            return Err(invalid(
+                "producer_state.max_producers".into(),
+                "max_producers and max_partitions must be > 0".into(),
             ));
         }
         if self.producer_state.max_idle_ms <= 0 {

@@ -165,7 +165,7 @@ impl Metrics {
             "mirrorguard_mirror_events",
             "Fetch-path events per mirror: batch_seen, batch_rewritten (PID rewritten, CRC \
              recomputed), aborted_txn_rewritten, barrier_seen, collision, salt_persisted, \
-             oversized_source_pid, corrupt_records",
+             oversized_source_pid, corrupt_records, state_limit",
             mirror_events.clone(),
         );
         registry.register(

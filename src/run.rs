@@ -95,6 +95,8 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let registry = Arc::new(ProducerStateRegistry::new(RegistryConfig {
         max_idle_ms: config.producer_state.max_idle_ms,
         anomaly_log_capacity: config.producer_state.anomaly_log_capacity,
+        max_producers: config.producer_state.max_producers,
+        max_partitions: config.producer_state.max_partitions,
     }));
     let state_sync = match &config.state {
         Some(st) if !config.mirrors.is_empty() || !config.guards.is_empty() => {

@@ -16,7 +16,7 @@ use mirrorguard::handlers::{
 use mirrorguard::lifecycle::Lifecycle;
 use mirrorguard::metrics::Metrics;
 use mirrorguard::mirror::{rewrite_fetch_body, MirrorContext, PendingSalt, SaltStore};
-use mirrorguard::producer_state::{PartitionKey, ProducerStateRegistry};
+use mirrorguard::producer_state::{PartitionKey, ProducerStateRegistry, RegistryConfig};
 use mirrorguard::records::builder::{
     build_abort_marker, build_batch, build_mirror_pid_reset, BatchSpec, RecordSpec,
 };
@@ -55,6 +55,10 @@ impl SaltStore for NoCollisionsExpected {
 }
 
 fn mirror(mode: PidMode, layout: LayoutConfig) -> Arc<MirrorContext> {
+    mirror_with(mode, layout, RegistryConfig::default())
+}
+
+fn mirror_with(mode: PidMode, layout: LayoutConfig, limits: RegistryConfig) -> Arc<MirrorContext> {
     let cfg = MirrorConfig {
         name: "test".into(),
         bootstrap: "127.0.0.1:1".into(),
@@ -72,7 +76,7 @@ fn mirror(mode: PidMode, layout: LayoutConfig) -> Arc<MirrorContext> {
     let metrics = Metrics::new();
     let m = MirrorContext::new(
         &cfg,
-        Arc::new(ProducerStateRegistry::default()),
+        Arc::new(ProducerStateRegistry::new(limits)),
         Arc::new(NoCollisionsExpected),
         Lifecycle::new(metrics.clone()),
         &metrics,
@@ -285,6 +289,52 @@ fn skipped_partitions_are_left_alone() {
     let original = response(&records, None);
     let mut body = original.clone();
     rewrite_fetch_body(&m, 12, &mut body, &|_, p| p == 0).unwrap();
+    assert_eq!(body, original);
+}
+
+#[test]
+fn producer_limit_fails_closed() {
+    let m = mirror_with(
+        PidMode::Region,
+        LayoutConfig::High,
+        RegistryConfig {
+            max_producers: 2,
+            ..RegistryConfig::default()
+        },
+    );
+    let mut records = data_batch(0, 5, false);
+    records.extend(data_batch(1, 6, false));
+    let mut body = response(&records, None);
+    assert!(rewrite_fetch_body(&m, 12, &mut body, &|_, _| false).is_ok());
+    // A third producer would exceed the limit: the response is refused whole,
+    // unchanged, instead of being forwarded with an untracked producer.
+    let mut records = data_batch(2, 7, false);
+    records.extend(data_batch(3, 8, false));
+    let original = response(&records, None);
+    let mut body = original.clone();
+    let err = rewrite_fetch_body(&m, 12, &mut body, &|_, _| false).unwrap_err();
+    assert!(err.contains("max_producers"), "{err}");
+    assert_eq!(body, original);
+}
+
+#[test]
+fn partition_limit_fails_closed() {
+    let m = mirror_with(
+        PidMode::Region,
+        LayoutConfig::High,
+        RegistryConfig {
+            max_partitions: 1, // t-0 is created by `mirror_with`
+            ..RegistryConfig::default()
+        },
+    );
+    let mut p1 = FetchPartitionResponse::new(1);
+    p1.high_watermark = 1;
+    p1.last_stable_offset = 1;
+    p1.records = Some(data_batch(0, 9, false).into());
+    let original = build_fetch_response(12, 0, 0, 0, &[(FetchTopic::Name("t"), vec![p1])]).unwrap();
+    let mut body = original.clone();
+    let err = rewrite_fetch_body(&m, 12, &mut body, &|_, _| false).unwrap_err();
+    assert!(err.contains("max_partitions"), "{err}");
     assert_eq!(body, original);
 }
 

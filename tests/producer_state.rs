@@ -815,6 +815,7 @@ fn registry_counts_producers_and_logs_anomalies() {
     let r = ProducerStateRegistry::new(RegistryConfig {
         max_idle_ms: 1_000,
         anomaly_log_capacity: 3,
+        ..RegistryConfig::default()
     });
     let k1 = key();
     let k2 = PartitionKey::new([8; 16], "payments", 0);

@@ -146,6 +146,7 @@ pub struct MirrorMetrics {
     collisions: Counter,
     oversized: Counter,
     corrupt: Counter,
+    state_limit: Counter,
     anomalies: Family<MirrorKindLabels, Counter>,
     mirror: String,
 }
@@ -169,6 +170,7 @@ impl MirrorMetrics {
             collisions: m("collision"),
             oversized: m("oversized_source_pid"),
             corrupt: m("corrupt_records"),
+            state_limit: m("state_limit"),
             anomalies: metrics.anomalies.clone(),
             mirror: mirror.to_string(),
         }
@@ -284,7 +286,13 @@ impl crate::proxy::refresh::RefreshHook for MirrorContext {
 impl MirrorContext {
     /// The producer-state handle of [`partition_key`](Self::partition_key)
     /// (cached per source topic and partition).
-    pub fn partition_handle(&self, topic: &FetchTopic<'_>, partition: i32) -> PartitionHandle {
+    /// Fails (the caller fails the response closed) when a new partition
+    /// would exceed `producer_state.max_partitions`.
+    pub fn partition_handle(
+        &self,
+        topic: &FetchTopic<'_>,
+        partition: i32,
+    ) -> Result<PartitionHandle, String> {
         let index = usize::try_from(partition)
             .ok()
             .filter(|&i| i < MAX_CACHED_PARTITION);
@@ -295,7 +303,7 @@ impl MirrorContext {
                 FetchTopic::Id(id) => c.by_id.get(id),
             };
             if let Some(h) = slots.and_then(|v| v.get(i)).and_then(Option::as_ref) {
-                return h.clone();
+                return Ok(h.clone());
             }
         }
         // An id is cached only once its name is known (ids are never
@@ -309,9 +317,19 @@ impl MirrorContext {
                 .by_id
                 .contains_key(id),
         };
-        let handle = self
-            .registry
-            .partition(&self.partition_key(topic, partition));
+        let key = self.partition_key(topic, partition);
+        let handle = match self.registry.get(&key) {
+            Some(h) => h,
+            None if self.registry.partition_count() >= self.registry.config().max_partitions => {
+                return Err(format!(
+                    "producer-state limit reached: {} partitions tracked \
+                     (producer_state.max_partitions); refusing to track {key} rather than \
+                     mirror it without producer state",
+                    self.registry.partition_count()
+                ));
+            }
+            None => self.registry.partition(&key),
+        };
         if let (Some(i), true) = (index, resolved) {
             let mut c = self.handles.write().unwrap_or_else(|p| p.into_inner());
             let slots = match topic {
@@ -323,7 +341,7 @@ impl MirrorContext {
             }
             slots[i] = Some(handle.clone());
         }
-        handle
+        Ok(handle)
     }
 
     /// The destination partition a Fetch response partition feeds: keyed by
@@ -391,6 +409,13 @@ impl MirrorContext {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .contains(key)
+    }
+
+    /// Counts and logs a producer-state limit hit; returns the message.
+    fn state_limit(&self, message: String) -> String {
+        self.metrics.state_limit.inc();
+        tracing::error!(mirror = %self.name, "{message}");
+        message
     }
 
     pub(crate) fn mark_warm(&self, key: &PartitionKey) {
@@ -623,6 +648,7 @@ pub fn rewrite_fetch_body(
         ));
     };
     let mut slices: Vec<PartitionSlice> = Vec::new();
+    let mut limit: Option<String> = None;
     handlers::walk_fetch_response(version, body, &mut |p| {
         if p.error_code != 0 || skip(&p.topic, p.partition_index) {
             return; // error partitions are left alone; controlled ones are replaced
@@ -635,7 +661,13 @@ pub fn rewrite_fetch_body(
         if records.is_empty() && aborted.is_empty() {
             return;
         }
-        let handle = mirror.partition_handle(&p.topic, p.partition_index);
+        let handle = match mirror.partition_handle(&p.topic, p.partition_index) {
+            Ok(h) => h,
+            Err(e) => {
+                limit.get_or_insert(e);
+                return;
+            }
+        };
         slices.push(PartitionSlice {
             key: handle.key().clone(),
             handle,
@@ -644,6 +676,9 @@ pub fn rewrite_fetch_body(
         });
     })
     .map_err(|e| e.to_string())?;
+    if let Some(e) = limit {
+        return Err(mirror.state_limit(e));
+    }
 
     let now = now_ms();
     let handles: Vec<PartitionHandle> = slices.iter().map(|s| s.handle.clone()).collect();
@@ -749,18 +784,29 @@ pub fn rewrite_fetch_body(
     // Phase 1b: a producer seen for the first time in a partition claims its
     // mapped PID; the claim is made durable before any of its batches
     // leaves, so a crash cannot make a later collision with it go unseen.
-    if mirror.salts.durable() {
+    {
         let mut claims: Vec<(PartitionHandle, Vec<(i64, Origin)>)> = Vec::new();
+        let mut new_total = 0u64;
         for (slice, handle) in slices.iter().zip(&handles) {
             let Some(records) = body.get(slice.records.clone()) else {
                 continue;
             };
             let new = handle.with(|state| new_claims(mirror, source, state, records));
             if !new.is_empty() {
+                new_total += new.len() as u64;
                 claims.push((handle.clone(), new));
             }
         }
-        if !claims.is_empty() {
+        let max = mirror.registry.config().max_producers;
+        if new_total > 0 && mirror.registry.total_producers() + new_total > max {
+            return Err(mirror.state_limit(format!(
+                "producer-state limit reached: {} producers tracked, {new_total} new \
+                 (producer_state.max_producers = {max}); refusing to forward batches of \
+                 producers it cannot track",
+                mirror.registry.total_producers()
+            )));
+        }
+        if !claims.is_empty() && mirror.salts.durable() {
             return Ok(Some(Pending::Claims(claims)));
         }
     }
@@ -1101,21 +1147,29 @@ mod handle_cache_tests {
     #[test]
     fn cached_handle_is_the_registry_handle_of_the_key() {
         let m = ctx("dst.");
-        let a = m.partition_handle(&FetchTopic::Name("t"), 3);
+        let a = m.partition_handle(&FetchTopic::Name("t"), 3).unwrap();
         assert_eq!(a.key(), &m.partition_key(&FetchTopic::Name("t"), 3));
         assert_eq!(&*a.key().topic, "dst.t");
-        let b = m.partition_handle(&FetchTopic::Name("t"), 3);
+        let b = m.partition_handle(&FetchTopic::Name("t"), 3).unwrap();
         observe_one(&a, 5);
         assert_eq!(producers(&b), 1, "same state through the cache");
         let r = m.registry.get(a.key()).unwrap();
         assert_eq!(producers(&r), 1, "same state as the registry's");
         // other partitions and topics are distinct
-        assert_eq!(producers(&m.partition_handle(&FetchTopic::Name("t"), 4)), 0);
-        assert_eq!(producers(&m.partition_handle(&FetchTopic::Name("u"), 3)), 0);
+        assert_eq!(
+            producers(&m.partition_handle(&FetchTopic::Name("t"), 4).unwrap()),
+            0
+        );
+        assert_eq!(
+            producers(&m.partition_handle(&FetchTopic::Name("u"), 3).unwrap()),
+            0
+        );
         // out-of-range indexes bypass the cache but still resolve
-        let big = m.partition_handle(&FetchTopic::Name("t"), i32::MAX);
+        let big = m
+            .partition_handle(&FetchTopic::Name("t"), i32::MAX)
+            .unwrap();
         assert_eq!(big.key().partition, i32::MAX);
-        let neg = m.partition_handle(&FetchTopic::Name("t"), -1);
+        let neg = m.partition_handle(&FetchTopic::Name("t"), -1).unwrap();
         assert_eq!(neg.key().partition, -1);
     }
 
@@ -1123,18 +1177,21 @@ mod handle_cache_tests {
     fn topic_id_is_cached_only_once_its_name_is_known() {
         let m = ctx("");
         let id = [9u8; 16];
-        let early = m.partition_handle(&FetchTopic::Id(id), 0);
+        let early = m.partition_handle(&FetchTopic::Id(id), 0).unwrap();
         assert!(early.key().topic.starts_with("topic-id:"));
         m.on_refresh(&ClusterView {
             cluster_id: None,
             topics: vec![("named".into(), id, 1)],
         })
         .unwrap();
-        let late = m.partition_handle(&FetchTopic::Id(id), 0);
+        let late = m.partition_handle(&FetchTopic::Id(id), 0).unwrap();
         assert_eq!(&*late.key().topic, "named");
-        let by_name = m.partition_handle(&FetchTopic::Name("named"), 0);
+        let by_name = m.partition_handle(&FetchTopic::Name("named"), 0).unwrap();
         observe_one(&late, 7);
         assert_eq!(producers(&by_name), 1);
-        assert_eq!(producers(&m.partition_handle(&FetchTopic::Id(id), 0)), 1);
+        assert_eq!(
+            producers(&m.partition_handle(&FetchTopic::Id(id), 0).unwrap()),
+            1
+        );
     }
 }

@@ -51,7 +51,10 @@ pub use partition::{
     ObserveOutcome, OpenTransaction, PartitionSnapshot, PartitionState, ProducerEntry,
     ProducerSnapshotEntry, SnapshotError, PARTITION_SNAPSHOT_VERSION,
 };
-pub use registry::{PartitionHandle, ProducerStateRegistry, RegistryConfig};
+pub use registry::{
+    PartitionHandle, ProducerStateRegistry, RegistryConfig, DEFAULT_MAX_PARTITIONS,
+    DEFAULT_MAX_PRODUCERS,
+};
 pub use salt::{
     collision_seed, resolve_collision, resolve_collision_for_topic, salt_candidates,
     CollisionError, MappingLookup, SaltApply, SaltChoice, SaltRecord, SaltTable,

@@ -38,6 +38,11 @@ pub struct RegistryConfig {
     pub max_idle_ms: i64,
     /// Anomalies kept for the admin API.
     pub anomaly_log_capacity: usize,
+    /// Most producers tracked over all partitions; the Fetch path refuses
+    /// (fails closed) to track more.
+    pub max_producers: u64,
+    /// Most destination partitions tracked.
+    pub max_partitions: usize,
 }
 
 impl Default for RegistryConfig {
@@ -45,9 +50,16 @@ impl Default for RegistryConfig {
         Self {
             max_idle_ms: DEFAULT_PRODUCER_ID_EXPIRATION_MS,
             anomaly_log_capacity: AnomalyLog::DEFAULT_CAPACITY,
+            max_producers: DEFAULT_MAX_PRODUCERS,
+            max_partitions: DEFAULT_MAX_PARTITIONS,
         }
     }
 }
+
+/// Default [`RegistryConfig::max_producers`] (about 110 MB of state).
+pub const DEFAULT_MAX_PRODUCERS: u64 = 1_000_000;
+/// Default [`RegistryConfig::max_partitions`].
+pub const DEFAULT_MAX_PARTITIONS: usize = 100_000;
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -202,7 +214,15 @@ impl ProducerStateRegistry {
             .collect()
     }
 
-    /// Keys of all known partitions.
+    /// Number of partitions with state.
+    pub fn partition_count(&self) -> usize {
+        self.partitions
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+
+    /// Keys of every partition with state.
     pub fn partition_keys(&self) -> Vec<PartitionKey> {
         self.partitions
             .read()
