@@ -715,100 +715,72 @@ pub fn rewrite_fetch_body(
         return Ok(Some(Pending::Replay(replays)));
     }
 
-    // Phase 1: find collisions without changing anything.
-    if mirror.mode == PidMode::Region {
-        let mut pending = Vec::new();
-        for (slice, handle) in slices.iter().zip(&handles) {
-            let Some(records) = body.get(slice.records.clone()) else {
-                continue;
+    // Phase 1: one scan of each partition, under its lock, changing nothing:
+    // collisions (two origins on one mapped PID, region mode) need a salt
+    // persisted, and producers seen for the first time have their claim on
+    // the mapped PID made durable, before any of their batches leaves (so a
+    // crash cannot make a later collision with them go unseen).
+    let mut pending: Vec<PendingSalt> = Vec::new();
+    let mut claims: Vec<(PartitionHandle, Vec<(i64, Origin)>)> = Vec::new();
+    let mut new_total = 0u64;
+    for (slice, handle) in slices.iter().zip(&handles) {
+        let Some(records) = body.get(slice.records.clone()) else {
+            continue;
+        };
+        let scan = handle.with(|state| scan_partition(mirror, source, state, records));
+        for origin in scan.colliding {
+            // The salt sequence is seeded by the destination topic id.
+            let Some(topic_id) = mirror.salts.topic_id(&slice.key.topic) else {
+                return Ok(Some(Pending::TopicIds));
             };
-            for entry in walk(records) {
-                let Ok(Entry::V2(h)) = entry else { break };
-                let pid = h.producer_id;
-                if pid == -1 || pid::is_mapped(pid) {
-                    continue;
+            let pid = origin.original_pid;
+            let map = |salt: i64| mirror.map(source, pid, salt);
+            let choice = handle.with(|state| match state.lookup_mapping(&origin, &map) {
+                MappingLookup::Ready { .. } => None,
+                MappingLookup::Collision { .. } => Some(resolve_collision_for_topic(
+                    state,
+                    &topic_id,
+                    &origin,
+                    &map,
+                    DEFAULT_MAX_SALT_CANDIDATES,
+                )),
+            });
+            match choice {
+                None => {}
+                Some(Ok(choice)) => {
+                    mirror.metrics.collisions.inc();
+                    tracing::warn!(mirror = %mirror.name, partition = %slice.key, %origin,
+                        holder = %choice.holder, salt = choice.salt, mapped_pid = choice.mapped_pid,
+                        "PID collision: two origins map to one PID; persisting a salt before forwarding");
+                    pending.push(PendingSalt {
+                        partition: slice.key.clone(),
+                        origin,
+                        choice,
+                        timestamp_ms: now,
+                    });
                 }
-                let origin = Origin {
-                    source_cluster: source.origin_cluster(),
-                    original_pid: pid,
-                };
-                let map = |salt: i64| mirror.map(source, pid, salt);
-                let colliding = handle.with(|state| {
-                    matches!(
-                        state.lookup_mapping(&origin, &map),
-                        MappingLookup::Collision { .. }
-                    )
-                });
-                if !colliding {
-                    continue;
-                }
-                // The salt sequence is seeded by the destination topic id.
-                let Some(topic_id) = mirror.salts.topic_id(&slice.key.topic) else {
-                    return Ok(Some(Pending::TopicIds));
-                };
-                let choice = handle.with(|state| match state.lookup_mapping(&origin, &map) {
-                    MappingLookup::Ready { .. } => None,
-                    MappingLookup::Collision { .. } => Some(resolve_collision_for_topic(
-                        state,
-                        &topic_id,
-                        &origin,
-                        &map,
-                        DEFAULT_MAX_SALT_CANDIDATES,
-                    )),
-                });
-                let already = |p: &PendingSalt| p.origin == origin && p.partition == slice.key;
-                match choice {
-                    None => {}
-                    Some(Ok(choice)) if !pending.iter().any(already) => {
-                        mirror.metrics.collisions.inc();
-                        tracing::warn!(mirror = %mirror.name, partition = %slice.key, %origin,
-                            holder = %choice.holder, salt = choice.salt, mapped_pid = choice.mapped_pid,
-                            "PID collision: two origins map to one PID; persisting a salt before forwarding");
-                        pending.push(PendingSalt {
-                            partition: slice.key.clone(),
-                            origin,
-                            choice,
-                            timestamp_ms: now,
-                        });
-                    }
-                    Some(Ok(_)) => {}
-                    Some(Err(e)) => return Err(format!("cannot resolve PID collision: {e}")),
-                }
+                Some(Err(e)) => return Err(format!("cannot resolve PID collision: {e}")),
             }
         }
-        if !pending.is_empty() {
-            return Ok(Some(Pending::Salts(pending)));
+        if !scan.claims.is_empty() {
+            new_total += scan.claims.len() as u64;
+            claims.push((handle.clone(), scan.claims));
         }
     }
-
-    // Phase 1b: a producer seen for the first time in a partition claims its
-    // mapped PID; the claim is made durable before any of its batches
-    // leaves, so a crash cannot make a later collision with it go unseen.
-    {
-        let mut claims: Vec<(PartitionHandle, Vec<(i64, Origin)>)> = Vec::new();
-        let mut new_total = 0u64;
-        for (slice, handle) in slices.iter().zip(&handles) {
-            let Some(records) = body.get(slice.records.clone()) else {
-                continue;
-            };
-            let new = handle.with(|state| new_claims(mirror, source, state, records));
-            if !new.is_empty() {
-                new_total += new.len() as u64;
-                claims.push((handle.clone(), new));
-            }
-        }
-        let max = mirror.registry.config().max_producers;
-        if new_total > 0 && mirror.registry.total_producers() + new_total > max {
-            return Err(mirror.state_limit(format!(
-                "producer-state limit reached: {} producers tracked, {new_total} new \
-                 (producer_state.max_producers = {max}); refusing to forward batches of \
-                 producers it cannot track",
-                mirror.registry.total_producers()
-            )));
-        }
-        if !claims.is_empty() && mirror.salts.durable() {
-            return Ok(Some(Pending::Claims(claims)));
-        }
+    if !pending.is_empty() {
+        return Ok(Some(Pending::Salts(pending)));
+    }
+    let max = mirror.registry.config().max_producers;
+    if new_total > 0 && mirror.registry.total_producers() + new_total > max {
+        return Err(mirror.state_limit(format!(
+            "producer-state limit reached: {} producers tracked, {new_total} new \
+             (producer_state.max_producers = {max}); refusing to forward batches of \
+             producers it cannot track",
+            mirror.registry.total_producers()
+        )));
+    }
+    if !claims.is_empty() && mirror.salts.durable() {
+        return Ok(Some(Pending::Claims(claims)));
     }
 
     // Phase 2: observe and rewrite.
@@ -824,19 +796,28 @@ pub fn rewrite_fetch_body(
     Ok(None)
 }
 
-/// The (mapped PID, origin) pairs of `records` that no one holds yet in
-/// `state`. Allocates only when there is one (new producers are rare).
-fn new_claims(
+/// What one scan of a partition's batches found (see phase 1).
+#[derive(Default)]
+struct Scan {
+    /// Origins whose mapped PID another origin holds (region mode).
+    colliding: Vec<Origin>,
+    /// (mapped PID, origin) pairs no one holds yet.
+    claims: Vec<(i64, Origin)>,
+}
+
+/// Scans `records` against `state`. Allocates only when it finds something
+/// (new producers and collisions are rare).
+fn scan_partition(
     mirror: &MirrorContext,
     source: &SourceIdentity,
     state: &ps::PartitionState,
     records: &[u8],
-) -> Vec<(i64, Origin)> {
-    let mut new: Vec<(i64, Origin)> = Vec::new();
+) -> Scan {
+    let mut scan = Scan::default();
     for entry in walk(records) {
         let Ok(Entry::V2(h)) = entry else { break };
         let pid = h.producer_id;
-        if pid == -1 || h.is_control() {
+        if pid == -1 {
             continue;
         }
         let origin = Origin {
@@ -846,16 +827,25 @@ fn new_claims(
         let mapped = if mirror.mode == PidMode::Region && !pid::is_mapped(pid) {
             match state.lookup_mapping(&origin, &|salt| mirror.map(source, pid, salt)) {
                 MappingLookup::Ready { mapped_pid, .. } => mapped_pid,
-                MappingLookup::Collision { .. } => continue,
+                MappingLookup::Collision { .. } => {
+                    if !scan.colliding.contains(&origin) {
+                        scan.colliding.push(origin);
+                    }
+                    continue;
+                }
             }
         } else {
             pid
         };
-        if state.holder_of(mapped).is_none() && !new.iter().any(|(m, _)| *m == mapped) {
-            new.push((mapped, origin));
+        // Markers do not start producers; data batches do.
+        if !h.is_control()
+            && state.holder_of(mapped).is_none()
+            && !scan.claims.iter().any(|(m, _)| *m == mapped)
+        {
+            scan.claims.push((mapped, origin));
         }
     }
-    new
+    scan
 }
 
 /// Makes claims durable (a snapshot of the partition with them), then
