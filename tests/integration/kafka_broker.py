@@ -1,0 +1,343 @@
+"""Apache Kafka 4.4 brokers for the tests: KRaft, combined mode, on free loopback ports.
+
+``KafkaCluster(work_dir, nodes=1)`` is one combined broker+controller;
+``nodes=3`` is three combined nodes with a static three-voter quorum, so one node
+can be killed and the other two keep a quorum (multi-broker routing, leader moves).
+The jars come from ``.tools/kafka/libs`` (``scripts/install-test-deps.sh`` copies
+``org.apache.kafka:kafka_2.13:4.4.0`` and its runtime dependencies there from Maven
+Central, as listed in ``tests/kafka/pom.xml``).
+
+Storage is formatted with a cluster id the caller chooses (region tests need known
+folds). Settings are the quick-start's, tuned for tests on 2 cores: small heaps and
+SerialGC, few threads, replication factors that fit the node count,
+``group.initial.rebalance.delay.ms=0``, short broker session and quorum timeouts.
+Readiness is a real request: Metadata through librdkafka lists every node.
+
+Every process runs in its own process group (``harness.ManagedProcess``) and is
+stopped by pid at the end, pass or fail. A node can be killed (SIGKILL), hung
+(SIGSTOP / SIGCONT) and restarted on the same ports and data.
+
+Use it from pytest (``conftest.py``: session-scoped ``kafka_cluster`` fixtures),
+from the demo and from the benchmark (``python3 tests/integration/kafka_broker.py
+--nodes 1`` prints the bootstrap and runs until interrupted).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import harness  # noqa: E402
+import rawkafka  # noqa: E402
+from harness import HOST, HarnessError, ManagedProcess, wait_until  # noqa: E402
+
+KAFKA_VERSION = "4.4.0"
+KAFKA_HOME = Path(os.environ.get("KAFKA_HOME", harness.ROOT / ".tools" / "kafka"))
+KAFKA_LIBS = KAFKA_HOME / "libs"
+LOG4J_CONFIG = harness.ROOT / "tests" / "kafka" / "log4j2.properties"
+JAVA = os.environ.get("JAVA", shutil.which("java") or "java")
+
+# JVM settings for a test broker: small heap, serial GC (2 cores shared with everything
+# else), and class-data sharing for a faster start.
+JVM_OPTS = ["-Xms96m", "-Xmx512m", "-XX:+UseSerialGC", "-Xss512k", "-Djava.awt.headless=true"]
+
+
+def kafka_available() -> bool:
+    return (KAFKA_LIBS / f"kafka_2.13-{KAFKA_VERSION}.jar").exists() and shutil.which(JAVA) is not None
+
+
+def classpath() -> str:
+    if not kafka_available():
+        raise HarnessError(f"Apache Kafka {KAFKA_VERSION} not installed in {KAFKA_LIBS} (run scripts/install-test-deps.sh)")
+    return str(KAFKA_LIBS / "*")
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind((HOST, 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+class KafkaNode:
+    """One KRaft node in combined mode (broker + controller)."""
+
+    def __init__(self, cluster: "KafkaCluster", node_id: int, port: int, controller_port: int):
+        self.cluster = cluster
+        self.node_id = node_id
+        self.port = port
+        self.controller_port = controller_port
+        self.name = f"{cluster.name}-n{node_id}"
+        self.dir = cluster.work_dir / self.name
+        self.data_dir = self.dir / "data"
+        self.config_path = self.dir / "server.properties"
+        self.log_path = cluster.work_dir / f"{self.name}.log"
+        self.proc: ManagedProcess | None = None
+        self.paused = False
+
+    @property
+    def bootstrap(self) -> str:
+        return f"{HOST}:{self.port}"
+
+    def write_config(self) -> None:
+        c = self.cluster
+        n = len(c.nodes)
+        rf = min(3, n)
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": self.node_id,
+            "controller.quorum.voters": ",".join(f"{x.node_id}@{HOST}:{x.controller_port}" for x in c.nodes),
+            "listeners": f"PLAINTEXT://{HOST}:{self.port},CONTROLLER://{HOST}:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://{HOST}:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "log.dirs": self.data_dir,
+            "num.partitions": 1,
+            "default.replication.factor": 1,
+            "offsets.topic.replication.factor": rf,
+            "offsets.topic.num.partitions": 3,
+            "transaction.state.log.replication.factor": rf,
+            "transaction.state.log.min.isr": 1,
+            "transaction.state.log.num.partitions": 3,
+            "share.coordinator.state.topic.replication.factor": rf,
+            "share.coordinator.state.topic.min.isr": 1,
+            "group.initial.rebalance.delay.ms": 0,
+            # Few threads: up to four JVMs share 2 cores with the tests.
+            "num.network.threads": 2,
+            "num.io.threads": 2,
+            "background.threads": 2,
+            "num.replica.fetchers": 1,
+            "num.recovery.threads.per.data.dir": 1,
+            "log.cleaner.threads": 1,
+            "log.cleaner.dedupe.buffer.size": 8 * 1024 * 1024,
+            "log.cleaner.backoff.ms": 1000,
+            # Fast failure detection for kill/hang tests.
+            "broker.heartbeat.interval.ms": 500,
+            "broker.session.timeout.ms": 3000,
+            "controller.quorum.election.timeout.ms": 1000,
+            "controller.quorum.fetch.timeout.ms": 2000,
+            "replica.lag.time.max.ms": 5000,
+            "controlled.shutdown.enable": "true",
+            "unclean.leader.election.enable": "false",
+        }
+        props.update(c.overrides)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(
+            "# written by tests/integration/kafka_broker.py\n" + "".join(f"{k}={v}\n" for k, v in props.items())
+        )
+
+    def format(self) -> None:
+        """Formats the storage directory with the cluster's id (once)."""
+        if (self.data_dir / "meta.properties").exists():
+            return
+        argv = [JAVA, "-Xmx256m", "-XX:+UseSerialGC", f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
+                "-cp", classpath(), "kafka.tools.StorageTool", "format",
+                "-t", self.cluster.cluster_id, "-c", str(self.config_path)]
+        r = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=120)
+        if r.returncode != 0:
+            raise HarnessError(f"kafka-storage format failed for {self.name}: {r.stdout}\n{r.stderr}")
+
+    def start(self) -> "KafkaNode":
+        if self.proc is not None and self.proc.alive():
+            return self
+        env = dict(os.environ)
+        argv = [JAVA, *JVM_OPTS, *self.cluster.jvm_opts, f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
+                "-cp", classpath(), "kafka.Kafka", self.config_path]
+        self.proc = ManagedProcess(self.name, argv, self.log_path, env=env)
+        self.paused = False
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.alive()
+
+    def wait_listening(self, timeout: float) -> None:
+        def up():
+            if not self.alive():
+                raise HarnessError(f"{self.name} exited with {self.proc.proc.returncode}:\n{self.proc.log_text(20000)}")
+            with rawkafka.Connection(HOST, self.port, timeout=1.0) as c:
+                return rawkafka.API_FETCH in rawkafka.api_versions(c)
+
+        wait_until(up, timeout, interval=0.2, what=f"{self.name} answering ApiVersions on {self.port}")
+
+    def kill(self) -> None:
+        """SIGKILL: the node dies without a controlled shutdown (data stays for a restart)."""
+        if self.proc is not None:
+            if self.paused:
+                self.resume()
+            self.proc.stop(signal.SIGKILL, timeout=10)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        """Controlled shutdown (SIGTERM), SIGKILL after `timeout`."""
+        if self.proc is not None:
+            if self.paused:
+                self.resume()
+            self.proc.stop(signal.SIGTERM, timeout=timeout)
+
+    def pause(self) -> None:
+        """SIGSTOP the JVM: the node hangs with its sockets open (a 'hung' source)."""
+        if self.alive():
+            os.killpg(self.proc.pid, signal.SIGSTOP)
+            self.paused = True
+
+    def resume(self) -> None:
+        if self.proc is not None and self.paused:
+            try:
+                os.killpg(self.proc.pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+            self.paused = False
+
+    def restart(self, timeout: float = 60.0) -> "KafkaNode":
+        """Starts a stopped or killed node again on the same ports and data."""
+        if self.alive():
+            self.kill()
+        self.start()
+        self.wait_listening(timeout)
+        return self
+
+
+class KafkaCluster:
+    """``nodes`` combined KRaft nodes (ids ``first_node_id``..) sharing one cluster id."""
+
+    def __init__(
+        self,
+        work_dir: Path,
+        nodes: int = 1,
+        cluster_id: str | None = None,
+        name: str = "kafka",
+        first_node_id: int = 1,
+        overrides: dict | None = None,
+        jvm_opts: list[str] | None = None,
+    ):
+        self.work_dir = Path(work_dir)
+        self.cluster_id = cluster_id or harness.cluster_id()
+        self.name = name
+        self.overrides = dict(overrides or {})
+        self.jvm_opts = list(jvm_opts or [])
+        ports = _free_ports(2 * nodes)
+        self.nodes: list[KafkaNode] = []
+        for i in range(nodes):
+            self.nodes.append(KafkaNode(self, first_node_id + i, ports[2 * i], ports[2 * i + 1]))
+
+    # -- the interface shared with harness.TansuBroker ----------------------------
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(n.bootstrap for n in self.nodes)
+
+    @property
+    def port(self) -> int:
+        """The first node's port (single-node clusters use it like TansuBroker.port)."""
+        return self.nodes[0].port
+
+    @property
+    def node_ids(self) -> list[int]:
+        return [n.node_id for n in self.nodes]
+
+    @property
+    def log_path(self) -> Path:
+        return self.nodes[0].log_path
+
+    @property
+    def kind(self) -> str:
+        return "kafka"
+
+    def node(self, node_id: int) -> KafkaNode:
+        for n in self.nodes:
+            if n.node_id == node_id:
+                return n
+        raise KeyError(node_id)
+
+    def start(self, timeout: float = 120.0) -> "KafkaCluster":
+        t0 = time.monotonic()
+        try:
+            for n in self.nodes:
+                n.write_config()
+                n.format()
+            for n in self.nodes:
+                n.start()
+            for n in self.nodes:
+                n.wait_listening(max(5.0, timeout - (time.monotonic() - t0)))
+            self.wait_brokers(len(self.nodes), max(5.0, timeout - (time.monotonic() - t0)))
+        except BaseException:
+            self.stop(graceful=False)
+            raise
+        self.start_seconds = time.monotonic() - t0
+        return self
+
+    def wait_brokers(self, count: int, timeout: float = 60.0) -> None:
+        """Waits until Metadata (through a live node) lists `count` brokers."""
+        def ready():
+            for n in self.nodes:
+                if not n.alive() or n.paused:
+                    continue
+                try:
+                    with rawkafka.Connection(HOST, n.port, timeout=1.0) as c:
+                        md = rawkafka.metadata_v1(c, [])
+                    if len(md.brokers) >= count:
+                        return True
+                except (OSError, rawkafka.ProtocolError):
+                    continue
+            return False
+
+        wait_until(ready, timeout, interval=0.2, what=f"{self.name}: {count} brokers in Metadata")
+
+    def stop(self, graceful: bool = False) -> None:
+        """Stops every node this cluster started (SIGKILL unless `graceful`: test data is
+        thrown away, so a controlled shutdown only costs time)."""
+        for n in self.nodes:
+            if graceful:
+                n.stop()
+            else:
+                n.kill()
+
+    def leader_of(self, topic: str, partition: int = 0) -> int:
+        for n in self.nodes:
+            if not n.alive() or n.paused:
+                continue
+            try:
+                with rawkafka.Connection(HOST, n.port, timeout=2.0) as c:
+                    md = rawkafka.metadata_v1(c, [topic])
+                return md.topics[topic][partition]
+            except (OSError, rawkafka.ProtocolError, KeyError):
+                continue
+        raise HarnessError(f"no live node knows the leader of {topic}-{partition}")
+
+
+def main(argv: list[str]) -> int:
+    import argparse
+    import tempfile
+
+    ap = argparse.ArgumentParser(description="Run Apache Kafka test brokers on loopback until interrupted.")
+    ap.add_argument("--nodes", type=int, default=1)
+    ap.add_argument("--cluster-id")
+    ap.add_argument("--dir")
+    args = ap.parse_args(argv)
+    work = Path(args.dir or tempfile.mkdtemp(prefix="mg-kafka-"))
+    cluster = KafkaCluster(work, nodes=args.nodes, cluster_id=args.cluster_id)
+    cluster.start()
+    print(f"bootstrap={cluster.bootstrap} cluster_id={cluster.cluster_id} dir={work} "
+          f"started_in={cluster.start_seconds:.1f}s", flush=True)
+    try:
+        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+    finally:
+        cluster.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
