@@ -81,12 +81,15 @@ def free_port(exclude: set[int] | None = None) -> int:
     raise HarnessError("no free port found")
 
 
-def free_node_port_base(exclude: set[int] | None = None, node: int = TANSU_NODE_ID) -> int:
-    """A node_port_base such that base + node is a free port."""
+def free_node_port_base(
+    exclude: set[int] | None = None, node: int = TANSU_NODE_ID, nodes: list[int] | None = None
+) -> int:
+    """A node_port_base such that base + node is a free port for every node id."""
     exclude = exclude or set()
+    ids = nodes or [node]
     for _ in range(200):
-        base = random.randint(20000, 60000 - node)
-        if base + node not in exclude and _port_is_free(base + node):
+        base = random.randint(20000, 60000 - max(ids))
+        if all(base + n not in exclude and _port_is_free(base + n) for n in ids):
             return base
     raise HarnessError("no free node port base found")
 
@@ -256,10 +259,15 @@ class ProxyPorts:
     bootstrap: int
     admin: int
     node_port_base: int
+    node_ids: tuple[int, ...] = (TANSU_NODE_ID,)
 
     @property
     def node_port(self) -> int:
-        return self.node_port_base + TANSU_NODE_ID
+        """The proxy port of the first upstream node (the only one for one-node upstreams)."""
+        return self.node_port_base + self.node_ids[0]
+
+    def node_port_of(self, node_id: int) -> int:
+        return self.node_port_base + node_id
 
 
 class Proxy:
@@ -276,6 +284,7 @@ class Proxy:
         metadata_refresh_ms: int = 2000,
         log_level: str = "info,mirrorguard=debug",
         name: str = "mirrorguard",
+        node_ids: list[int] | tuple[int, ...] = (TANSU_NODE_ID,),
     ):
         taken: set[int] = set()
         bs = free_port(taken)
@@ -284,8 +293,8 @@ class Proxy:
         taken.add(admin)
         for u in upstream:
             taken.add(int(u.rsplit(":", 1)[1]))
-        base = free_node_port_base(taken)
-        self.ports = ProxyPorts(bs, admin, base)
+        base = free_node_port_base(taken, nodes=list(node_ids))
+        self.ports = ProxyPorts(bs, admin, base, tuple(node_ids))
         self.upstream = upstream
         self.max_frame_bytes = max_frame_bytes
         self.shutdown_grace_ms = shutdown_grace_ms

@@ -99,6 +99,8 @@ class MirrorSpec:
     source_cluster_id: str | None = None
     bootstrap_port: int = 0
     node_port_base: int = 0
+    # The source's broker node ids (Tansu is always 111; Kafka test clusters use 1, 2, 3).
+    node_ids: list[int] = field(default_factory=lambda: [TANSU_NODE_ID])
 
     @property
     def bootstrap(self) -> str:
@@ -106,7 +108,11 @@ class MirrorSpec:
 
     @property
     def node_port(self) -> int:
-        return self.node_port_base + TANSU_NODE_ID
+        """The proxy port of the first source node (the only one for single-node sources)."""
+        return self.node_port_base + self.node_ids[0]
+
+    def node_port_of(self, node_id: int) -> int:
+        return self.node_port_base + node_id
 
 
 class MirrorGuard:
@@ -124,12 +130,13 @@ class MirrorGuard:
         self.admin_port = harness.free_port(taken)
         taken.add(self.admin_port)
         for m in mirrors:
-            taken.add(int(m.source_bootstrap.rsplit(":", 1)[1]))
+            for addr in m.source_bootstrap.split(","):
+                taken.add(int(addr.rsplit(":", 1)[1]))
         for m in mirrors:
             m.bootstrap_port = harness.free_port(taken)
             taken.add(m.bootstrap_port)
-            m.node_port_base = harness.free_node_port_base(taken)
-            taken.add(m.node_port)
+            m.node_port_base = harness.free_node_port_base(taken, nodes=m.node_ids)
+            taken.update(m.node_port_of(n) for n in m.node_ids)
         self.mirrors = {m.name: m for m in mirrors}
         self.token_path = work_dir / f"{name}.token"
         self.token_path.write_text(self.TOKEN + "\n")
@@ -145,7 +152,7 @@ bootstrap = "{m.bootstrap}"
 listen_host = "{HOST}"
 advertised_host = "{HOST}"
 node_port_base = {m.node_port_base}
-source_bootstrap = ["{m.source_bootstrap}"]
+source_bootstrap = [{", ".join(f'"{a}"' for a in m.source_bootstrap.split(","))}]
 pid_mode = "{m.pid_mode}"
 layout = "{m.layout}"
 metadata_refresh_ms = {metadata_refresh_ms}
