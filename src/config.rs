@@ -82,6 +82,13 @@ pub struct MirrorConfig {
     /// Period of the proxy's own source Metadata refresh.
     #[serde(default = "default_metadata_refresh_ms")]
     pub metadata_refresh_ms: u64,
+    /// Bootstrap servers of the destination cluster (where the mirrored
+    /// topics live): destination topic ids are read there, and open mirrored
+    /// transactions are aborted there when the fetcher is gone. Defaults to
+    /// `[state].bootstrap` (the usual deployment keeps `__mirror_state` on
+    /// the destination); set it when the state cluster is a separate one.
+    #[serde(default)]
+    pub destination_bootstrap: Vec<String>,
 }
 
 impl MirrorConfig {
@@ -121,6 +128,19 @@ pub enum LayoutConfig {
     /// Bit 63 marks a mapped PID (the seed layout; not EOS-safe on stock brokers).
     #[serde(rename = "sign-bit")]
     SignBit,
+}
+
+impl Config {
+    /// The destination cluster's bootstrap servers: the first
+    /// `[[mirror]].destination_bootstrap` given, else `[state].bootstrap`.
+    pub fn destination_bootstrap(&self) -> Vec<String> {
+        self.mirrors
+            .iter()
+            .find(|m| !m.destination_bootstrap.is_empty())
+            .map(|m| m.destination_bootstrap.clone())
+            .or_else(|| self.state.as_ref().map(|s| s.bootstrap.clone()))
+            .unwrap_or_default()
+    }
 }
 
 /// `[state]`: where `__mirror_state` lives.
@@ -429,6 +449,27 @@ impl Config {
                 crate::pid::ClusterId::parse(id).map_err(|e| {
                     invalid(format!("mirror[{i}].source_cluster_id"), e.to_string())
                 })?;
+            }
+            for (j, addr) in m.destination_bootstrap.iter().enumerate() {
+                split_host_port(addr)
+                    .map_err(|e| invalid(format!("mirror[{i}].destination_bootstrap[{j}]"), e))?;
+            }
+            if !m.destination_bootstrap.is_empty() {
+                // One instance feeds one destination: its producer state and
+                // life cycle are keyed by destination topic name.
+                if let Some((k, other)) = self.mirrors[..i].iter().enumerate().find(|(_, o)| {
+                    !o.destination_bootstrap.is_empty()
+                        && o.destination_bootstrap != m.destination_bootstrap
+                }) {
+                    return Err(invalid(
+                        format!("mirror[{i}].destination_bootstrap"),
+                        format!(
+                            "differs from mirror[{k}].destination_bootstrap ({}): the mirrors of \
+                             one mirrorguard instance feed one destination cluster",
+                            other.destination_bootstrap.join(",")
+                        ),
+                    ));
+                }
             }
             if m.pid_mode == PidMode::Region && self.state.is_none() {
                 return Err(invalid(

@@ -109,8 +109,10 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             })
             .await
             .map_err(|e| anyhow::anyhow!("state cluster ({}): {e}", st.bootstrap.join(",")))?;
-            let bootstrap = st
-                .bootstrap
+            // Destination topic ids are read on the destination, which may
+            // be another cluster than the one holding __mirror_state.
+            let bootstrap = config
+                .destination_bootstrap()
                 .iter()
                 .filter_map(|a| crate::config::split_host_port(a).ok())
                 .collect();

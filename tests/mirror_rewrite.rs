@@ -72,6 +72,7 @@ fn mirror_with(mode: PidMode, layout: LayoutConfig, limits: RegistryConfig) -> A
         destination_topic_prefix: String::new(),
         connect_timeout_ms: 1000,
         metadata_refresh_ms: 1000,
+        destination_bootstrap: Vec::new(),
     };
     let metrics = Metrics::new();
     let m = MirrorContext::new(

@@ -595,7 +595,14 @@ impl ResponseRewriter for MirrorRewriter {
                 let mirror = self.mirror.clone();
                 let servers = self.mirror.replay_servers();
                 let max_frame = crate::config::DEFAULT_MAX_FRAME_BYTES as usize;
+                let version = h.api_version;
                 let wait = Box::pin(async move {
+                    let what = match &pending {
+                        Pending::Salts(_) => "collision salt not persisted",
+                        Pending::TopicIds => "destination topic ids not read",
+                        Pending::Replay(_) => "source range not replayed",
+                        Pending::Claims(_) => "producer claims not persisted",
+                    };
                     let done = match pending {
                         Pending::Salts(p) => salts.persist(p).await,
                         Pending::TopicIds => salts.refresh_topic_ids().await,
@@ -606,8 +613,8 @@ impl ResponseRewriter for MirrorRewriter {
                     };
                     done.map_err(|message| RewriteError {
                         api: "Fetch",
-                        version: 0,
-                        message: format!("collision salt not persisted: {message}"),
+                        version,
+                        message: format!("{what}: {message}"),
                     })
                 });
                 return Ok(Rewritten::Blocked {

@@ -33,8 +33,9 @@ pub struct StateSync {
     next_offset: tokio::sync::Mutex<i64>,
     metrics: Arc<Metrics>,
     me: std::sync::Weak<StateSync>,
-    /// Bootstrap of the state (= destination) cluster, for its topic ids.
-    state_bootstrap: Vec<(String, u16)>,
+    /// Bootstrap of the destination cluster, for its topic ids (the state
+    /// cluster may be another one).
+    dest_bootstrap: Vec<(String, u16)>,
     dest_topics: std::sync::RwLock<DestinationTopics>,
     lifecycle: std::sync::OnceLock<Arc<Lifecycle>>,
     /// Open transactions of seals read back (type 5), by destination partition.
@@ -65,12 +66,13 @@ struct DestinationTopics {
 }
 
 impl StateSync {
-    /// A sync over an opened store.
+    /// A sync over an opened store; `dest_bootstrap` is the destination
+    /// cluster (where topic ids are read).
     pub fn new(
         store: Arc<StateStore>,
         registry: Arc<ProducerStateRegistry>,
         metrics: Arc<Metrics>,
-        state_bootstrap: Vec<(String, u16)>,
+        dest_bootstrap: Vec<(String, u16)>,
     ) -> Arc<Self> {
         Arc::new_cyclic(|me| Self {
             store,
@@ -79,7 +81,7 @@ impl StateSync {
             next_offset: tokio::sync::Mutex::new(0),
             metrics,
             me: me.clone(),
-            state_bootstrap,
+            dest_bootstrap,
             dest_topics: Default::default(),
             lifecycle: Default::default(),
             snapshots: Default::default(),
@@ -116,7 +118,7 @@ impl StateSync {
     /// Re-reads the destination cluster's topic names and ids.
     async fn refresh_destination_topics(&self) -> anyhow::Result<()> {
         let view = crate::proxy::refresh::fetch_cluster_view(
-            &self.state_bootstrap,
+            &self.dest_bootstrap,
             Duration::from_secs(5),
             crate::config::DEFAULT_MAX_FRAME_BYTES as usize,
         )
@@ -570,7 +572,7 @@ impl StateSync {
             .await
             .map_err(|e| e.to_string())?;
         self.destination_topic_id(topic).ok_or_else(|| {
-            format!("destination topic {topic:?} does not exist on the state cluster; its state cannot be recorded")
+            format!("destination topic {topic:?} does not exist on the destination cluster; its state cannot be recorded")
         })
     }
 
@@ -644,7 +646,7 @@ impl StateSync {
                     self.destination_topic_id(&p.partition.topic)
                         .ok_or_else(|| {
                             format!(
-                                "destination topic {:?} does not exist on the state cluster yet; \
+                                "destination topic {:?} does not exist on the destination cluster yet; \
                              a collision salt for it cannot be recorded",
                                 p.partition.topic
                             )

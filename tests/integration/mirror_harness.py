@@ -101,6 +101,10 @@ class MirrorSpec:
     node_port_base: int = 0
     # The source's broker node ids (Tansu is always 111; Kafka test clusters use 1, 2, 3).
     node_ids: list[int] = field(default_factory=lambda: [TANSU_NODE_ID])
+    # The destination cluster when it is not the state cluster (`destination_bootstrap`).
+    destination_bootstrap: str | None = None
+    # Extra `key = value` lines for the [[mirror]] block (e.g. upstream_request_timeout_ms).
+    extra: str = ""
 
     @property
     def bootstrap(self) -> str:
@@ -145,6 +149,10 @@ class MirrorGuard:
         blocks = []
         for m in mirrors:
             extra = f'source_cluster_id = "{m.source_cluster_id}"\n' if m.source_cluster_id else ""
+            if m.destination_bootstrap:
+                extra += f'destination_bootstrap = [{", ".join(chr(34) + a + chr(34) for a in m.destination_bootstrap.split(","))}]\n'
+            if m.extra:
+                extra += m.extra.rstrip("\n") + "\n"
             blocks.append(
                 f"""[[mirror]]
 name = "{m.name}"
