@@ -89,6 +89,17 @@ pub struct MirrorConfig {
     /// the destination); set it when the state cluster is a separate one.
     #[serde(default)]
     pub destination_bootstrap: Vec<String>,
+    /// How long the source may take to answer a request (a Fetch: on top of
+    /// its MaxWaitMs) before the connection is answered locally, as with a
+    /// source that is down. Keep it below the destination fetcher's request
+    /// timeout (Kafka's `replica.socket.timeout.ms`, 30 s), so a hung source
+    /// is answered before the fetcher gives up.
+    #[serde(default = "default_upstream_request_timeout_ms")]
+    pub upstream_request_timeout_ms: u64,
+}
+
+fn default_upstream_request_timeout_ms() -> u64 {
+    10_000
 }
 
 impl MirrorConfig {
@@ -470,6 +481,12 @@ impl Config {
                         ),
                     ));
                 }
+            }
+            if !(100..=600_000).contains(&m.upstream_request_timeout_ms) {
+                return Err(invalid(
+                    format!("mirror[{i}].upstream_request_timeout_ms"),
+                    "must be within 100..=600000 (and below the fetcher's request timeout)".into(),
+                ));
             }
             if m.pid_mode == PidMode::Region && self.state.is_none() {
                 return Err(invalid(

@@ -168,6 +168,14 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         );
         listener.set_refresh_hook(mirror.clone());
         listener.start().await?;
+        // With a topology restored from __mirror_state the source's node
+        // ports are bound now, so the fetcher finds them with the source down.
+        if let Some(t) = mirror.topology() {
+            for b in &t.brokers {
+                listener.nodes.advertise(b.node_id, &b.host, b.port);
+            }
+            listener.mark_ready_from_persisted();
+        }
         listeners.push(listener);
     }
 

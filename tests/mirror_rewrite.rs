@@ -73,6 +73,7 @@ fn mirror_with(mode: PidMode, layout: LayoutConfig, limits: RegistryConfig) -> A
         connect_timeout_ms: 1000,
         metadata_refresh_ms: 1000,
         destination_bootstrap: Vec::new(),
+        upstream_request_timeout_ms: 10_000,
     };
     let metrics = Metrics::new();
     let m = MirrorContext::new(

@@ -25,6 +25,7 @@
 //! persisted as a producer-state snapshot). The response is held meanwhile;
 //! only then is it rewritten.
 
+pub mod offline;
 pub mod replay;
 pub mod seal_path;
 pub mod state_sync;
@@ -135,6 +136,14 @@ pub trait SaltStore: Send + Sync {
         &self,
         salts: Vec<PendingSalt>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;
+    /// Persists a mirror's source topology (record type 6).
+    fn persist_topology(
+        &self,
+        _mirror: &str,
+        _topology: offline::Topology,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
+        Box::pin(async { Err("this store keeps no source topology".to_string()) })
+    }
 }
 
 /// Metric handles of one mirror, looked up once.
@@ -203,6 +212,15 @@ pub struct MirrorContext {
     /// Partition life cycle (shared by all mirrors).
     pub lifecycle: Arc<crate::lifecycle::Lifecycle>,
     seal_metrics: SealMetrics,
+    /// How long the source may take per request before the connection is
+    /// answered locally.
+    pub request_timeout: std::time::Duration,
+    /// The last known source topology (live or restored) and the last one
+    /// persisted.
+    topology: std::sync::RwLock<Option<offline::Topology>>,
+    persisted_topology: Arc<std::sync::Mutex<Option<offline::Topology>>>,
+    /// Whether `topology` came from the source itself (not restored).
+    topology_live: std::sync::atomic::AtomicBool,
 }
 
 /// Seal metric handles of one mirror.
@@ -272,14 +290,135 @@ impl crate::proxy::refresh::RefreshHook for MirrorContext {
             })?;
             self.set_source(id)?;
         }
-        let mut t = self.topics.write().unwrap_or_else(|p| p.into_inner());
-        for (name, id, partitions) in &view.topics {
-            if *id != [0; 16] {
-                t.by_id.insert(*id, Arc::from(name.as_str()));
+        {
+            let mut t = self.topics.write().unwrap_or_else(|p| p.into_inner());
+            for (name, id, partitions) in &view.topics {
+                if *id != [0; 16] {
+                    t.by_id.insert(*id, Arc::from(name.as_str()));
+                }
+                t.partitions.insert(name.clone(), *partitions);
             }
-            t.partitions.insert(name.clone(), *partitions);
         }
+        self.note_topology(view);
         Ok(())
+    }
+}
+
+impl MirrorContext {
+    /// Keeps the topology of a refresh and persists it when it changed (a
+    /// restart with the source down serves and seals from it).
+    fn note_topology(&self, view: &crate::proxy::refresh::ClusterView) {
+        let (Some(source), false) = (self.source(), view.brokers.is_empty()) else {
+            return;
+        };
+        let mut topology = offline::Topology {
+            source_cluster_id: source.text.clone(),
+            brokers: view.brokers.clone(),
+            topics: view.topic_details.clone(),
+        };
+        topology.normalise();
+        self.topology_live
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        *self.topology.write().unwrap_or_else(|p| p.into_inner()) = Some(topology.clone());
+        if !self.salts.durable() || tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        {
+            let mut last = self
+                .persisted_topology
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            if last.as_ref() == Some(&topology) {
+                return;
+            }
+            // Claimed before the write: a failed write clears it (retried
+            // at the next refresh).
+            *last = Some(topology.clone());
+        }
+        let fut = self.salts.persist_topology(&self.name, topology);
+        let name = self.name.clone();
+        let me = self.persisted_topology.clone();
+        tokio::spawn(async move {
+            match fut.await {
+                Ok(()) => tracing::debug!(mirror = %name, "source topology persisted"),
+                Err(e) => {
+                    tracing::warn!(mirror = %name, error = %e, "source topology not persisted; will retry");
+                    *me.lock().unwrap_or_else(|p| p.into_inner()) = None;
+                }
+            }
+        });
+    }
+
+    /// Applies a topology read back from `__mirror_state` (start-up or
+    /// another instance): topics, ids, the source id when not known yet.
+    /// A live refresh overrides it.
+    pub fn restore_topology(&self, topology: offline::Topology) {
+        if self.source().is_none() {
+            match SourceIdentity::parse(&topology.source_cluster_id) {
+                Ok(id) => {
+                    let _ = self.set_source(id);
+                }
+                Err(e) => tracing::warn!(mirror = %self.name, error = %e,
+                    "persisted source topology has an unparseable cluster id"),
+            }
+        } else if self.source().map(|s| s.text.as_str()) != Some(&topology.source_cluster_id) {
+            tracing::warn!(mirror = %self.name, persisted = %topology.source_cluster_id,
+                "persisted source topology is of another source cluster; ignored");
+            return;
+        }
+        {
+            let mut t = self.topics.write().unwrap_or_else(|p| p.into_inner());
+            for topic in &topology.topics {
+                if topic.id != [0; 16] {
+                    t.by_id
+                        .entry(topic.id)
+                        .or_insert_with(|| Arc::from(topic.name.as_str()));
+                }
+                if !self.topology_live.load(std::sync::atomic::Ordering::SeqCst) {
+                    t.partitions
+                        .insert(topic.name.clone(), topic.partitions.len() as i32);
+                }
+            }
+        }
+        tracing::info!(mirror = %self.name, topics = topology.topics.len(),
+            brokers = topology.brokers.len(), "source topology restored from __mirror_state");
+        // The latest record wins, unless the source itself was read since.
+        if !self.topology_live.load(std::sync::atomic::Ordering::SeqCst) {
+            *self.topology.write().unwrap_or_else(|p| p.into_inner()) = Some(topology.clone());
+        }
+        *self
+            .persisted_topology
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(topology);
+    }
+
+    /// The last known source topology.
+    pub fn topology(&self) -> Option<offline::Topology> {
+        self.topology
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Source brokers to advertise offline: the listener's live view, else
+    /// the persisted topology's.
+    fn offline_brokers(&self) -> Vec<offline::Broker> {
+        let live: Vec<offline::Broker> = self
+            .nodes
+            .get()
+            .map(|n| n.snapshot())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|(node_id, a)| offline::Broker {
+                node_id,
+                host: a.host,
+                port: i32::from(a.port),
+            })
+            .collect();
+        if !live.is_empty() {
+            return live;
+        }
+        self.topology().map(|t| t.brokers).unwrap_or_default()
     }
 }
 
@@ -460,6 +599,10 @@ impl MirrorContext {
                 .collect(),
             lifecycle,
             seal_metrics: SealMetrics::new(metrics, &cfg.name),
+            request_timeout: std::time::Duration::from_millis(cfg.upstream_request_timeout_ms),
+            topology: Default::default(),
+            persisted_topology: Default::default(),
+            topology_live: Default::default(),
         };
         if let Some(text) = &cfg.source_cluster_id {
             ctx.set_source(SourceIdentity::parse(text)?)?;
@@ -559,6 +702,33 @@ impl ResponseRewriter for MirrorRewriter {
 
     fn wants(&self, h: &RequestHeader) -> bool {
         h.api_key == api::FETCH || needs_address_rewrite(h)
+    }
+
+    fn serves_offline(&self) -> bool {
+        true
+    }
+
+    fn upstream_deadline(&self, h: &RequestHeader, frame: &[u8]) -> Option<std::time::Duration> {
+        let wait = if h.api_key == api::FETCH {
+            offline::fetch_max_wait_ms(h, frame)
+                .and_then(|w| u64::try_from(w).ok())
+                .map(std::time::Duration::from_millis)
+                .unwrap_or_default()
+                .min(self.mirror.request_timeout)
+        } else {
+            std::time::Duration::ZERO
+        };
+        Some(wait + self.mirror.request_timeout)
+    }
+
+    fn offline_answer(
+        &self,
+        h: &RequestHeader,
+        request: &[u8],
+    ) -> Option<Result<crate::proxy::connection::OfflineAnswer, RewriteError>> {
+        let topology = self.mirror.topology().unwrap_or_default();
+        let brokers = self.mirror.offline_brokers();
+        offline::answer(h, request, &topology, &brokers, self.mirror.request_timeout)
     }
 
     fn answer(
@@ -1179,6 +1349,7 @@ mod handle_cache_tests {
         m.on_refresh(&ClusterView {
             cluster_id: None,
             topics: vec![("named".into(), id, 1)],
+            ..Default::default()
         })
         .unwrap();
         let late = m.partition_handle(&FetchTopic::Id(id), 0).unwrap();

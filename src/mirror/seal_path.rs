@@ -200,12 +200,29 @@ fn decide_all(
                     };
                     let (mirror, servers) = (mirror.clone(), mirror.replay_servers());
                     let max_frame = crate::config::DEFAULT_MAX_FRAME_BYTES as usize;
+                    let key = c.key.clone();
                     return Err(Rewritten::Blocked {
                         frame: None,
                         wait: Box::pin(async move {
-                            super::run_replays(mirror, servers, vec![job], max_frame)
-                                .await
-                                .map_err(|m| err(0, m))
+                            // The seal never needs the source (SPEC 3.1): when
+                            // the replay cannot run, the cut is taken from the
+                            // persisted producer state alone.
+                            let limit = mirror.request_timeout;
+                            let replay =
+                                super::run_replays(mirror.clone(), servers, vec![job], max_frame);
+                            let failed = match tokio::time::timeout(limit, replay).await {
+                                Ok(Ok(())) => None,
+                                Ok(Err(m)) => Some(m),
+                                Err(_) => Some(format!("no answer within {limit:?}")),
+                            };
+                            if let Some(why) = failed {
+                                tracing::warn!(partition = %key, error = %why,
+                                    "source unreachable: sealing from the persisted producer state \
+                                     (transactions begun after the last snapshot get no ABORT \
+                                     marker; `ctl abort-open` closes them after promotion)");
+                                mirror.mark_warm(&key);
+                            }
+                            Ok(())
                         }),
                     });
                 }

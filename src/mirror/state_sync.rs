@@ -244,6 +244,10 @@ impl StateSync {
         if !self.advance(&r.key, r.offset) {
             return false;
         }
+        if r.key.get(..2) == Some(&crate::mirror::offline::SOURCE_TOPOLOGY_TYPE.to_be_bytes()) {
+            self.apply_topology(r);
+            return false;
+        }
         let Ok(rec) = decode(&r.key, r.value.as_deref()) else {
             tracing::warn!(
                 offset = r.offset,
@@ -268,6 +272,25 @@ impl StateSync {
                 value: Some(value),
             } => {
                 self.apply_snapshot(key, value);
+                return false;
+            }
+            StateRecord::Unknown { record_type } => {
+                // A newer writer's record: skipped, never fatal, counted.
+                self.count("unknown_record_skipped");
+                tracing::debug!(
+                    offset = r.offset,
+                    record_type,
+                    "unknown __mirror_state record type skipped"
+                );
+                return false;
+            }
+            StateRecord::NewerVersion { version, .. } => {
+                self.count("unknown_record_skipped");
+                tracing::debug!(
+                    offset = r.offset,
+                    version,
+                    "__mirror_state value version newer than this code skipped"
+                );
                 return false;
             }
             _ => return false,
@@ -305,6 +328,45 @@ impl StateSync {
             .with(|s| s.salts_mut().apply(record));
         tracing::debug!(offset = r.offset, %partition, ?outcome, "collision salt applied");
         true
+    }
+
+    /// Applies a source-topology record (type 6) to its mirror.
+    fn apply_topology(&self, r: &StoredRecord) {
+        use crate::mirror::offline::Topology;
+        let Some(value) = r.value.as_deref() else {
+            return; // tombstone: nothing to restore
+        };
+        let decoded = Topology::decode_key(&r.key)
+            .and_then(|m| Topology::decode_value(value).map(|v| (m, v)));
+        let (mirror, topology) = match decoded {
+            Ok((m, Some((t, _ts)))) => (m, t),
+            Ok((_, None)) => {
+                self.count("unknown_record_skipped");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(offset = r.offset, error = %e, "undecodable source-topology record skipped");
+                return;
+            }
+        };
+        let mirrors = self.mirrors.read().unwrap_or_else(|p| p.into_inner());
+        if let Some(m) = mirrors.iter().find(|m| m.name == mirror) {
+            m.restore_topology(topology);
+        }
+    }
+
+    /// Appends a mirror's source topology (type 6).
+    async fn write_topology(
+        &self,
+        mirror: String,
+        topology: crate::mirror::offline::Topology,
+    ) -> Result<(), String> {
+        use crate::mirror::offline::Topology;
+        let k = Topology::encode_key(&mirror).map_err(|e| e.to_string())?;
+        let v = topology
+            .encode_value(crate::lifecycle::now_ms())
+            .map_err(|e| e.to_string())?;
+        self.append_record(k, v).await.map(|_| ())
     }
 
     fn apply_snapshot(&self, key: MirrorProducerSnapshotKey, value: MirrorProducerSnapshotValue) {
@@ -737,6 +799,19 @@ impl SaltStore for StateSync {
 
     fn topic_id(&self, topic: &str) -> Option<[u8; 16]> {
         self.destination_topic_id(topic)
+    }
+
+    fn persist_topology(
+        &self,
+        mirror: &str,
+        topology: crate::mirror::offline::Topology,
+    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
+        let me = self.me.upgrade();
+        let mirror = mirror.to_string();
+        Box::pin(async move {
+            let me = me.ok_or("state store is shutting down")?;
+            me.write_topology(mirror, topology).await
+        })
     }
 
     fn refresh_topic_ids(

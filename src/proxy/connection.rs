@@ -7,11 +7,22 @@
 //! lets the listener's [`ResponseRewriter`] rewrite what it must, and writes
 //! it to the client. A Produce with `acks=0` never gets an entry. Nothing is
 //! locked across an `.await`: the queue is a channel owned by the two pumps.
+//!
+//! Listeners whose rewriter can answer without the upstream (mirror
+//! listeners, [`ResponseRewriter::serves_offline`]) never lose a client to a
+//! dead or hung upstream: each request gets a deadline, and when the upstream
+//! refuses, closes, or misses a deadline the connection goes *offline* for
+//! good: owed and later requests are answered by
+//! [`ResponseRewriter::offline_answer`] (no earlier than the time the request
+//! allowed the broker to wait), and once the listener sees the upstream again
+//! the connection stops reading, delivers what it owes and closes, so the
+//! client reconnects to the live upstream.
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
@@ -44,6 +55,53 @@ pub struct InFlight {
     /// A Produce with `acks=0`: Kafka sends no response, but some brokers
     /// (Tansu) do; such a response is recognised by its id and dropped.
     pub unanswered: bool,
+    /// The request as forwarded, kept by listeners that can answer it
+    /// themselves if the upstream fails ([`ResponseRewriter::serves_offline`]).
+    pub request: Option<BytesMut>,
+    /// When the upstream's answer is overdue (offline-capable listeners).
+    pub deadline: Option<Instant>,
+}
+
+/// A response built by the listener in place of the upstream's.
+pub struct OfflineAnswer {
+    /// The frame, as the upstream would have sent it (it is rewritten like
+    /// an upstream response).
+    pub frame: BytesMut,
+    /// Not sent before `sent_at + not_before` (a Fetch's MaxWaitMs: no hot
+    /// retry loop for a fetcher that gets nothing).
+    pub not_before: Duration,
+}
+
+/// Whether a listener's upstream answers, shared by its connections.
+#[derive(Default)]
+pub struct UpstreamHealth {
+    /// Bumped each time the upstream is seen again after a failure.
+    recoveries: AtomicU64,
+    down: AtomicBool,
+}
+
+impl UpstreamHealth {
+    /// The upstream answered (a Metadata refresh succeeded).
+    pub fn up(&self) {
+        if self.down.swap(false, Ordering::SeqCst) {
+            self.recoveries.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    /// The upstream did not answer (a refresh or a connection failed).
+    pub fn down(&self) {
+        self.down.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether the last observation was a failure.
+    pub fn is_down(&self) -> bool {
+        self.down.load(Ordering::SeqCst)
+    }
+
+    /// The recovery count (changes when the upstream comes back).
+    pub fn generation(&self) -> u64 {
+        self.recoveries.load(Ordering::SeqCst)
+    }
 }
 
 /// Listener-specific notes carried from a request to its response.
@@ -99,6 +157,25 @@ pub trait ResponseRewriter: Send + Sync {
             message: "this listener cannot answer requests itself".into(),
         })
     }
+    /// Whether this listener keeps its clients when the upstream is gone
+    /// (then requests are kept until answered and get deadlines).
+    fn serves_offline(&self) -> bool {
+        false
+    }
+    /// How long the upstream may take to answer this request before the
+    /// connection goes offline (`None`: forever).
+    fn upstream_deadline(&self, _header: &RequestHeader, _frame: &[u8]) -> Option<Duration> {
+        None
+    }
+    /// The answer to `request` built without the upstream; `None` when this
+    /// API cannot be answered locally (the connection then closes).
+    fn offline_answer(
+        &self,
+        _header: &RequestHeader,
+        _request: &[u8],
+    ) -> Option<Result<OfflineAnswer, RewriteError>> {
+        None
+    }
 }
 
 /// Result of [`ResponseRewriter::rewrite`].
@@ -142,6 +219,9 @@ pub struct ConnectionContext {
     pub metrics: Arc<Metrics>,
     /// Response rewriting for decoded APIs.
     pub rewriter: Arc<dyn ResponseRewriter>,
+    /// The listener's view of its upstream (offline connections close once
+    /// it recovers).
+    pub health: Arc<UpstreamHealth>,
 }
 
 /// How a connection ended.
@@ -166,7 +246,69 @@ pub async fn relay<C, U>(
     upstream: U,
     peer: SocketAddr,
     ctx: Arc<ConnectionContext>,
+    shutdown: watch::Receiver<bool>,
+) -> ConnectionEnd
+where
+    C: AsyncRead + AsyncWrite + Unpin + Send,
+    U: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    relay_with(client, upstream, peer, ctx, shutdown, false).await
+}
+
+/// Serves a client whose upstream could not be reached: every request is
+/// answered by [`ResponseRewriter::offline_answer`] (listeners that
+/// [`serve offline`](ResponseRewriter::serves_offline) only).
+pub async fn serve_offline<C>(
+    client: C,
+    peer: SocketAddr,
+    ctx: Arc<ConnectionContext>,
+    shutdown: watch::Receiver<bool>,
+) -> ConnectionEnd
+where
+    C: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    // Never read or written while offline; the other end is dropped.
+    let (dead, _) = tokio::io::duplex(1);
+    relay_with(client, dead, peer, ctx, shutdown, true).await
+}
+
+/// The connection's mode, shared by its pumps.
+struct Mode {
+    offline: AtomicBool,
+    /// The upstream generation when the connection went offline.
+    since: AtomicU64,
+}
+
+impl Mode {
+    fn go_offline(&self, ctx: &ConnectionContext, peer: SocketAddr, why: &str) {
+        if !self.offline.swap(true, Ordering::SeqCst) {
+            self.since.store(ctx.health.generation(), Ordering::SeqCst);
+            ctx.health.down();
+            Metrics::count(&ctx.metrics.upstream_errors, &ctx.listener, "offline");
+            tracing::warn!(listener = %ctx.listener, %peer, reason = why,
+                "upstream unavailable: answering this connection locally until the upstream is back");
+        }
+    }
+
+    fn is_offline(&self) -> bool {
+        self.offline.load(Ordering::SeqCst)
+    }
+
+    /// Offline, and the listener has seen the upstream again since.
+    fn upstream_back(&self, ctx: &ConnectionContext) -> bool {
+        self.is_offline()
+            && !ctx.health.is_down()
+            && ctx.health.generation() != self.since.load(Ordering::SeqCst)
+    }
+}
+
+async fn relay_with<C, U>(
+    client: C,
+    upstream: U,
+    peer: SocketAddr,
+    ctx: Arc<ConnectionContext>,
     mut shutdown: watch::Receiver<bool>,
+    offline: bool,
 ) -> ConnectionEnd
 where
     C: AsyncRead + AsyncWrite + Unpin + Send,
@@ -175,9 +317,16 @@ where
     let (client_rd, client_wr) = tokio::io::split(client);
     let (upstream_rd, upstream_wr) = tokio::io::split(upstream);
     let (tx, rx) = mpsc::channel::<InFlight>(MAX_IN_FLIGHT);
+    let mode = Mode {
+        offline: AtomicBool::new(false),
+        since: AtomicU64::new(0),
+    };
+    if offline {
+        mode.go_offline(&ctx, peer, "cannot connect");
+    }
 
-    let requests = request_pump(client_rd, upstream_wr, tx, &ctx, peer, &mut shutdown);
-    let responses = response_pump(upstream_rd, client_wr, rx, &ctx);
+    let requests = request_pump(client_rd, upstream_wr, tx, &ctx, peer, &mut shutdown, &mode);
+    let responses = response_pump(upstream_rd, client_wr, rx, &ctx, peer, &mode);
     tokio::pin!(requests, responses);
     tokio::select! {
         end = &mut requests => match end {
@@ -199,6 +348,7 @@ async fn request_pump<R, W>(
     ctx: &ConnectionContext,
     peer: SocketAddr,
     shutdown: &mut watch::Receiver<bool>,
+    mode: &Mode,
 ) -> ConnectionEnd
 where
     R: AsyncRead + Unpin,
@@ -206,7 +356,15 @@ where
 {
     let mut reader = FrameReader::new(client_rd, ctx.max_frame);
     let mut api_metrics: HashMap<i16, ApiMetrics> = HashMap::new();
+    let keeps = ctx.rewriter.serves_offline();
     loop {
+        if mode.upstream_back(ctx) {
+            // Deliver what is owed, then close: the client reconnects to the
+            // live upstream.
+            tracing::info!(listener = %ctx.listener, %peer,
+                "upstream is back: closing the locally answered connection so the client reconnects");
+            return ConnectionEnd::Drained;
+        }
         let frame = tokio::select! {
             biased;
             _ = shutdown.wait_for(|s| *s) => return ConnectionEnd::Drained,
@@ -261,6 +419,14 @@ where
                 return ConnectionEnd::ClientProtocol(e.to_string());
             }
         };
+        let unanswered = !local && !expects_response(&header, &frame);
+        let (request, deadline) = if keeps && !local && !unanswered {
+            let wait = ctx.rewriter.upstream_deadline(&header, &frame);
+            (Some(frame.clone()), wait.map(|w| Instant::now() + w))
+        } else {
+            (None, None)
+        };
+        let write_wait = deadline.map(|d| d.saturating_duration_since(Instant::now()));
         {
             let entry = InFlight {
                 header,
@@ -268,20 +434,64 @@ where
                 metrics: m.clone(),
                 plan,
                 local,
-                unanswered: !local && !expects_response(&header, &frame),
+                unanswered,
+                request,
+                deadline,
             };
             if tx.send(entry).await.is_err() {
                 // The response pump is gone; its end reason wins the select.
                 return ConnectionEnd::UpstreamClosed("response side closed".into());
             }
         }
-        if local {
+        if local || (keeps && mode.is_offline()) {
             continue;
         }
-        if let Err(e) = upstream_wr.write_all(&frame).await {
+        let written = match write_wait {
+            Some(w) => tokio::time::timeout(w, upstream_wr.write_all(&frame))
+                .await
+                .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into())),
+            None => upstream_wr.write_all(&frame).await,
+        };
+        if let Err(e) = written {
             Metrics::count(&ctx.metrics.upstream_errors, &ctx.listener, "disconnect");
+            if keeps {
+                // The response side answers it (and what follows) locally.
+                mode.go_offline(ctx, peer, &format!("write to upstream: {e}"));
+                continue;
+            }
             return ConnectionEnd::UpstreamClosed(format!("write to upstream: {e}"));
         }
+    }
+}
+
+/// The local answer of an owed request, sent no earlier than it allows.
+async fn offline_frame(
+    ctx: &ConnectionContext,
+    h: &RequestHeader,
+    request: Option<&BytesMut>,
+    sent_at: Instant,
+) -> Result<BytesMut, ConnectionEnd> {
+    let answer = request.and_then(|r| ctx.rewriter.offline_answer(h, r));
+    match answer {
+        Some(Ok(a)) => {
+            let at = sent_at + a.not_before;
+            tokio::time::sleep_until(at.into()).await;
+            Metrics::count(
+                &ctx.metrics.upstream_errors,
+                &ctx.listener,
+                "answered_offline",
+            );
+            Ok(a.frame)
+        }
+        Some(Err(e)) => {
+            Metrics::count(&ctx.metrics.rewrite_errors, &ctx.listener, "offline_answer");
+            Err(ConnectionEnd::UpstreamProtocol(e.to_string()))
+        }
+        None => Err(ConnectionEnd::UpstreamClosed(format!(
+            "upstream unavailable and {} v{} cannot be answered locally",
+            api::api_display(h.api_key),
+            h.api_version
+        ))),
     }
 }
 
@@ -359,6 +569,8 @@ async fn response_pump<R, W>(
     mut client_wr: W,
     mut rx: mpsc::Receiver<InFlight>,
     ctx: &ConnectionContext,
+    peer: SocketAddr,
+    mode: &Mode,
 ) -> ConnectionEnd
 where
     R: AsyncRead + Unpin,
@@ -397,22 +609,73 @@ where
                 .observe(entry.sent_at.elapsed().as_secs_f64());
             continue;
         }
-        let frame = match read_answer(&mut reader, &mut unanswered, h.correlation_id).await {
-            Ok(Some(f)) => f,
-            Ok(None) => {
-                Metrics::count(&ctx.metrics.upstream_errors, &ctx.listener, "disconnect");
-                return ConnectionEnd::UpstreamClosed(
-                    "upstream closed with a request in flight".into(),
-                );
+        let read = if mode.is_offline() && entry.request.is_some() {
+            Err(None)
+        } else {
+            let answer = read_answer(&mut reader, &mut unanswered, h.correlation_id);
+            let res = match entry.deadline {
+                Some(d) => match tokio::time::timeout_at(d.into(), answer).await {
+                    Ok(r) => r,
+                    Err(_) => {
+                        Metrics::count(&ctx.metrics.upstream_errors, &ctx.listener, "timeout");
+                        Err(FrameError::Io(std::io::Error::new(
+                            std::io::ErrorKind::TimedOut,
+                            format!(
+                                "no answer to {} v{} within its deadline",
+                                api::api_display(h.api_key),
+                                h.api_version
+                            ),
+                        )))
+                    }
+                },
+                None => answer.await,
+            };
+            match res {
+                Ok(Some(f)) => Ok(f),
+                Ok(None) => {
+                    Metrics::count(&ctx.metrics.upstream_errors, &ctx.listener, "disconnect");
+                    Err(Some(ConnectionEnd::UpstreamClosed(
+                        "upstream closed with a request in flight".into(),
+                    )))
+                }
+                Err(e) => {
+                    let kind = if matches!(e, FrameError::Io(_)) {
+                        "disconnect"
+                    } else {
+                        "protocol"
+                    };
+                    Metrics::count(&ctx.metrics.upstream_errors, &ctx.listener, kind);
+                    Err(Some(ConnectionEnd::UpstreamClosed(format!(
+                        "reading upstream: {e}"
+                    ))))
+                }
             }
-            Err(e) => {
-                let kind = if matches!(e, FrameError::Io(_)) {
-                    "disconnect"
-                } else {
-                    "protocol"
+        };
+        let frame = match read {
+            Ok(f) => f,
+            // Already offline: answered locally.
+            Err(None) => {
+                match offline_frame(ctx, &h, entry.request.as_ref(), entry.sent_at).await {
+                    Ok(f) => f,
+                    Err(end) => return end,
+                }
+            }
+            Err(Some(end)) => {
+                if entry.request.is_none() {
+                    return end;
+                }
+                // The upstream connection is unusable from here on (a
+                // frame may be half read): this and every later request
+                // are answered locally.
+                let why = match &end {
+                    ConnectionEnd::UpstreamClosed(w) => w.clone(),
+                    other => format!("{other:?}"),
                 };
-                Metrics::count(&ctx.metrics.upstream_errors, &ctx.listener, kind);
-                return ConnectionEnd::UpstreamClosed(format!("reading upstream: {e}"));
+                mode.go_offline(ctx, peer, &why);
+                match offline_frame(ctx, &h, entry.request.as_ref(), entry.sent_at).await {
+                    Ok(f) => f,
+                    Err(end) => return end,
+                }
             }
         };
         if response_correlation_id(&frame) != Some(h.correlation_id) {

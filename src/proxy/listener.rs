@@ -16,7 +16,9 @@ use tokio::sync::{watch, Notify};
 
 use crate::config::{split_host_port, ListenerConfig};
 use crate::metrics::{ListenerLabels, Metrics};
-use crate::proxy::connection::{relay, ConnectionContext, ConnectionEnd, ResponseRewriter};
+use crate::proxy::connection::{
+    relay, serve_offline, ConnectionContext, ConnectionEnd, ResponseRewriter, UpstreamHealth,
+};
 use crate::proxy::nodes::{NodeBinder, NodeRegistry};
 use crate::proxy::refresh::RefreshHook;
 use crate::proxy::upstream::{connect, connect_any, ConnectError};
@@ -109,6 +111,7 @@ impl Listener {
             max_frame,
             metrics: metrics.clone(),
             rewriter: make_rewriter(nodes.clone()),
+            health: Arc::new(UpstreamHealth::default()),
         });
         // Validated at config load.
         let upstream_bootstrap = config
@@ -140,9 +143,20 @@ impl Listener {
         *crate::proxy::nodes::lock(&self.refresh_hook) = Some(hook);
     }
 
-    /// Whether the upstream cluster has been reached at least once.
+    /// Whether the upstream cluster has been reached at least once (or, for
+    /// a mirror, its last known topology was restored from `__mirror_state`).
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::SeqCst)
+    }
+
+    /// Marks the listener ready without the upstream: a mirror whose source
+    /// topology was restored from `__mirror_state` can serve its fetcher
+    /// (locally) with the source down.
+    pub fn mark_ready_from_persisted(&self) {
+        if !self.ready.swap(true, Ordering::SeqCst) {
+            tracing::info!(listener = %self.config.name,
+                "ready from the source topology persisted in __mirror_state (source not reached yet)");
+        }
     }
 
     /// Binds the bootstrap port and starts the metadata refresh loop.
@@ -197,24 +211,34 @@ impl Listener {
         let open = self.metrics.connections_open.get_or_create(&labels).clone();
         open.inc();
         let upstream = match self.connect_upstream(target).await {
-            Ok(u) => u,
+            Ok(u) => Some(u),
             Err(e) => {
                 Metrics::count(&self.metrics.upstream_errors, &self.config.name, e.kind());
+                if !self.ctx.rewriter.serves_offline() {
+                    tracing::warn!(listener = %self.config.name, %peer, ?target, error = %e,
+                        "closing client connection: upstream unavailable");
+                    open.dec();
+                    return;
+                }
                 tracing::warn!(listener = %self.config.name, %peer, ?target, error = %e,
-                    "closing client connection: upstream unavailable");
-                open.dec();
-                return;
+                    "upstream unavailable: serving the connection locally");
+                None
             }
         };
         tracing::debug!(listener = %self.config.name, %peer, ?target, "connection opened");
-        let end = relay(
-            client,
-            upstream,
-            peer,
-            self.ctx.clone(),
-            self.shutdown.clone(),
-        )
-        .await;
+        let end = match upstream {
+            Some(upstream) => {
+                relay(
+                    client,
+                    upstream,
+                    peer,
+                    self.ctx.clone(),
+                    self.shutdown.clone(),
+                )
+                .await
+            }
+            None => serve_offline(client, peer, self.ctx.clone(), self.shutdown.clone()).await,
+        };
         match &end {
             ConnectionEnd::ClientClosed | ConnectionEnd::Drained => {
                 tracing::debug!(listener = %self.config.name, %peer, ?end, "connection closed")
@@ -262,12 +286,14 @@ impl Listener {
                 });
             match refreshed {
                 Ok(n) => {
+                    self.ctx.health.up();
                     if !self.ready.swap(true, Ordering::SeqCst) || failures > 0 {
                         tracing::info!(listener = %self.config.name, nodes = n, "upstream metadata read");
                     }
                     failures = 0;
                 }
                 Err(e) => {
+                    self.ctx.health.down();
                     failures += 1;
                     Metrics::count(
                         &self.metrics.upstream_errors,

@@ -28,6 +28,11 @@ pub struct ClusterView {
     pub cluster_id: Option<String>,
     /// Topic names, ids and partition counts (v12 refreshes only).
     pub topics: Vec<(String, [u8; 16], i32)>,
+    /// The brokers (v12 refreshes only).
+    pub brokers: Vec<crate::mirror::offline::Broker>,
+    /// Topics with partition leaders and epochs (v12 refreshes only; what a
+    /// mirror persists as its source topology).
+    pub topic_details: Vec<crate::mirror::offline::TopicTopology>,
 }
 
 /// Receives what each refresh learned (mirror listeners use it).
@@ -106,16 +111,23 @@ pub fn parse_cluster_view(version: i16, body: &[u8]) -> WireResult<ClusterView> 
         r.read_i32("throttle_time_ms")?;
     }
     let brokers = r.read_array_len_v(flexible, 14, "brokers")?;
+    let mut view = ClusterView::default();
     for _ in 0..brokers {
-        r.read_i32("node_id")?;
-        r.read_string_v(flexible, "host")?;
-        r.read_i32("port")?;
+        let node_id = r.read_i32("node_id")?;
+        let host = r.read_string_v(flexible, "host")?;
+        let port = r.read_i32("port")?;
         if version >= 1 {
             r.read_nullable_string_v(flexible, "rack")?;
         }
         r.skip_tagged_fields_v(flexible, "broker tags")?;
+        if version >= 10 {
+            view.brokers.push(crate::mirror::offline::Broker {
+                node_id,
+                host: host.to_string(),
+                port,
+            });
+        }
     }
-    let mut view = ClusterView::default();
     if version >= 2 {
         view.cluster_id = r
             .read_nullable_string_v(flexible, "cluster_id")?
@@ -130,23 +142,36 @@ pub fn parse_cluster_view(version: i16, body: &[u8]) -> WireResult<ClusterView> 
         r.read_i16("error_code")?;
         let name = r.read_nullable_string_v(flexible, "name")?;
         let id = r.read_uuid("topic_id")?;
-        r.read_bool("is_internal")?;
+        let internal = r.read_bool("is_internal")?;
         let partitions = r.read_array_len_v(flexible, 20, "partitions")?;
+        let mut details = Vec::with_capacity(partitions);
         for _ in 0..partitions {
             r.read_i16("error_code")?;
-            r.read_i32("partition_index")?;
-            r.read_i32("leader_id")?;
-            r.read_i32("leader_epoch")?;
+            let index = r.read_i32("partition_index")?;
+            let leader = r.read_i32("leader_id")?;
+            let leader_epoch = r.read_i32("leader_epoch")?;
             for field in ["replica_nodes", "isr_nodes", "offline_replicas"] {
                 let n = r.read_array_len_v(flexible, 4, field)?;
                 r.skip(n * 4, field)?;
             }
             r.skip_tagged_fields_v(flexible, "partition tags")?;
+            details.push(crate::mirror::offline::PartitionTopology {
+                index,
+                leader,
+                leader_epoch,
+            });
         }
         r.read_i32("topic_authorized_operations")?;
         r.skip_tagged_fields_v(flexible, "topic tags")?;
         if let Some(name) = name {
             view.topics.push((name.to_string(), id, partitions as i32));
+            view.topic_details
+                .push(crate::mirror::offline::TopicTopology {
+                    name: name.to_string(),
+                    id,
+                    internal,
+                    partitions: details,
+                });
         }
     }
     Ok(view)

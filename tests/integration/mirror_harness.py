@@ -701,6 +701,26 @@ def _decode_state(key: bytes, value: bytes | None) -> tuple[int, dict, dict | No
                 v.tagged_fields()
             v.tagged_fields()
             assert v.remaining() == 0
+    elif rtype == 6:  # source topology, keyed by mirror name
+        kd = {"mirror": k.string()}
+        if value is not None:
+            v = Reader(value)
+            vd = {"version": v.i16(), "source_cluster_id": v.compact_string(), "timestamp_ms": v.i64(),
+                  "brokers": [], "topics": []}
+            for _ in range(v.compact_count()):
+                vd["brokers"].append({"node_id": v.i32(), "host": v.compact_string(), "port": v.i32()})
+                v.tagged_fields()
+            for _ in range(v.compact_count()):
+                t = {"name": v.compact_string(), "id": v.uuid(), "internal": v.i8() != 0, "partitions": []}
+                for _ in range(v.compact_count()):
+                    t["partitions"].append({"partition": v.i32(), "leader": v.i32(), "leader_epoch": v.i32()})
+                    v.tagged_fields()
+                v.tagged_fields()
+                vd["topics"].append(t)
+            v.tagged_fields()
+            assert v.remaining() == 0
+    else:
+        return rtype, {"raw": key}, ({"raw": value} if value is not None else None)
     assert k.remaining() == 0, f"type {rtype}: trailing key bytes"
     return rtype, kd, vd
 

@@ -7,6 +7,12 @@ test says otherwise; every cluster, producer and consumer is real.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import time
+
+import pytest
+
 import harness
 import rawkafka
 from mirror_harness import (  # noqa: F401 - mirror_factory is a fixture
@@ -21,6 +27,7 @@ from mirror_harness import (  # noqa: F401 - mirror_factory is a fixture
     read_state_records,
     send,
 )
+from harness import wait_until
 
 
 def _topic_ids(bootstrap: str, topics: list[str]) -> dict[str, bytes]:
@@ -66,3 +73,187 @@ def test_state_cluster_apart_from_destination(kafka_factory, mirror_factory):
     assert all(r.key["topic_id"] == dest_id for r in snaps), "claims must be keyed by the destination topic id"
     assert any(pr["producer_id"] == mapped for r in snaps for pr in r.value["producers"])
     assert "does not exist on the" not in mg.log_text()
+
+
+# --------------------------------------------------------------------------
+# issue 12: the source is gone
+
+
+FAST = "upstream_request_timeout_ms = 2000"
+
+
+def _mirrored_source(kafka_factory, kafka1, partitions: int = 1):
+    """A private source cluster (the test kills or hangs it) and a topic on it and on
+    the destination (kafka1, which also holds __mirror_state)."""
+    src = kafka_factory(name="src")
+    topic = harness.topic_name("dis")
+    harness.create_topics(src.bootstrap, [topic], partitions=partitions)
+    harness.create_topics(kafka1.bootstrap, [topic], partitions=partitions)
+    return src, topic
+
+
+_CHILD = r"""
+import sys
+from confluent_kafka import Producer
+bootstrap, topic, partition = sys.argv[1], sys.argv[2], int(sys.argv[3])
+p = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"txn-{topic}-{partition}",
+              "linger.ms": 5, "transaction.timeout.ms": 120000, "message.timeout.ms": 20000})
+p.init_transactions(20)
+p.begin_transaction()
+for i in range(3):
+    p.produce(topic, value=b"c-%d" % i, partition=partition)
+p.commit_transaction(20)
+p.begin_transaction()
+for i in range(2):
+    p.produce(topic, value=b"open-%d" % i, partition=partition)
+assert p.flush(20) == 0
+print("open", flush=True)
+sys.stdin.read()  # until killed
+"""
+
+
+def _open_transaction(bootstrap: str, topic: str, partition: int = 0) -> subprocess.Popen:
+    """A committed transaction, then one left open (flushed, never ended), by a producer
+    process the caller kills (SIGKILL: a client of a dead cluster is never closed here,
+    which would block)."""
+    child = subprocess.Popen([sys.executable, "-c", _CHILD, bootstrap, topic, str(partition)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    line = child.stdout.readline()
+    assert line.strip() == "open", f"transactional producer failed: {line!r}"
+    _children.append(child)
+    return child
+
+
+_children: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def _kill_children():
+    yield
+    while _children:
+        c = _children.pop()
+        c.kill()
+        c.wait(5)
+
+
+def _wait_topology(state_bootstrap: str, mirror: str, topic: str, timeout: float = 15.0) -> dict:
+    found: dict = {}
+
+    def persisted():
+        for r in read_state_records(state_bootstrap):
+            if r.type == 6 and r.key["mirror"] == mirror and r.value:
+                if any(t["name"] == topic for t in r.value["topics"]):
+                    found["v"] = r.value
+        return "v" in found
+
+    wait_until(persisted, timeout, interval=0.3, what="source topology persisted")
+    return found["v"]
+
+
+def _seal(f: StandInFetcher, mg, topic: str, partition: int = 0, timeout: float = 20.0) -> list:
+    """Fetches until the barrier is in the stand-in's log and the partition is STOPPED."""
+    f.follow(lambda s: any(b.kind == "barrier" for b in s.log), timeout, "barrier appended")
+    f.follow(lambda s: (mg.partition(topic, partition) or {}).get("state") == "STOPPED", timeout, "STOPPED")
+    return f.log
+
+
+def test_source_killed_with_open_txn_then_stop(kafka_factory, kafka1, mirror_factory):
+    src, topic = _mirrored_source(kafka_factory, kafka1)
+    spec = MirrorSpec("a-to-b", src.bootstrap, node_ids=src.node_ids, extra=FAST)
+    mg = mirror_factory(kafka1.bootstrap, [spec])
+    _open_transaction(src.bootstrap, topic)
+    hw = high_watermark(src.bootstrap, topic)  # read_uncommitted: the open batch included
+    f = StandInFetcher(topic, version=13).connect(spec.bootstrap)
+    f.catch_up(hw)
+    open_pid = [b for b in f.log if b.kind == "data"][-1].producer_id
+    _wait_topology(kafka1.bootstrap, "a-to-b", topic)
+
+    src.nodes[0].kill()
+    # The connection of the fetcher stays: a long poll for a MIRRORING partition gets an
+    # empty answer after its MaxWaitMs instead of a closed connection.
+    t0 = time.monotonic()
+    res, got = f.fetch_once(max_wait_ms=500)
+    took = time.monotonic() - t0
+    assert got == [] and res.error_code == 0 and res.top_error == 0
+    assert 0.4 <= took < 5.0, took
+    # A new connection (bootstrap Metadata, then the node port) is served locally too.
+    f.connect(spec.bootstrap)
+    res, got = f.fetch_once(max_wait_ms=200)
+    assert got == [] and res.error_code == 0
+
+    status, body = mg.post("stop", "a-to-b", topic, [0])
+    assert status == 200, body
+    log = _seal(f, mg, topic)
+    tail = [b for b in log if b.kind in ("abort", "barrier")]
+    assert [b.kind for b in tail] == ["abort", "barrier"], [b.kind for b in log]
+    assert tail[0].producer_id == open_pid, "the ABORT closes the open mirrored transaction"
+    assert tail[0].base_offset == hw and tail[1].base_offset == hw + 1
+    assert mg.metrics().sum("mirrorguard_upstream_errors_total", kind="offline") >= 1
+    f.close()
+    assert "panicked" not in mg.log_text()
+
+
+def test_restart_with_source_dead_then_stop_second_partition(kafka_factory, kafka1, mirror_factory):
+    src, topic = _mirrored_source(kafka_factory, kafka1, partitions=2)
+    spec = MirrorSpec("a-to-b", src.bootstrap, node_ids=src.node_ids, extra=FAST)
+    mg = mirror_factory(kafka1.bootstrap, [spec], snapshot_interval_ms=500)
+    _open_transaction(src.bootstrap, topic, partition=1)
+    p = idempotent_producer(src.bootstrap)
+    send(p, topic, [b"p0-%d" % i for i in range(3)], partition=0)
+    harness._clients.remove(p)  # closed now, while its cluster is alive
+    p.close()
+    fetchers = []
+    for part in (0, 1):
+        f = StandInFetcher(topic, partition=part, version=12).connect(spec.bootstrap)
+        f.catch_up(high_watermark(src.bootstrap, topic, part))
+        fetchers.append(f)
+    open_pid = [b for b in fetchers[1].log if b.kind == "data"][-1].producer_id
+    _wait_topology(kafka1.bootstrap, "a-to-b", topic)
+    time.sleep(1.5)  # a periodic producer-state snapshot (500 ms) has the open transaction
+
+    src.nodes[0].kill()
+    status, body = mg.post("stop", "a-to-b", topic, [0])
+    assert status == 200, body
+    _seal(fetchers[0], mg, topic, 0)
+
+    mg.restart()  # the source is still dead: ready from the persisted topology
+    for f in fetchers:
+        f.close()
+    status, body = mg.post("stop", "a-to-b", topic, [1])
+    assert status == 200, body
+    f1 = fetchers[1]
+    f1.connect(spec.bootstrap)  # bootstrap Metadata and the node port, answered locally
+    log = _seal(f1, mg, topic, 1)
+    tail = [b for b in log if b.kind in ("abort", "barrier")]
+    assert [b.kind for b in tail] == ["abort", "barrier"], [b.kind for b in log]
+    assert tail[0].producer_id == open_pid
+    assert (mg.partition(topic, 0) or {}).get("state") == "STOPPED"
+    f1.close()
+
+
+def test_source_hanging_then_stop(kafka_factory, kafka1, mirror_factory):
+    src, topic = _mirrored_source(kafka_factory, kafka1)
+    spec = MirrorSpec("a-to-b", src.bootstrap, node_ids=src.node_ids, extra=FAST)
+    mg = mirror_factory(kafka1.bootstrap, [spec])
+    _open_transaction(src.bootstrap, topic)
+    hw = high_watermark(src.bootstrap, topic)
+    f = StandInFetcher(topic, version=13).connect(spec.bootstrap)
+    f.catch_up(hw)
+    _wait_topology(kafka1.bootstrap, "a-to-b", topic)
+    src.nodes[0].pause()
+    try:
+        # The source accepts TCP but never answers: the fetch is answered after its
+        # MaxWaitMs plus the upstream request timeout (2 s), well before the stand-in's
+        # 10 s socket timeout.
+        t0 = time.monotonic()
+        res, got = f.fetch_once(max_wait_ms=300)
+        took = time.monotonic() - t0
+        assert got == [] and res.error_code == 0
+        assert 2.0 <= took < 6.0, took
+        status, body = mg.post("stop", "a-to-b", topic, [0])
+        assert status == 200, body
+        log = _seal(f, mg, topic)
+        assert [b.kind for b in log if b.kind in ("abort", "barrier")] == ["abort", "barrier"]
+    finally:
+        src.nodes[0].resume()
+    f.close()
