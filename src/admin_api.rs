@@ -265,7 +265,10 @@ async fn mutate(
                 "give either `all: true` or `topics`, not both",
             );
         }
-        for (t, n) in &known {
+        // Internal topics (`__consumer_offsets`, `__transaction_state`,
+        // `__mirror_state`, ...) are never stopped wholesale: a destination's
+        // own internal topics must not be sealed by `stop --all`.
+        for (t, n) in known.iter().filter(|(t, _)| !is_internal_topic(t)) {
             targets.extend((0..*n).map(|p| (t.clone(), p)));
         }
     } else {
@@ -359,6 +362,11 @@ async fn mutate(
         }
     }
     (StatusCode::OK, Json(json!({"applied": done}))).into_response()
+}
+
+/// Kafka's internal topics and mirrorguard's own: names starting with `__`.
+pub fn is_internal_topic(topic: &str) -> bool {
+    topic.starts_with("__")
 }
 
 async fn producers(

@@ -7,6 +7,12 @@
 //! message naming the mirror; the other partitions of the same request are
 //! forwarded untouched and the two answers are merged. Every other API key
 //! passes through (with the usual address rewriting).
+//!
+//! The guard fails closed at start-up: until every mirror knows its source
+//! topology (read from the source, or restored from `__mirror_state`, which
+//! is loaded before any listener accepts), a Produce to a topic whose status
+//! is unknown gets NOT_ENOUGH_REPLICAS, a retriable error, with a message
+//! saying why; clients retry and are served once the status is known.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -32,13 +38,17 @@ use crate::state_store::schema::MirrorPartitionState as State;
 /// Kafka's POLICY_VIOLATION: not retriable, carries a message.
 pub const POLICY_VIOLATION: i16 = 44;
 
+/// Kafka's NOT_ENOUGH_REPLICAS: retriable (clients retry without a metadata
+/// refresh); answered while the guard does not know yet what is mirrored.
+pub const NOT_ENOUGH_REPLICAS: i16 = 19;
+
 /// Highest Produce version the guard lets clients use (v13 names topics by
 /// id, which the guard cannot match against mirrored topic names).
 const MAX_PRODUCE_VERSION: i16 = 12;
 
-/// Partitions refused in one request, with their messages.
+/// Partitions refused in one request, with their error codes and messages.
 struct Refusals {
-    topics: Vec<(String, Vec<(i32, String)>)>,
+    topics: Vec<(String, Vec<(i32, i16, String)>)>,
 }
 
 /// The guard's rewriter.
@@ -70,25 +80,48 @@ impl GuardRewriter {
 
     /// Why `topic`-`partition` may not be written, or `None` if it may.
     pub fn refusal(&self, topic: &str, partition: i32) -> Option<String> {
+        self.refusal_code(topic, partition).map(|(_, m)| m)
+    }
+
+    /// The error code and message refusing `topic`-`partition`, or `None`.
+    pub fn refusal_code(&self, topic: &str, partition: i32) -> Option<(i16, String)> {
         let key = PartitionKey::new([0; 16], topic, partition);
         if let Some(e) = self.lifecycle.get(&key) {
             return (e.state != State::Stopped).then(|| {
-                format!(
-                    "{topic}-{partition} is mirrored by mirror '{}' and is {}; it becomes writable \
-                     once the mirror is stopped and the partition is STOPPED",
-                    e.mirror,
-                    e.state.name()
+                (
+                    POLICY_VIOLATION,
+                    format!(
+                        "{topic}-{partition} is mirrored by mirror '{}' and is {}; it becomes \
+                         writable once the mirror is stopped and the partition is STOPPED",
+                        e.mirror,
+                        e.state.name()
+                    ),
                 )
             });
+        }
+        if let Some(m) = self.mirrors.iter().find(|m| m.topology().is_none()) {
+            // Fail closed: the topic may be mirrored by a mirror that has
+            // not read its source yet.
+            return Some((
+                NOT_ENOUGH_REPLICAS,
+                format!(
+                    "mirrorguard does not know yet which partitions mirror '{}' feeds (its source \
+                     has not been read and no topology is persisted); retry",
+                    m.name
+                ),
+            ));
         }
         self.mirrors
             .iter()
             .find(|m| m.destination_topics().iter().any(|(t, _)| t == topic))
             .map(|m| {
-                format!(
-                    "{topic}-{partition} is mirrored by mirror '{}' and is MIRRORING; it becomes \
-                     writable once the mirror is stopped and the partition is STOPPED",
-                    m.name
+                (
+                    POLICY_VIOLATION,
+                    format!(
+                        "{topic}-{partition} is mirrored by mirror '{}' and is MIRRORING; it \
+                         becomes writable once the mirror is stopped and the partition is STOPPED",
+                        m.name
+                    ),
                 )
             })
     }
@@ -115,9 +148,9 @@ fn results(refusals: &Refusals) -> Vec<(FetchTopic<'_>, Vec<ProducePartitionResu
                 FetchTopic::Name(t.as_str()),
                 parts
                     .iter()
-                    .map(|(p, msg)| ProducePartitionResult {
+                    .map(|(p, code, msg)| ProducePartitionResult {
                         index: *p,
-                        error_code: POLICY_VIOLATION,
+                        error_code: *code,
                         base_offset: -1,
                         log_append_time_ms: -1,
                         log_start_offset: -1,
@@ -154,7 +187,7 @@ impl ResponseRewriter for GuardRewriter {
         let body = frame.get(at..).unwrap_or(&[]);
         let req =
             parse_produce_request(h.api_version, body).map_err(|e| Self::err(h, e.to_string()))?;
-        let mut refused: BTreeMap<String, Vec<(i32, String)>> = BTreeMap::new();
+        let mut refused: BTreeMap<String, Vec<(i32, i16, String)>> = BTreeMap::new();
         let mut total = 0;
         for t in &req.topics {
             let FetchTopic::Name(name) = t.topic else {
@@ -162,11 +195,11 @@ impl ResponseRewriter for GuardRewriter {
             };
             for p in &t.partitions {
                 total += 1;
-                if let Some(msg) = self.refusal(name, p.index) {
+                if let Some((code, msg)) = self.refusal_code(name, p.index) {
                     refused
                         .entry(name.to_string())
                         .or_default()
-                        .push((p.index, msg));
+                        .push((p.index, code, msg));
                 }
             }
         }
@@ -181,7 +214,7 @@ impl ResponseRewriter for GuardRewriter {
             })
             .inc_by(count as u64);
         for (t, parts) in &refused {
-            for (p, msg) in parts {
+            for (p, _, msg) in parts {
                 tracing::warn!(listener = %self.listener, topic = %t, partition = p,
                     transactional_id = ?req.transactional_id, "produce refused: {msg}");
             }
@@ -201,7 +234,7 @@ impl ResponseRewriter for GuardRewriter {
             FetchTopic::Name(n) => refusals
                 .topics
                 .iter()
-                .any(|(t, ps)| t == n && ps.iter().any(|(p, _)| *p == partition)),
+                .any(|(t, ps)| t == n && ps.iter().any(|(p, _, _)| *p == partition)),
             FetchTopic::Id(_) => false,
         };
         let kept = split_produce_request(h.api_version, body, &mut |t, p| !is_refused(t, p))
