@@ -46,9 +46,12 @@ pub const NOT_ENOUGH_REPLICAS: i16 = 19;
 /// id, which the guard cannot match against mirrored topic names).
 const MAX_PRODUCE_VERSION: i16 = 12;
 
+/// One refused partition: index, error code, message.
+type Refused = (i32, i16, String);
+
 /// Partitions refused in one request, with their error codes and messages.
 struct Refusals {
-    topics: Vec<(String, Vec<(i32, i16, String)>)>,
+    topics: Vec<(String, Vec<Refused>)>,
 }
 
 /// The guard's rewriter.
@@ -187,7 +190,7 @@ impl ResponseRewriter for GuardRewriter {
         let body = frame.get(at..).unwrap_or(&[]);
         let req =
             parse_produce_request(h.api_version, body).map_err(|e| Self::err(h, e.to_string()))?;
-        let mut refused: BTreeMap<String, Vec<(i32, i16, String)>> = BTreeMap::new();
+        let mut refused: BTreeMap<String, Vec<Refused>> = BTreeMap::new();
         let mut total = 0;
         for t in &req.topics {
             let FetchTopic::Name(name) = t.topic else {
