@@ -36,6 +36,9 @@ pub enum CtlCommand {
     Pause(Selection),
     /// Continue after a pause.
     Resume(Selection),
+    /// Abort, on the destination, the open mirrored transactions of stopped
+    /// partitions whose destination fetcher is gone (`--topic T[:P]`).
+    AbortOpen(Selection),
     /// Shadow producer state of a destination partition.
     Producers {
         /// Destination topic.
@@ -108,6 +111,7 @@ fn call(args: &CtlArgs) -> Result<(u16, String), String> {
         CtlCommand::Stop(s) => ("POST", "/v1/partitions/stop".into(), Some(s.body()?)),
         CtlCommand::Pause(s) => ("POST", "/v1/partitions/pause".into(), Some(s.body()?)),
         CtlCommand::Resume(s) => ("POST", "/v1/partitions/resume".into(), Some(s.body()?)),
+        CtlCommand::AbortOpen(s) => ("POST", "/v1/partitions/abort-open".into(), Some(s.body()?)),
         CtlCommand::Producers { topic, partition } => (
             "GET",
             format!("/v1/partitions/{topic}/{partition}/producers"),

@@ -17,6 +17,7 @@
 //! [`config`] reads `proxy.toml`, [`run`] assembles the process, and [`dump`]
 //! is the offline log-segment reader behind `mirrorguard dump`.
 
+pub mod abort_open;
 pub mod admin;
 pub mod admin_api;
 pub mod codec;

@@ -250,6 +250,12 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             .collect(),
         registry: registry.clone(),
         token,
+        destination_bootstrap: config
+            .destination_bootstrap()
+            .iter()
+            .filter_map(|a| crate::config::split_host_port(a).ok())
+            .collect(),
+        metrics: Some(metrics.clone()),
     });
     let admin_router = admin::router(admin_state.clone(), api_state);
     let admin_task = tokio::spawn(async move {

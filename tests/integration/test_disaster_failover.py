@@ -12,6 +12,7 @@ import sys
 import time
 
 import pytest
+from confluent_kafka import TopicPartition
 
 import harness
 import rawkafka
@@ -257,3 +258,118 @@ def test_source_hanging_then_stop(kafka_factory, kafka1, mirror_factory):
     finally:
         src.nodes[0].resume()
     f.close()
+
+
+# --------------------------------------------------------------------------
+# abort-open: the destination fetcher is gone
+
+
+def _varint(v: int) -> bytes:
+    return rawkafka.uvarint((v << 1) ^ (v >> 63))
+
+
+def _txn_batch(pid: int, epoch: int, values: list[bytes]) -> bytes:
+    """A transactional record batch v2 (what a mirror fetcher appends for a mirrored
+    producer), CRC-32C computed."""
+    recs = b""
+    for i, v in enumerate(values):
+        body = b"\x00" + _varint(0) + _varint(i) + _varint(-1) + _varint(len(v)) + v + _varint(0)
+        recs += _varint(len(body)) + body
+    ts = int(time.time() * 1000)
+    after_crc = (rawkafka.i16(0x10) + rawkafka.i32(len(values) - 1) + rawkafka.i64(ts) + rawkafka.i64(ts)
+                 + rawkafka.i64(pid) + rawkafka.i16(epoch) + rawkafka.i32(0) + rawkafka.i32(len(values)) + recs)
+    import crc32c
+    head = rawkafka.i32(-1) + rawkafka.i8(2) + crc32c.crc32c(after_crc).to_bytes(4, "big")
+    return rawkafka.i64(0) + rawkafka.i32(len(head) + len(after_crc)) + head + after_crc
+
+
+def _produce_txn_batch(bootstrap: str, topic: str, partition: int, batch: bytes, txn_id: str) -> tuple[int, int]:
+    """Produce v3 carrying a transactional id (the broker checks it for transactional
+    batches); returns (error, base offset)."""
+    host, port = bootstrap.rsplit(":", 1)
+    body = (rawkafka.string(txn_id) + rawkafka.i16(-1) + rawkafka.i32(10000)
+            + rawkafka.array([rawkafka.string(topic) + rawkafka.array([rawkafka.i32(partition) + rawkafka.i32(len(batch)) + batch])]))
+    with rawkafka.Connection(host, int(port), timeout=10) as c:
+        r = rawkafka.Reader(c.request(0, 3, body))
+        out = None
+        for _ in range(r.count()):
+            r.string()
+            for _ in range(r.count()):
+                idx, err, base, _t = r.i32(), r.i16(), r.i64(), r.i64()
+                if idx == partition:
+                    out = (err, base)
+        assert out is not None
+        return out
+
+
+def _lso(bootstrap: str, topic: str, partition: int = 0) -> int:
+    host, port = bootstrap.rsplit(":", 1)
+    with rawkafka.Connection(host, int(port), timeout=5) as c:
+        return rawkafka.fetch_v4(c, topic, partition, 0, max_bytes=1, isolation_level=1).last_stable_offset
+
+
+def test_abort_open_when_destination_fetcher_is_gone(kafka_factory, kafka1, mirror_factory):
+    # Destination without KIP-890 partition verification, so a mirrored producer's
+    # transactional batch can be written by Produce (stand-in for the replication path).
+    dest = kafka_factory(name="dest", overrides={"transaction.partition.verification.enable": "false"})
+    topic = harness.topic_name("abort")
+    harness.create_topics(kafka1.bootstrap, [topic], partitions=2)
+    harness.create_topics(dest.bootstrap, [topic], partitions=2)
+    spec = MirrorSpec("a-to-b", kafka1.bootstrap, node_ids=kafka1.node_ids, destination_bootstrap=dest.bootstrap)
+    mg = mirror_factory(kafka1.bootstrap, [spec])
+    mg.wait_sources_known()
+    mapped = map_pid(7, fold(kafka1.cluster_id))
+    err, base = _produce_txn_batch(dest.bootstrap, topic, 0, _txn_batch(mapped, 0, [b"m-0", b"m-1"]), "mirrored-src")
+    assert (err, base) == (0, 0)
+    # A local open transaction in partition 1: not ours, never touched.
+    local = _open_transaction(dest.bootstrap, topic, partition=1)
+    assert local.poll() is None
+    # Committed-visible data after the mirrored transaction.
+    plain = harness.new_producer(dest.bootstrap, **{"enable.idempotence": False, "acks": "all"})
+    send(plain, topic, [b"after-%d" % i for i in range(3)], partition=0)
+    assert _lso(dest.bootstrap, topic) == 0, "the open mirrored transaction holds the LSO"
+
+    status, body = mg.post("abort-open", "a-to-b", topic, [0])
+    assert status == 409 and body["error"] == "still_mirroring", body
+    status, body = mg.post("stop", "a-to-b", topic, [0, 1])
+    assert status == 200, body
+    status, body = mg.post("abort-open", "a-to-b", topic, [0, 1])
+    assert status == 200, body
+    reps = {r["partition"]: r for r in body["partitions"]}
+    assert [t["producer_id"] for t in reps[0]["aborted"]] == [mapped]
+    assert reps[0]["aborted"][0]["first_offset"] == 0
+    assert reps[1]["aborted"] == [] and len(reps[1]["not_mirrored"]) == 1
+    assert reps[1]["not_mirrored"][0]["producer_id"] < (1 << 62), "a destination-allocated PID"
+    hw = high_watermark(dest.bootstrap, topic)
+    assert _lso(dest.bootstrap, topic) == hw == 6, "the ABORT marker (offset 5) released the LSO"
+    # A read_committed consumer gets past the aborted mirrored transaction.
+    c = harness.new_consumer(dest.bootstrap, **{"group.id": topic, "isolation.level": "read_committed",
+                                                "auto.offset.reset": "earliest"})
+    c.assign([TopicPartition(topic, 0, 0)])
+    got = []
+    deadline = time.monotonic() + 15
+    while len(got) < 3 and time.monotonic() < deadline:
+        for m in c.consume(10, 0.5):
+            if not m.error():
+                got.append(m.value())
+    assert got == [b"after-0", b"after-1", b"after-2"], got
+    # Idempotent; recorded as STOPPED.
+    status, body = mg.post("abort-open", "a-to-b", topic, [0])
+    assert status == 200 and body["partitions"][0]["aborted"] == [], body
+    p0 = mg.partition(topic, 0)
+    assert p0["state"] == "STOPPED" and "abort-open" in (p0["reason"] or ""), p0
+    recs = [r for r in read_state_records(kafka1.bootstrap) if r.type == 4 and r.value
+            and r.value["topic"] == topic and r.value["state"] == 3]
+    assert recs, "STOPPED after abort-open recorded in __mirror_state"
+    assert mg.metrics().sum("mirrorguard_seal_events_total", kind="abort_open_marker_written") == 1
+    # After promotion a new local transactional producer (PID from the destination's
+    # allocator, far below the mapped region) writes without touching the mirrored PID.
+    tp = harness.new_producer(dest.bootstrap, **{"transactional.id": f"local-{topic}"})
+    tp.init_transactions(20)
+    tp.begin_transaction()
+    tp.produce(topic, value=b"local", partition=0)
+    tp.commit_transaction(20)
+    direct = direct_batches(dest.bootstrap, topic)
+    local_pids = {b.producer_id for b in direct if b.kind == "data" and b.producer_id not in (-1, mapped)}
+    assert local_pids and all(0 <= p < (1 << 62) for p in local_pids), local_pids
+    assert [b.kind for b in direct][-2:] == ["data", "commit"]
