@@ -127,7 +127,7 @@ class MirrorGuard:
 
     def __init__(self, work_dir: Path, name: str, state_bootstrap: str, mirrors: list[MirrorSpec],
                  metadata_refresh_ms: int = 1000, log_level: str = "info,mirrorguard=debug",
-                 snapshot_interval_ms: int | None = None):
+                 snapshot_interval_ms: int | None = None, extra_config: str = ""):
         self.name = name
         self.work_dir = work_dir
         taken: set[int] = set()
@@ -186,6 +186,7 @@ request_timeout_ms = 10000
 """
             + (f"[producer_state]\nsnapshot_interval_ms = {snapshot_interval_ms}\n\n" if snapshot_interval_ms else "")
             + "\n".join(blocks)
+            + ("\n" + extra_config if extra_config else "")
         )
         self.proc: ManagedProcess | None = None
         self.generation = 0
@@ -197,7 +198,7 @@ request_timeout_ms = 10000
     def admin_url(self) -> str:
         return f"http://{HOST}:{self.admin_port}"
 
-    def start(self, timeout: float = 20.0) -> "MirrorGuard":
+    def start(self, timeout: float = 20.0, wait_ready: bool = True) -> "MirrorGuard":
         if not harness.MIRRORGUARD_BIN.exists():
             raise HarnessError(f"{harness.MIRRORGUARD_BIN} missing (cargo build --bins)")
         env = dict(os.environ)
@@ -217,6 +218,10 @@ request_timeout_ms = 10000
                 raise HarnessError(f"mirrorguard exited with {self.proc.proc.returncode}:\n{self.proc.log_text()}")
             return harness.http_get(self.admin_url + "/readyz", timeout=1.0)[0] == 200
 
+        if not wait_ready:
+            wait_until(lambda: self.proc.alive() and harness.http_get(self.admin_url + "/healthz", timeout=1.0)[0] == 200,
+                       timeout, what=f"{self.name} /healthz == 200")
+            return self
         try:
             wait_until(ready, timeout, what=f"{self.name} /readyz == 200")
         except TimeoutError as e:

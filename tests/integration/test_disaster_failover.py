@@ -7,6 +7,7 @@ test says otherwise; every cluster, producer and consumer is real.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -268,7 +269,7 @@ def _varint(v: int) -> bytes:
     return rawkafka.uvarint((v << 1) ^ (v >> 63))
 
 
-def _txn_batch(pid: int, epoch: int, values: list[bytes]) -> bytes:
+def _txn_batch(pid: int, epoch: int, values: list[bytes], attrs: int = 0x10, seq: int = 0) -> bytes:
     """A transactional record batch v2 (what a mirror fetcher appends for a mirrored
     producer), CRC-32C computed."""
     recs = b""
@@ -276,14 +277,14 @@ def _txn_batch(pid: int, epoch: int, values: list[bytes]) -> bytes:
         body = b"\x00" + _varint(0) + _varint(i) + _varint(-1) + _varint(len(v)) + v + _varint(0)
         recs += _varint(len(body)) + body
     ts = int(time.time() * 1000)
-    after_crc = (rawkafka.i16(0x10) + rawkafka.i32(len(values) - 1) + rawkafka.i64(ts) + rawkafka.i64(ts)
-                 + rawkafka.i64(pid) + rawkafka.i16(epoch) + rawkafka.i32(0) + rawkafka.i32(len(values)) + recs)
+    after_crc = (rawkafka.i16(attrs) + rawkafka.i32(len(values) - 1) + rawkafka.i64(ts) + rawkafka.i64(ts)
+                 + rawkafka.i64(pid) + rawkafka.i16(epoch) + rawkafka.i32(seq) + rawkafka.i32(len(values)) + recs)
     import crc32c
     head = rawkafka.i32(-1) + rawkafka.i8(2) + crc32c.crc32c(after_crc).to_bytes(4, "big")
     return rawkafka.i64(0) + rawkafka.i32(len(head) + len(after_crc)) + head + after_crc
 
 
-def _produce_txn_batch(bootstrap: str, topic: str, partition: int, batch: bytes, txn_id: str) -> tuple[int, int]:
+def _produce_txn_batch(bootstrap: str, topic: str, partition: int, batch: bytes, txn_id: str | None) -> tuple[int, int]:
     """Produce v3 carrying a transactional id (the broker checks it for transactional
     batches); returns (error, base offset)."""
     host, port = bootstrap.rsplit(":", 1)
@@ -373,3 +374,46 @@ def test_abort_open_when_destination_fetcher_is_gone(kafka_factory, kafka1, mirr
     local_pids = {b.producer_id for b in direct if b.kind == "data" and b.producer_id not in (-1, mapped)}
     assert local_pids and all(0 <= p < (1 << 62) for p in local_pids), local_pids
     assert [b.kind for b in direct][-2:] == ["data", "commit"]
+
+
+# --------------------------------------------------------------------------
+# the produce guard fails closed; stop --all skips internal topics
+
+
+def test_guard_fails_closed_until_mirrored_partitions_known(kafka_factory, kafka1, mirror_factory):
+    src = kafka_factory(name="src")
+    topic = harness.topic_name("gm")  # mirrored
+    internal = "__mg_" + os.urandom(3).hex()  # an internal-looking source topic
+    other = harness.topic_name("gl")  # local to the destination only
+    harness.create_topics(src.bootstrap, [topic, internal])
+    harness.create_topics(kafka1.bootstrap, [topic, other])
+    src.nodes[0].kill()
+    name = "gd" + os.urandom(3).hex()  # no topology of this mirror is persisted anywhere
+    taken: set[int] = {kafka1.port, src.port}
+    gport = harness.free_port(taken)
+    taken.add(gport)
+    gbase = harness.free_node_port_base(taken, nodes=kafka1.node_ids)
+    guard = (f'[[guard]]\nname = "g"\nbootstrap = "127.0.0.1:{gport}"\nadvertised_host = "127.0.0.1"\n'
+             f'node_port_base = {gbase}\nupstream_bootstrap = ["{kafka1.bootstrap}"]\n')
+    mg = mirror_factory(kafka1.bootstrap, [MirrorSpec(name, src.bootstrap, node_ids=src.node_ids, extra=FAST)],
+                        start=False, extra_config=guard)
+    mg.start(wait_ready=False)
+    plain = lambda: _txn_batch(-1, -1, [b"x"], attrs=0, seq=-1)  # noqa: E731
+    via_guard = f"127.0.0.1:{gport}"
+
+    # Source dead, nothing persisted: whether `other` is mirrored is unknown.
+    err, _ = _produce_txn_batch(via_guard, other, 0, plain(), None)
+    assert err == 19, f"NOT_ENOUGH_REPLICAS (retriable) expected, got {err}"
+    err, _ = _produce_txn_batch(via_guard, topic, 0, plain(), None)
+    assert err == 19, err
+
+    src.nodes[0].restart()
+    wait_until(lambda: _produce_txn_batch(via_guard, other, 0, plain(), None)[0] == 0, 30, interval=0.5,
+               what="guard forwards once the source topology is known")
+    err, _ = _produce_txn_batch(via_guard, topic, 0, plain(), None)
+    assert err == 44, f"POLICY_VIOLATION for a MIRRORING partition, got {err}"
+
+    status, body = mg.post("stop", name, all_=True)
+    assert status == 200, body
+    stopped = {p["topic"] for p in body["applied"]}
+    assert topic in stopped and internal not in stopped, stopped
