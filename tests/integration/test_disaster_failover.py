@@ -320,8 +320,16 @@ def test_abort_open_when_destination_fetcher_is_gone(kafka_factory, kafka1, mirr
     mg = mirror_factory(kafka1.bootstrap, [spec])
     mg.wait_sources_known()
     mapped = map_pid(7, fold(kafka1.cluster_id))
-    err, base = _produce_txn_batch(dest.bootstrap, topic, 0, _txn_batch(mapped, 0, [b"m-0", b"m-1"]), "mirrored-src")
-    assert (err, base) == (0, 0)
+    got: list = []
+
+    def written():
+        # NOT_LEADER_OR_FOLLOWER right after the topic is created: not written, retried.
+        got[:] = [_produce_txn_batch(dest.bootstrap, topic, 0, _txn_batch(mapped, 0, [b"m-0", b"m-1"]),
+                                     "mirrored-src")]
+        return got[0][0] not in (5, 6)
+
+    wait_until(written, 15, interval=0.3, what="mirrored transactional batch written")
+    assert got[0] == (0, 0), got
     # A local open transaction in partition 1: not ours, never touched.
     local = _open_transaction(dest.bootstrap, topic, partition=1)
     assert local.poll() is None
