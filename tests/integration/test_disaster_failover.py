@@ -317,8 +317,19 @@ def test_abort_open_when_destination_fetcher_is_gone(kafka_factory, kafka1, mirr
     harness.create_topics(kafka1.bootstrap, [topic], partitions=2)
     harness.create_topics(dest.bootstrap, [topic], partitions=2)
     spec = MirrorSpec("a-to-b", kafka1.bootstrap, node_ids=kafka1.node_ids, destination_bootstrap=dest.bootstrap)
-    mg = mirror_factory(kafka1.bootstrap, [spec])
-    mg.wait_sources_known()
+    pres = MirrorSpec("pres", kafka1.bootstrap, node_ids=kafka1.node_ids, pid_mode="preserve",
+                      destination_bootstrap=dest.bootstrap)
+    taken: set[int] = {kafka1.port, dest.port}
+    gport = harness.free_port(taken)
+    taken.add(gport)
+    gbase = harness.free_node_port_base(taken, nodes=dest.node_ids)
+    guard = (f'[[guard]]\nname = "g"\nbootstrap = "127.0.0.1:{gport}"\nadvertised_host = "127.0.0.1"\n'
+             f'node_port_base = {gbase}\nupstream_bootstrap = ["{dest.bootstrap}"]\n')
+    mg = mirror_factory(kafka1.bootstrap, [spec, pres], extra_config=guard)
+    # (both mirrors list the same topics: GET /v1/partitions shows one of them per partition)
+    wait_until(lambda: mg.partition(topic, 0) is not None, 15, interval=0.2, what="topic known")
+    status, body = mg.post("abort-open", "pres", topic, [0])
+    assert status == 409 and body["error"] == "preserve_mode", body
     mapped = map_pid(7, fold(kafka1.cluster_id))
     got: list = []
 
@@ -372,8 +383,9 @@ def test_abort_open_when_destination_fetcher_is_gone(kafka_factory, kafka1, mirr
     assert recs, "STOPPED after abort-open recorded in __mirror_state"
     assert mg.metrics().sum("mirrorguard_seal_events_total", kind="abort_open_marker_written") == 1
     # After promotion a new local transactional producer (PID from the destination's
-    # allocator, far below the mapped region) writes without touching the mirrored PID.
-    tp = harness.new_producer(dest.bootstrap, **{"transactional.id": f"local-{topic}"})
+    # allocator, far below the mapped region) writes through the produce guard (the
+    # partition is STOPPED) without touching the mirrored PID.
+    tp = harness.new_producer(f"127.0.0.1:{gport}", **{"transactional.id": f"local-{topic}"})
     tp.init_transactions(20)
     tp.begin_transaction()
     tp.produce(topic, value=b"local", partition=0)
