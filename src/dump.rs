@@ -497,7 +497,47 @@ const MIRROR_STATE_TYPES: &[MirrorStateType] = &[
         key: topic_partition_key,
         value: producer_snapshot_value,
     },
+    MirrorStateType {
+        record_type: crate::mirror::offline::SOURCE_TOPOLOGY_TYPE,
+        key: mirror_name_key,
+        value: source_topology_value,
+    },
 ];
+
+fn mirror_name_key(c: &mut Cursor<'_>) -> Result<Fields, &'static str> {
+    Ok(Fields(vec![("mirror", json!(string16(c)?))]))
+}
+
+/// Type 6 (decoded by `mirror::offline`, which owns the schema).
+fn source_topology_value(c: &mut Cursor<'_>, version: i16) -> Result<Fields, &'static str> {
+    let rest = c.bytes(c.remaining()).ok_or("truncated")?;
+    let mut with_version = version.to_be_bytes().to_vec();
+    with_version.extend_from_slice(rest);
+    let (t, ts) = crate::mirror::offline::Topology::decode_value(&with_version)
+        .map_err(|_| "malformed source topology")?
+        .ok_or("source topology value version newer than this code")?;
+    let brokers: Vec<Value> = t
+        .brokers
+        .iter()
+        .map(|b| json!({"nodeId": b.node_id, "host": b.host, "port": b.port}))
+        .collect();
+    let topics: Vec<Value> = t
+        .topics
+        .iter()
+        .map(|x| {
+            json!({
+                "name": x.name,
+                "partitions": x.partitions.iter().map(|p| json!({"partition": p.index, "leader": p.leader, "leaderEpoch": p.leader_epoch})).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    Ok(Fields(vec![
+        ("sourceClusterId", json!(t.source_cluster_id)),
+        ("timestampMs", json!(ts)),
+        ("brokers", Value::Array(brokers)),
+        ("topics", Value::Array(topics)),
+    ]))
+}
 
 /// A decoded `__mirror_state` record.
 enum MirrorState {

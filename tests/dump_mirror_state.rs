@@ -127,3 +127,58 @@ fn state_store_records_decode_in_dump() {
                     "coordinatorEpoch": 9, "txnFirstOffset": -1, "lastTimestamp": 1_700_000_000_002i64}]}}})
     );
 }
+
+#[test]
+fn source_topology_record_decodes_in_dump() {
+    use mirrorguard::mirror::offline::{Broker, PartitionTopology, TopicTopology, Topology};
+    let t = Topology {
+        source_cluster_id: "MkU3OEVBNTcwNTJENDM2Qg".into(),
+        brokers: vec![Broker {
+            node_id: 1,
+            host: "src-1".into(),
+            port: 9092,
+        }],
+        topics: vec![TopicTopology {
+            name: "orders".into(),
+            id: [3; 16],
+            internal: false,
+            partitions: vec![PartitionTopology {
+                index: 0,
+                leader: 1,
+                leader_epoch: 4,
+            }],
+        }],
+    };
+    let k = Topology::encode_key("east").unwrap();
+    let v = t.encode_value(1_700_000_000_003).unwrap();
+    let batch = build_batch(
+        &BatchSpec::default(),
+        &[RecordSpec {
+            key: Some(k.as_slice()),
+            value: Some(v.as_slice()),
+            ..RecordSpec::default()
+        }],
+    );
+    let mut out = Vec::new();
+    let opts = DumpOptions {
+        deep_iteration: true,
+        json: true,
+        mirror_state: true,
+    };
+    dump_bytes(
+        Path::new("00000000000000000000.log"),
+        &batch,
+        opts,
+        &mut out,
+    )
+    .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(
+        v["records"][0]["mirrorState"],
+        json!({"key": {"type": "6", "data": {"mirror": "east"}},
+               "payload": {"version": "0", "data": {"sourceClusterId": "MkU3OEVBNTcwNTJENDM2Qg",
+                   "timestampMs": 1_700_000_000_003i64,
+                   "brokers": [{"nodeId": 1, "host": "src-1", "port": 9092}],
+                   "topics": [{"name": "orders", "partitions": [{"partition": 0, "leader": 1, "leaderEpoch": 4}]}]}}})
+    );
+}
