@@ -12,6 +12,9 @@
 //!   ([`producer_state`]);
 //! - the partition life cycle and seal ([`lifecycle`]), the produce guard
 //!   ([`guard`]) and the durable state in `__mirror_state` ([`state_store`]);
+//! - the disaster path: [`mirror::offline`] (answers and topology when the
+//!   source is gone) and [`abort_open`] (closing open mirrored transactions on
+//!   the destination when its fetcher is gone);
 //! - operations: [`admin`], [`admin_api`], [`metrics`], [`ctl`].
 //!
 //! [`config`] reads `proxy.toml`, [`run`] assembles the process, and [`dump`]
