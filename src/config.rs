@@ -220,6 +220,14 @@ pub struct AdminConfig {
     /// File holding the bearer token for mutating admin calls.
     #[serde(default)]
     pub token_file: Option<PathBuf>,
+    /// Time allowed for a request's headers, and again for its body, to
+    /// arrive (a stalled client gets its connection closed, or 408).
+    #[serde(default = "default_admin_read_timeout_ms")]
+    pub read_timeout_ms: u64,
+}
+
+fn default_admin_read_timeout_ms() -> u64 {
+    10_000
 }
 
 /// `[logging]`
@@ -404,6 +412,12 @@ impl Config {
                     ))
                 }
             }
+        }
+        if !(100..=600_000).contains(&self.admin.read_timeout_ms) {
+            return Err(invalid(
+                "admin.read_timeout_ms".into(),
+                format!("{} is outside 100..=600000 ms", self.admin.read_timeout_ms),
+            ));
         }
         tracing_subscriber::EnvFilter::try_new(&self.logging.level)
             .map_err(|e| invalid("logging.level".into(), e.to_string()))?;

@@ -222,7 +222,6 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         .await
         .map_err(|e| anyhow::anyhow!("cannot bind admin listener {admin_addr}: {e}"))?;
     tracing::info!(%admin_addr, "admin listener bound (/healthz /readyz /metrics)");
-    let mut admin_shutdown = shutdown_rx.clone();
     let token = match &config.admin.token_file {
         Some(path) => Some(
             std::fs::read_to_string(path)
@@ -241,17 +240,14 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         registry: registry.clone(),
         token,
     });
-    let admin_router = admin::router(admin_state.clone(), api_state);
-    let admin_task = tokio::spawn(async move {
-        let served = axum::serve(admin_socket, admin_router)
-            .with_graceful_shutdown(async move {
-                let _ = admin_shutdown.wait_for(|s| *s).await;
-            })
-            .await;
-        if let Err(e) = served {
-            tracing::error!(error = %e, "admin listener failed");
-        }
-    });
+    let admin_read_timeout = Duration::from_millis(config.admin.read_timeout_ms);
+    let admin_router = admin::router(admin_state.clone(), api_state, admin_read_timeout);
+    let admin_task = tokio::spawn(admin::serve(
+        admin_socket,
+        admin_router,
+        admin_read_timeout,
+        shutdown_rx.clone(),
+    ));
 
     wait_for_signal().await;
     admin_state.shutting_down.store(true, Ordering::SeqCst);

@@ -123,7 +123,7 @@ class MirrorGuard:
 
     def __init__(self, work_dir: Path, name: str, state_bootstrap: str, mirrors: list[MirrorSpec],
                  metadata_refresh_ms: int = 1000, log_level: str = "info,mirrorguard=debug",
-                 snapshot_interval_ms: int | None = None):
+                 snapshot_interval_ms: int | None = None, admin_read_timeout_ms: int | None = None):
         self.name = name
         self.work_dir = work_dir
         taken: set[int] = set()
@@ -163,6 +163,7 @@ metadata_refresh_ms = {metadata_refresh_ms}
 [admin]
 listen = "{HOST}:{self.admin_port}"
 token_file = "{self.token_path}"
+{f"read_timeout_ms = {admin_read_timeout_ms}" if admin_read_timeout_ms else ""}
 
 [logging]
 format = "text"
@@ -252,7 +253,8 @@ request_timeout_ms = 10000
     # ---------------------------------------------------------------- admin API
 
     def request(self, method: str, path: str, body: bytes | str | dict | None = None,
-                token: str | None = "default", timeout: float = 15.0) -> tuple[int, object]:
+                token: str | None = "default", timeout: float = 15.0,
+                headers: dict[str, str] | None = None) -> tuple[int, object]:
         """Returns (status, parsed JSON or the raw text)."""
         if isinstance(body, dict):
             body = json.dumps(body)
@@ -265,6 +267,8 @@ request_timeout_ms = 10000
             token = self.TOKEN
         if token is not None:
             req.add_header("Authorization", f"Bearer {token}")
+        for k, v in (headers or {}).items():
+            req.add_header(k, v)
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
                 status, text = r.status, r.read().decode(errors="replace")
