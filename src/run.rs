@@ -62,8 +62,13 @@ pub fn init_logging(cfg: &LoggingConfig) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(&cfg.level))
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colour only on a terminal: log files and journald get plain text.
+    // NO_COLOR (https://no-color.org) turns it off on a terminal too.
+    use std::io::IsTerminal;
+    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     let _ = match cfg.format {
         LogFormat::Json => builder.json().try_init(),
