@@ -200,6 +200,20 @@ class TansuBroker:
     def bootstrap(self) -> str:
         return f"{HOST}:{self.port}"
 
+    # -- the interface shared with kafka_broker.KafkaCluster ------------------------
+    kind = "tansu"
+
+    @property
+    def node_ids(self) -> list[int]:
+        return [TANSU_NODE_ID]
+
+    def pause(self) -> None:
+        """SIGSTOP: the broker hangs with its sockets open."""
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.proc.pid, signal.SIGCONT)
+
     def start(self, ready_timeout: float = 10.0) -> "TansuBroker":
         url = f"tcp://{HOST}:{self.port}"
         self.proc = ManagedProcess(
@@ -530,11 +544,19 @@ def admin(bootstrap: str, **extra) -> AdminClient:
 
 
 def create_topics(
-    bootstrap: str, names: list[str], partitions: int = 1, config: dict | None = None, timeout: float = 15.0
+    bootstrap: str,
+    names: list[str],
+    partitions: int = 1,
+    config: dict | None = None,
+    timeout: float = 15.0,
+    replication_factor: int = 1,
 ) -> None:
     a = admin(bootstrap)
     futs = a.create_topics(
-        [NewTopic(n, num_partitions=partitions, replication_factor=1, config=config or {}) for n in names],
+        [
+            NewTopic(n, num_partitions=partitions, replication_factor=replication_factor, config=config or {})
+            for n in names
+        ],
         operation_timeout=timeout,
         request_timeout=timeout,
     )
