@@ -147,7 +147,8 @@ class KafkaNode:
             return
         argv = [JAVA, "-Xmx256m", "-XX:+UseSerialGC", f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
                 "-cp", classpath(), "kafka.tools.StorageTool", "format",
-                "-t", self.cluster.cluster_id, "-c", str(self.config_path)]
+                # `=` form: a URL-safe base64 id may start with '-'.
+                f"--cluster-id={self.cluster.cluster_id}", "-c", str(self.config_path)]
         r = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=120)
         if r.returncode != 0:
             raise HarnessError(f"kafka-storage format failed for {self.name}: {r.stdout}\n{r.stderr}")
