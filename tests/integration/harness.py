@@ -300,6 +300,8 @@ class Proxy:
         name: str = "mirrorguard",
         node_ids: list[int] | tuple[int, ...] = (TANSU_NODE_ID,),
     ):
+        # A multi-node cluster's bootstrap is "host:port,host:port": one entry per address.
+        upstream = [a for u in upstream for a in u.split(",") if a]
         taken: set[int] = set()
         bs = free_port(taken)
         taken.add(bs)
