@@ -661,3 +661,22 @@ def consume_assign(
 
 def topic_name(prefix: str = "t") -> str:
     return f"{prefix}-{os.urandom(4).hex()}"
+
+
+def wait_txn_markers(bootstrap: str, topic: str, partition: int = 0, open_transactions: int = 0,
+                     timeout: float = 15.0) -> None:
+    """Waits until every transactional producer's last batch in the partition is its
+    COMMIT/ABORT marker, except `open_transactions` of them. Apache Kafka answers
+    EndTxn before it writes the markers (the coordinator writes them afterwards), so a
+    read right after commit/abort may not see them yet; Tansu writes them at once."""
+    host, port = bootstrap.split(",")[0].rsplit(":", 1)
+
+    def settled():
+        batches, _ = rawkafka.fetch_all_batches(host, int(port), topic, partition)
+        last: dict[int, rawkafka.Batch] = {}
+        for b in batches:
+            if b.is_transactional:
+                last[b.producer_id] = b
+        return sum(1 for b in last.values() if not b.is_control) == open_transactions
+
+    wait_until(settled, timeout, interval=0.05, what=f"transaction markers in {topic}-{partition}")

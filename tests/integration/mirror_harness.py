@@ -323,14 +323,17 @@ def mirror_factory(tmp_path, request):
     """Makes MirrorGuard instances (not started). At teardown each one still running gets
     SIGTERM and must exit 0; no log may show a panic. Killed ones (-9) are not checked.
 
-    The state cluster is often the session's shared Kafka node: every instance of one
-    test shares a state topic of that test's own (``mg.state_topic``) unless told
-    otherwise, so tests never see each other's records."""
+    When the state cluster is the session's shared Kafka node (``kafka1``), every
+    instance of one test shares a state topic of that test's own (``mg.state_topic``)
+    unless told otherwise, so tests never see each other's records; on a cluster of the
+    test's own the state topic keeps its default name, ``__mirror_state``."""
     made: list[MirrorGuard] = []
     test_state_topic = f"__mirror_state_{os.urandom(4).hex()}"
+    shared_state = request.getfixturevalue("kafka1").bootstrap if "kafka1" in request.fixturenames else None
 
     def make(state_bootstrap: str, mirrors: list[MirrorSpec], start: bool = True, **kw) -> MirrorGuard:
-        kw.setdefault("state_topic", test_state_topic)
+        if state_bootstrap == shared_state:
+            kw.setdefault("state_topic", test_state_topic)
         mg = MirrorGuard(tmp_path, f"mg{len(made)}", state_bootstrap, mirrors, **kw)
         made.append(mg)
         try:  # conftest.py's failure report shows the logs it knows of

@@ -60,6 +60,7 @@ def _open_transaction_on_source(src, txn_id: str = "txn-open"):
     for i in range(2):
         tp.produce(TOPIC, value=b"open-%d" % i, partition=0)
     assert tp.flush(20) == 0
+    harness.wait_txn_markers(src.bootstrap, TOPIC, open_transactions=1)
     return idem, tp
 
 
@@ -373,6 +374,7 @@ def test_seal_has_one_abort_marker_per_open_transaction(kafka_factory, kafka1, m
         tp.begin_transaction()
         tp.produce(TOPIC, value=b"open-%d" % i, partition=0)
         assert tp.flush(20) == 0
+    harness.wait_txn_markers(src.bootstrap, TOPIC, open_transactions=n_open)
     f = StandInFetcher(TOPIC).connect(mg.mirrors[MIRROR].bootstrap)
     f.catch_up(high_watermark(src.bootstrap, TOPIC))
     cut = f.leo

@@ -59,6 +59,7 @@ def test_aborted_transactions_mapped_like_the_batches(kafka_factory, kafka1, mir
     txn(p2, topic, [b"p2-commit-%d" % i for i in range(2)], commit=True)
     txn(p2, topic, [b"p2-abort-%d" % i for i in range(2)], commit=False)
     txn(p1, topic, [b"p1-commit"], commit=True)
+    harness.wait_txn_markers(src.bootstrap, topic)
 
     with rawkafka.Connection(HOST, src.port, timeout=5) as c:
         ids, _ = rawkafka.topic_ids_v12(c, [topic])

@@ -53,6 +53,7 @@ def _produce_mix(bootstrap: str, topic: str | None = None) -> None:
     txn(tp, topic, [b"commit-%d" % i for i in range(3)], commit=True)
     txn(tp, topic, [b"abort-%d" % i for i in range(2)], commit=False)
     send(idem, topic, [b"idem-late"])
+    harness.wait_txn_markers(bootstrap, topic)
 
 
 def _strip_pid_crc(raw: bytes) -> bytes:

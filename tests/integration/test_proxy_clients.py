@@ -25,6 +25,7 @@ from harness import (
     create_topics,
     produce,
     topic_name,
+    wait_txn_markers,
     wait_until,
 )
 
@@ -138,6 +139,7 @@ def test_transactional_commit(kafka):
     for i in range(20):
         p.produce(topic, value=f"committed-{i}".encode(), partition=0)
     p.commit_transaction(15)
+    wait_txn_markers(kafka.broker.bootstrap, topic)
 
     got = consume_assign(kafka.bootstrap, topic, count=20, **{"isolation.level": "read_committed"})
     assert [m.value() for m in got] == [f"committed-{i}".encode() for i in range(20)]
@@ -170,6 +172,7 @@ def test_transactional_abort(kafka):
     for i in range(10):
         p.produce(topic, value=f"committed-{i}".encode(), partition=0)
     p.commit_transaction(15)
+    wait_txn_markers(kafka.broker.bootstrap, topic)
 
     batches, _ = rawkafka.fetch_all_batches(*leader_addr(kafka), topic)
     assert all(b.crc_ok() for b in batches)
@@ -394,3 +397,14 @@ def test_librdkafka_acks0_producer(kafka):
     brokers = json.loads(events[-1])["brokers"] if events else {}
     disconnects = {name: b.get("disconnects", 0) for name, b in brokers.items()}
     assert not any(disconnects.values()), f"acks=0 producer was disconnected: {disconnects}"
+
+
+def test_tansu_only_acks0_answers_tolerated(broker_factory, proxy_factory):
+    """TANSU-ONLY, kept on purpose whatever --mg-broker says: Tansu answers Produce with
+    acks=0, which Apache Kafka never does, so only Tansu can show that a proxy which
+    expects no answer copes with one (first versions closed the client connection)."""
+    from conftest import Target
+
+    b = broker_factory()
+    p = proxy_factory([b.bootstrap], node_ids=b.node_ids)
+    test_produce_acks0_keeps_correlation(Target("proxy", p.bootstrap, b, p))
