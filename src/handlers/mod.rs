@@ -86,7 +86,7 @@ pub const DECODED_VERSIONS: &[(i16, RangeInclusive<i16>)] = &[
     (api_key::FETCH, 4..=18),
     (api_key::METADATA, 0..=13),
     (api_key::FIND_COORDINATOR, 0..=6),
-    (api_key::API_VERSIONS, 0..=4),
+    (api_key::API_VERSIONS, 0..=5),
     (api_key::DESCRIBE_CLUSTER, 0..=2),
 ];
 

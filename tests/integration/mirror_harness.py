@@ -63,7 +63,8 @@ def fold(cid: str | bytes) -> int:
 
 
 def map_pid(pid: int, fold_value: int, salt: int = 0, layout: str = "high") -> int:
-    """SPEC 2.1 for 0 <= pid < 2^31 (the only PIDs Tansu hands out in these tests)."""
+    """SPEC 2.1 for 0 <= pid < 2^31 (the only PIDs Tansu and fresh Kafka test clusters
+    hand out in these tests)."""
     if pid == -1:
         return -1
     assert 0 <= pid < (1 << 31), pid
@@ -102,6 +103,11 @@ class MirrorSpec:
     # The source's broker node ids (Tansu is always 111; Kafka test clusters use 1, 2, 3).
     node_ids: list[int] = field(default_factory=lambda: [TANSU_NODE_ID])
 
+    @classmethod
+    def of(cls, name: str, source, **kw) -> "MirrorSpec":
+        """A spec for `source` (a KafkaCluster or TansuBroker): its bootstrap and node ids."""
+        return cls(name, source.bootstrap, node_ids=list(source.node_ids), **kw)
+
     @property
     def bootstrap(self) -> str:
         return f"{HOST}:{self.bootstrap_port}"
@@ -123,8 +129,11 @@ class MirrorGuard:
 
     def __init__(self, work_dir: Path, name: str, state_bootstrap: str, mirrors: list[MirrorSpec],
                  metadata_refresh_ms: int = 1000, log_level: str = "info,mirrorguard=debug",
-                 snapshot_interval_ms: int | None = None, admin_read_timeout_ms: int | None = None):
+                 snapshot_interval_ms: int | None = None, state_topic: str = "__mirror_state",
+                 admin_read_timeout_ms: int | None = None):
         self.name = name
+        self.state_bootstrap = state_bootstrap
+        self.state_topic = state_topic
         self.work_dir = work_dir
         taken: set[int] = set()
         self.admin_port = harness.free_port(taken)
@@ -174,6 +183,7 @@ shutdown_grace_ms = 2000
 
 [state]
 bootstrap = ["{state_bootstrap}"]
+topic = "{state_topic}"
 request_timeout_ms = 10000
 
 """
@@ -316,10 +326,19 @@ request_timeout_ms = 10000
 @pytest.fixture
 def mirror_factory(tmp_path, request):
     """Makes MirrorGuard instances (not started). At teardown each one still running gets
-    SIGTERM and must exit 0; no log may show a panic. Killed ones (-9) are not checked."""
+    SIGTERM and must exit 0; no log may show a panic. Killed ones (-9) are not checked.
+
+    When the state cluster is the session's shared Kafka node (``kafka1``), every
+    instance of one test shares a state topic of that test's own (``mg.state_topic``)
+    unless told otherwise, so tests never see each other's records; on a cluster of the
+    test's own the state topic keeps its default name, ``__mirror_state``."""
     made: list[MirrorGuard] = []
+    test_state_topic = f"__mirror_state_{os.urandom(4).hex()}"
+    shared_state = request.getfixturevalue("kafka1").bootstrap if "kafka1" in request.fixturenames else None
 
     def make(state_bootstrap: str, mirrors: list[MirrorSpec], start: bool = True, **kw) -> MirrorGuard:
+        if state_bootstrap == shared_state:
+            kw.setdefault("state_topic", test_state_topic)
         mg = MirrorGuard(tmp_path, f"mg{len(made)}", state_bootstrap, mirrors, **kw)
         made.append(mg)
         try:  # conftest.py's failure report shows the logs it knows of
