@@ -244,6 +244,26 @@ pub fn decide(
     })
 }
 
+/// What a reader that is not the destination fetcher gets for a controlled
+/// partition: the sealing batches already built when its offset lies
+/// within them, nothing otherwise. Never a decision: a reader takes no
+/// cut, completes no seal and fails nothing.
+pub fn serve_reader(entry: &Entry, fetch_offset: i64) -> LocalPartition {
+    let (State::Stopping, Some(plan)) = (entry.state, &entry.seal) else {
+        return LocalPartition::empty_at(fetch_offset);
+    };
+    if fetch_offset < plan.cut || fetch_offset >= plan.end() {
+        return LocalPartition::empty_at(fetch_offset);
+    }
+    LocalPartition {
+        records: plan.records_from(fetch_offset),
+        high_watermark: plan.end(),
+        last_stable_offset: plan.end(),
+        aborts_served: 0,
+        barriers_served: 0,
+    }
+}
+
 /// Open transactions remembered for a restored entry.
 fn entry_open_txns(entry: &Entry) -> Vec<OpenTxn> {
     match (&entry.seal, &entry.restored_open_txns) {

@@ -538,13 +538,28 @@ struct PartitionSlice {
 pub struct MirrorRewriter {
     nodes: Arc<NodeRegistry>,
     mirror: Arc<MirrorContext>,
+    /// Whether this listener is the destination fetcher's: only its fetches
+    /// take a cut, complete a seal and feed the shadow producer state.
+    fetcher: bool,
 }
 
 impl MirrorRewriter {
-    /// A rewriter for `mirror` advertising `nodes`.
+    /// A rewriter for `mirror` advertising `nodes`, whose clients count as
+    /// the destination fetcher.
     pub fn new(nodes: Arc<NodeRegistry>, mirror: Arc<MirrorContext>) -> Self {
+        Self::with_role(nodes, mirror, true)
+    }
+
+    /// A rewriter whose clients are the destination fetcher (`fetcher`) or
+    /// other readers, which are served without moving a seal or changing
+    /// producer state.
+    pub fn with_role(nodes: Arc<NodeRegistry>, mirror: Arc<MirrorContext>, fetcher: bool) -> Self {
         let _ = mirror.nodes.set(nodes.clone());
-        Self { nodes, mirror }
+        Self {
+            nodes,
+            mirror,
+            fetcher,
+        }
     }
 }
 
@@ -555,7 +570,7 @@ impl ResponseRewriter for MirrorRewriter {
         frame: &[u8],
     ) -> Result<crate::proxy::connection::RequestAction, RewriteError> {
         if h.api_key == api::FETCH {
-            if let Some(action) = seal_path::plan_fetch(&self.mirror, h, frame)? {
+            if let Some(action) = seal_path::plan_fetch(&self.mirror, h, frame, self.fetcher)? {
                 return Ok(action);
             }
         }
@@ -602,7 +617,8 @@ impl ResponseRewriter for MirrorRewriter {
                     || seal_path::is_stray(&self.mirror, fetch_plan, t, p)
             };
             if let Some(pending) =
-                rewrite_fetch_body(&self.mirror, h.api_version, body, &skip).map_err(err)?
+                rewrite_fetch_body_as(&self.mirror, h.api_version, body, &skip, self.fetcher)
+                    .map_err(err)?
             {
                 let salts = self.mirror.salts.clone();
                 let mirror = self.mirror.clone();
@@ -655,6 +671,21 @@ pub fn rewrite_fetch_body(
     body: &mut [u8],
     skip: &dyn Fn(&FetchTopic<'_>, i32) -> bool,
 ) -> Result<Option<Pending>, String> {
+    rewrite_fetch_body_as(mirror, version, body, skip, true)
+}
+
+/// [`rewrite_fetch_body`] for the destination fetcher (`fetcher`) or for
+/// another reader: a reader's responses are mapped with the same salts and
+/// claims, but never observed (its position says nothing about the
+/// destination's log, so the shadow producer state must not follow it),
+/// and never replayed for.
+pub fn rewrite_fetch_body_as(
+    mirror: &MirrorContext,
+    version: i16,
+    body: &mut [u8],
+    skip: &dyn Fn(&FetchTopic<'_>, i32) -> bool,
+    fetcher: bool,
+) -> Result<Option<Pending>, String> {
     let Some(source) = mirror.source() else {
         return Err(format!(
             "mirror {}: the source cluster id is not known yet (not learned from the source's \
@@ -703,7 +734,7 @@ pub fn rewrite_fetch_body(
     // its batches is mapped: replay the source range the state has not seen.
     let mut replays = Vec::new();
     for (slice, handle) in slices.iter().zip(&handles) {
-        if mirror.is_warm(&slice.key) {
+        if !fetcher || mirror.is_warm(&slice.key) {
             continue;
         }
         let first = body
@@ -827,7 +858,9 @@ pub fn rewrite_fetch_body(
     let mut sink: Vec<Anomaly> = Vec::new();
     for (slice, handle) in slices.iter().zip(&handles) {
         if let Some(records) = body.get_mut(slice.records.clone()) {
-            rewrite_partition_records(mirror, source, handle, records, now, &mut sink, true)?;
+            rewrite_partition_records(
+                mirror, source, handle, records, now, &mut sink, true, fetcher,
+            )?;
         }
         if !slice.aborted.is_empty() && mirror.mode == PidMode::Region {
             rewrite_aborted(mirror, source, handle, body, slice);
@@ -936,7 +969,7 @@ pub(crate) fn observe_records(
 ) {
     // A replay forwards nothing: a collision met here is resolved by phase 1
     // when the fetcher's response carries the batch.
-    let _ = rewrite_partition_records(mirror, source, handle, records, now, sink, false);
+    let _ = rewrite_partition_records(mirror, source, handle, records, now, sink, false, true);
 }
 
 /// Runs the replays a response waits for, then marks the partitions warm.
@@ -967,6 +1000,7 @@ pub(crate) async fn run_replays(
     Ok(())
 }
 
+#[allow(clippy::too_many_arguments)]
 fn rewrite_partition_records(
     mirror: &MirrorContext,
     source: &SourceIdentity,
@@ -975,6 +1009,7 @@ fn rewrite_partition_records(
     now: i64,
     sink: &mut Vec<Anomaly>,
     forwarding: bool,
+    observe: bool,
 ) -> Result<(), String> {
     // Collect headers first: the walk borrows the buffer immutably.
     let mut pos = 0;
@@ -1023,7 +1058,9 @@ fn rewrite_partition_records(
                             } => source_cluster_id,
                             _ => "?",
                         };
-                        pass_barrier(mirror, handle, &header, from, now, sink);
+                        if observe {
+                            pass_barrier(mirror, handle, &header, from, now, sink);
+                        }
                         continue;
                     }
                     (other, _) => ControlKind::Unknown(other.id()),
@@ -1039,7 +1076,9 @@ fn rewrite_partition_records(
                         tracing::warn!(mirror = %mirror.name, partition = %handle.key(),
                             offset = header.base_offset, error = %e,
                             "MIRROR_PID_RESET barrier with an unparseable value: expiring producer state anyway");
-                        pass_barrier(mirror, handle, &header, "?", now, sink);
+                        if observe {
+                            pass_barrier(mirror, handle, &header, "?", now, sink);
+                        }
                         continue;
                     }
                     Some(ControlKind::Unknown(-1))
@@ -1093,7 +1132,9 @@ fn rewrite_partition_records(
             max_timestamp: header.max_timestamp,
         };
         sink.clear();
-        handle.observe(&origin, &obs, now, sink);
+        if observe {
+            handle.observe(&origin, &obs, now, sink);
+        }
         for a in sink.iter() {
             mirror
                 .metrics

@@ -21,7 +21,7 @@ use crate::handlers::{
     self, build_fetch_response, parse_fetch_request, rewrite_fetch_request,
     splice_fetch_response_dropping, FetchPartitionResponse, FetchTopic,
 };
-use crate::lifecycle::seal::{decide, Decision, LocalPartition, OpenTxn};
+use crate::lifecycle::seal::{decide, serve_reader, Decision, LocalPartition, OpenTxn};
 use crate::producer_state::PartitionKey;
 use crate::proxy::connection::{Plan, RequestAction, RewriteError, Rewritten};
 use crate::state_store::schema::MirrorPartitionState as State;
@@ -72,6 +72,8 @@ pub struct FetchPlan {
     /// session (dropped from the request, or added to its forgotten topics):
     /// remembered once the upstream accepted the request.
     out_of_session: Vec<PartitionKey>,
+    /// Whether the request came in on the destination fetcher's listener.
+    fetcher: bool,
 }
 
 /// Controlled partitions known to be out of an upstream fetch session, by
@@ -170,6 +172,7 @@ pub fn plan_fetch(
     mirror: &MirrorContext,
     h: &RequestHeader,
     frame: &[u8],
+    fetcher: bool,
 ) -> Result<Option<RequestAction>, RewriteError> {
     if !mirror.lifecycle.controls() && !mirror.sessions.any() {
         return Ok(None);
@@ -195,13 +198,15 @@ pub fn plan_fetch(
             if entry.state == State::Mirroring {
                 continue;
             }
-            if entry.state == State::Stopping {
+            if entry.state == State::Stopping && fetcher {
                 serving |= match (entry.cut, entry.seal_batches) {
                     (None, _) => true,
                     (Some(cut), n) => p.fetch_offset < cut + i64::from(n.unwrap_or(1)),
                 };
             }
-            mirror.lifecycle.note_fetch(&key, p.fetch_offset);
+            if fetcher {
+                mirror.lifecycle.note_fetch(&key, p.fetch_offset);
+            }
             controlled.push(Controlled {
                 topic: match t.topic {
                     FetchTopic::Name(n) => TopicRef::Name(n.to_string()),
@@ -246,7 +251,7 @@ pub fn plan_fetch(
             // position, which an incremental request that leaves it out does
             // not carry: make the fetcher send a full fetch (one session
             // error per seal).
-            if e.state == State::Stopping && e.cut.is_none() {
+            if fetcher && e.state == State::Stopping && e.cut.is_none() {
                 force_full_fetch = true;
             }
             if known_out.contains(&key) {
@@ -275,6 +280,7 @@ pub fn plan_fetch(
             session_id: req.session_id,
             session_epoch: req.session_epoch,
             out_of_session: Vec::new(),
+            fetcher,
         });
         return Ok(Some(RequestAction::Answer(plan)));
     }
@@ -291,6 +297,7 @@ pub fn plan_fetch(
         session_id: req.session_id,
         session_epoch: req.session_epoch,
         out_of_session,
+        fetcher,
     };
     // Without a session nothing upstream needs to see the request.
     if all_controlled && !has_session {
@@ -341,6 +348,10 @@ fn decide_all(
             answers.push(LocalPartition::empty_at(c.fetch_offset));
             continue;
         };
+        if !plan.fetcher {
+            answers.push(serve_reader(&entry, c.fetch_offset));
+            continue;
+        }
         // Taking the cut needs the open transactions: after a restart the
         // producer state may lag the fetcher; replay the source first.
         if entry.state == State::Stopping && entry.cut.is_none() && !mirror.is_warm(&c.key) {
@@ -370,12 +381,21 @@ fn decide_all(
         }
         let registry = mirror.registry.clone();
         let key = c.key.clone();
+        let cut = c.fetch_offset;
         let open = move || -> Vec<OpenTxn> {
             registry
                 .get(&key)
                 .map(|h| {
                     h.with(|s| {
+                        if s.next_offset() > cut {
+                            // The shadow state saw source batches past the cut
+                            // (a response the fetcher did not append): those
+                            // opened there are not open at the cut.
+                            tracing::warn!(partition = %key, cut, state_offset = s.next_offset(),
+                                "producer state is ahead of the cut; transactions opened past the cut are left out of the seal");
+                        }
                         s.open_transactions()
+                            .filter(|t| t.first_offset < cut)
                             .map(|t| OpenTxn {
                                 producer_id: t.mapped_pid,
                                 producer_epoch: t.epoch,
