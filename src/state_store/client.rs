@@ -270,9 +270,16 @@ enum Command {
     },
     Read {
         from: i64,
-        reply: oneshot::Sender<Result<(Vec<StoredRecord>, i64)>>,
+        /// Records, next offset, and whether the read reached the high
+        /// watermark.
+        reply: oneshot::Sender<Result<(Vec<StoredRecord>, i64, bool)>>,
     },
 }
+
+/// Rounds of [`StateStore::read_all`] in a row that may bring no record
+/// before the read is declared stuck (each round is itself bounded by the
+/// request timeout and retries inside it).
+const READ_ALL_STALLED_ROUNDS: u32 = 3;
 
 impl StateStore {
     /// Connects over plain TCP; see [`StateStore::open_with`].
@@ -341,15 +348,36 @@ impl StateStore {
         rx.await.map_err(|_| StateStoreError::Closed)?
     }
 
-    /// Reads every record from offset 0 up to the high watermark.
+    /// Reads every record from offset 0 up to the high watermark. A read
+    /// that stops short of it (a slow or large topic, a stalled broker) goes
+    /// on from where it stopped while it makes progress; one that cannot
+    /// reach the end is an error, never a partial result that looks whole.
     pub async fn read_all(&self) -> Result<Vec<StoredRecord>> {
-        Ok(self.read_from(0).await?.0)
+        let mut out = Vec::new();
+        let mut pos = 0;
+        let mut stalled = 0;
+        loop {
+            let (records, next, complete) = self.read_checked(pos).await?;
+            out.extend(records);
+            if complete {
+                return Ok(out);
+            }
+            if next > pos {
+                stalled = 0;
+            } else {
+                stalled += 1;
+                if stalled >= READ_ALL_STALLED_ROUNDS {
+                    return Err(StateStoreError::Timeout(format!(
+                        "reading the state topic stopped at offset {pos} before its high                          watermark ({stalled} rounds without progress); refusing to start from                          a partial read"
+                    )));
+                }
+                sleep(BACKOFF_MIN).await;
+            }
+            pos = next;
+        }
     }
 
-    /// Reads records from `offset` up to the current high watermark and
-    /// returns them with the offset to read from next (for tailing: call
-    /// again with it to see other instances' writes).
-    pub async fn read_from(&self, offset: i64) -> Result<(Vec<StoredRecord>, i64)> {
+    async fn read_checked(&self, offset: i64) -> Result<(Vec<StoredRecord>, i64, bool)> {
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(Command::Read {
@@ -359,6 +387,14 @@ impl StateStore {
             .await
             .map_err(|_| StateStoreError::Closed)?;
         rx.await.map_err(|_| StateStoreError::Closed)?
+    }
+
+    /// Reads records from `offset` up to the current high watermark and
+    /// returns them with the offset to read from next (for tailing: call
+    /// again with it to see other instances' writes).
+    pub async fn read_from(&self, offset: i64) -> Result<(Vec<StoredRecord>, i64)> {
+        let (records, next, _) = self.read_checked(offset).await?;
+        Ok((records, next))
     }
 }
 
@@ -804,7 +840,7 @@ impl<C: Connector> Actor<C> {
         }
     }
 
-    async fn read_from(&mut self, from: i64) -> Result<(Vec<StoredRecord>, i64)> {
+    async fn read_from(&mut self, from: i64) -> Result<(Vec<StoredRecord>, i64, bool)> {
         if from < 0 {
             return Err(StateStoreError::Config(format!("read offset {from}")));
         }
@@ -842,13 +878,18 @@ impl<C: Connector> Actor<C> {
                 pos = start;
                 continue;
             }
-            if pos >= step.high_watermark || !progressed {
-                return Ok((out, pos));
+            if pos >= step.high_watermark {
+                return Ok((out, pos, true));
+            }
+            if !progressed {
+                // Nothing readable at `pos` although the high watermark is
+                // past it: not the end.
+                return Ok((out, pos, false));
             }
             if Instant::now() >= retry.deadline {
                 // Still behind after a whole request timeout of reading:
                 // hand back what was read; the caller continues from `pos`.
-                return Ok((out, pos));
+                return Ok((out, pos, false));
             }
         }
     }
