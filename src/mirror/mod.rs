@@ -1013,7 +1013,11 @@ fn rewrite_partition_records(
 ) -> Result<(), String> {
     // Collect headers first: the walk borrows the buffer immutably.
     let mut pos = 0;
-    while pos < records.len() {
+    let mut last_epoch = None;
+    let result = loop {
+        if pos >= records.len() {
+            break Ok(());
+        }
         let header = match walk(&records[pos..]).next() {
             Some(Ok(Entry::V2(h))) => h,
             // A legacy (v0/v1) entry is forwarded untouched, but the v2
@@ -1023,17 +1027,18 @@ fn rewrite_partition_records(
                 pos += range.end;
                 continue;
             }
-            Some(Ok(_)) | None => return Ok(()), // truncated tail: untouched
+            Some(Ok(_)) | None => break Ok(()), // truncated tail: untouched
             Some(Err(e)) => {
                 mirror.metrics.corrupt.inc();
                 tracing::warn!(mirror = %mirror.name, partition = %handle.key(), position = pos, error = %e,
                     "corrupt record batch in a Fetch response; forwarding the rest of the partition untouched");
-                return Ok(());
+                break Ok(());
             }
         };
         let start = pos;
         let end = pos + header.range.end;
         pos = end;
+        last_epoch = Some(header.partition_leader_epoch);
         mirror.metrics.batches.inc();
         let batch = &mut records[start..end];
         let control = if header.is_control() {
@@ -1108,7 +1113,7 @@ fn rewrite_partition_records(
                 // then persists a salt first).
                 MappingLookup::Collision { mapped_pid, .. } if forwarding => {
                     mirror.metrics.collisions.inc();
-                    return Err(format!(
+                    break Err(format!(
                         "PID collision appeared while forwarding {}: origin {origin} would \
                          leave as {mapped_pid}, which another origin holds; response dropped, \
                          the next fetch persists a salt first",
@@ -1149,8 +1154,11 @@ fn rewrite_partition_records(
         if mapped != pid && crate::records::rewrite_producer_id(batch, mapped) {
             mirror.metrics.rewritten.inc();
         }
+    };
+    if let (true, Some(epoch)) = (observe && forwarding, last_epoch) {
+        handle.with(|s| s.note_leader_epoch(epoch));
     }
-    Ok(())
+    result
 }
 
 /// A MIRROR_PID_RESET barrier passes: expires the partition's producer

@@ -412,11 +412,22 @@ fn decide_all(
                 })
                 .unwrap_or_default()
         };
+        // Without LastFetchedEpoch (Fetch < v12) the seal is stamped with
+        // the epoch of the last batch forwarded to the fetcher.
+        let last_fetched_epoch = if c.last_fetched_epoch >= 0 {
+            c.last_fetched_epoch
+        } else {
+            mirror
+                .registry
+                .get(&c.key)
+                .map(|h| h.with(|s| s.last_leader_epoch()))
+                .unwrap_or(-1)
+        };
         match decide(
             &c.key,
             &entry,
             c.fetch_offset,
-            c.last_fetched_epoch,
+            last_fetched_epoch,
             c.current_leader_epoch,
             &open,
         ) {
@@ -433,6 +444,7 @@ fn decide_all(
             }
             Decision::Persist(next) => {
                 let lifecycle = mirror.lifecycle.clone();
+                let registry = mirror.registry.clone();
                 let key = c.key.clone();
                 let completed = mirror.seal_metrics.completed.clone();
                 let becomes_stopped = next.state == State::Stopped;
@@ -445,6 +457,13 @@ fn decide_all(
                             .await
                             .map_err(|e| err(version, e.to_string()))?;
                         if becomes_stopped {
+                            // The destination appended the ABORT markers and
+                            // the barrier: its producer state is expired, so
+                            // is ours (open transactions included, which idle
+                            // expiry never drops).
+                            if let Some(h) = registry.get(&key) {
+                                h.with(|s| s.reset());
+                            }
                             completed.inc();
                             tracing::info!(partition = %key, "seal complete: partition STOPPED; its fetches are answered locally from now on");
                         }

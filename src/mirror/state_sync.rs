@@ -649,6 +649,14 @@ impl StateSync {
                     .cloned()
             })
             .flatten();
+        if v.state == MirrorPartitionState::Stopped {
+            // Sealed: the destination expired its producer state at the
+            // barrier; a snapshot restored before must not keep open
+            // transactions alive here forever.
+            if let Some(h) = self.registry.get(&pk) {
+                h.with(|s| s.reset());
+            }
+        }
         tracing::info!(offset, topic = %topic, partition = key.partition, state = v.state.name(),
             cut = v.cut_offset, seal_batches = v.seal_batches, "partition state restored from __mirror_state");
         lifecycle.restore(
