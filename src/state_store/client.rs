@@ -314,6 +314,7 @@ impl StateStore {
             conn: None,
             producer: None,
             next_seq: 0,
+            policy_checked: false,
         };
         let mut retry = Retry::new(actor.cfg.request_timeout);
         loop {
@@ -404,6 +405,8 @@ struct Conn<S> {
     addr: String,
     correlation: i32,
     versions: Vec<(i16, i16)>,
+    /// Whether the broker answers DescribeConfigs v1 (optional API).
+    describe_configs: bool,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
@@ -476,6 +479,8 @@ struct Actor<C: Connector> {
     producer: Option<(i64, i16)>,
     /// Sequence number of the next batch.
     next_seq: i32,
+    /// Whether an existing topic's cleanup.policy was checked.
+    policy_checked: bool,
 }
 
 /// Retry budget of one operation.
@@ -545,6 +550,7 @@ impl<C: Connector> Actor<C> {
             addr: addr.to_owned(),
             correlation: 0,
             versions: Vec::new(),
+            describe_configs: false,
         };
         let (resp, off) = conn
             .roundtrip(
@@ -558,6 +564,9 @@ impl<C: Connector> Actor<C> {
         if err != code::NONE {
             return Err(StateStoreError::broker(proto::API_VERSIONS, err, None));
         }
+        conn.describe_configs = keys.iter().any(|&(k, lo, hi)| {
+            k == proto::DESCRIBE_CONFIGS && (lo..=hi).contains(&proto::DESCRIBE_CONFIGS_VERSION)
+        });
         conn.versions = proto::negotiate(&keys).map_err(|(api, offered)| {
             StateStoreError::UnsupportedVersion {
                 api,
@@ -642,6 +651,57 @@ impl<C: Connector> Actor<C> {
         }
     }
 
+    /// Reports an existing state topic whose `cleanup.policy` is not
+    /// `compact`: the broker would delete durable decisions with age, and
+    /// never drop superseded ones. Reported, not refused (an operator may
+    /// have a reason); a broker without DescribeConfigs is not checked.
+    async fn check_cleanup_policy(&self, conn: &mut Conn<C::Stream>) {
+        let topic = self.cfg.topic.as_str();
+        if !conn.describe_configs {
+            tracing::info!(
+                topic,
+                "state store: the broker has no DescribeConfigs v1; cleanup.policy not checked"
+            );
+            return;
+        }
+        let res = conn
+            .roundtrip(
+                proto::DESCRIBE_CONFIGS,
+                proto::DESCRIBE_CONFIGS_VERSION,
+                self.cfg.request_timeout,
+                |w| proto::describe_topic_configs_request(topic, &["cleanup.policy"], w),
+            )
+            .await
+            .and_then(|(resp, off)| {
+                Ok(proto::parse_describe_configs_v1(
+                    resp.get(off..).unwrap_or_default(),
+                )?)
+            });
+        match res {
+            Ok((code::NONE, configs)) => {
+                let policy = configs
+                    .iter()
+                    .find(|(n, _)| n == "cleanup.policy")
+                    .and_then(|(_, v)| v.clone())
+                    .unwrap_or_default();
+                if policy.split(',').any(|p| p.trim() == "compact") && !policy.contains("delete") {
+                    tracing::debug!(topic, policy, "state store: topic is compacted");
+                } else {
+                    tracing::error!(topic, cleanup_policy = %policy,
+                        "state store: the existing state topic's cleanup.policy is not `compact`:                          the broker deletes durable decisions (salts, seals, claims) as they age;                          set cleanup.policy=compact on it");
+                }
+            }
+            Ok((c, _)) => tracing::warn!(
+                topic,
+                code = c,
+                error = proto::error_name(c),
+                "state store: cannot read the state topic's cleanup.policy"
+            ),
+            Err(e) => tracing::warn!(topic, error = %e,
+                "state store: cannot read the state topic's cleanup.policy"),
+        }
+    }
+
     /// Makes sure there is a connection to the partition leader (creating
     /// the topic if it is missing) and an idempotent producer id.
     async fn ensure_ready(&mut self) -> Result<()> {
@@ -662,6 +722,9 @@ impl<C: Connector> Actor<C> {
             if missing {
                 self.create_topic(&mut boot).await?;
                 meta = self.metadata(&mut boot).await?;
+            } else if !self.policy_checked {
+                self.policy_checked = true;
+                self.check_cleanup_policy(&mut boot).await;
             }
             let t = find(&meta).ok_or_else(|| StateStoreError::Broker {
                 api: "Metadata",

@@ -50,3 +50,17 @@ def test_slow_state_read_is_read_to_the_end(kafka1, mirror_factory):
         f"the PAUSED decision after {FILLER_RECORDS} records was lost at start-up: {e}"
     skipped = mg.metrics().sum("mirrorguard_state_store_ops_total", kind="unknown_record_type")
     assert skipped == FILLER_RECORDS, skipped
+
+
+def test_existing_state_topic_that_is_not_compacted_is_reported(kafka1, mirror_factory):
+    topic = harness.topic_name("policy")
+    state_topic = f"__mirror_state_{topic}"
+    harness.create_topics(kafka1.bootstrap, [topic])
+    harness.create_topics(kafka1.bootstrap, [state_topic], config={"cleanup.policy": "delete"})
+    mg = mirror_factory(kafka1.bootstrap, [MirrorSpec(MIRROR, kafka1.bootstrap, node_ids=list(kafka1.node_ids))],
+                        start=False)
+    mg.config_path.write_text(
+        mg.config_path.read_text().replace("[state]\n", f'[state]\ntopic = "{state_topic}"\n', 1))
+    mg.start(timeout=60)
+    lines = [line for line in mg.log_text().splitlines() if "cleanup.policy is not `compact`" in line]
+    assert lines and "ERROR" in lines[0] and "cleanup_policy=delete" in lines[0], mg.log_text()[-2000:]
