@@ -914,8 +914,13 @@ fn scan_partition(
         } else {
             pid
         };
-        // Markers do not start producers; data batches do.
-        if !h.is_control() && state.holder_of(mapped).is_none() {
+        // Markers do not start producers; data batches do. A batch below
+        // what the state has seen (a re-fetch) starts nothing again: its
+        // producer may be gone for a reason (a barrier after it).
+        if !h.is_control()
+            && h.last_offset() >= state.next_offset()
+            && state.holder_of(mapped).is_none()
+        {
             match scan.claims.iter().find(|(m, _)| *m == mapped) {
                 None => scan.claims.push((mapped, origin)),
                 // Two origins on one PID within this response (an already
