@@ -103,6 +103,12 @@ def test_stopped_partition_left_out_of_incremental_requests_gets_no_source_data(
     for _ in range(5):  # idle incremental rounds after the seal
         send(prod, topic, [b"late-0"], partition=0)
         f.fetch_once()
+    # A lost response: the fetcher starts a new full session from its positions.
+    f.lose_next_response()
+    f.fetch_once()
+    for _ in range(4):
+        send(prod, topic, [b"late-1"], partition=0)
+        f.fetch_once()
 
     leaked = data_batches(f.logs[0], stop_at)
     print(f"requests {f.requests} (incremental {f.incremental_requests}), session errors {f.session_errors}, "
