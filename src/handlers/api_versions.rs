@@ -1,4 +1,5 @@
-//! ApiVersionsResponse (API key 18) v0-v4: clamp advertised versions.
+//! ApiVersionsResponse (API key 18) v0-v5: clamp advertised versions (v5,
+//! KIP-1242, changes only the request: the response layout is v4's).
 //!
 //! Clients pick the highest version both sides support; for the APIs the
 //! proxy decodes, that must not exceed what the proxy can parse, or a broker
@@ -97,7 +98,7 @@ pub fn clamp_api_versions_response<M: MaxVersion>(
     body: &[u8],
     table: &[(i16, M)],
 ) -> WireResult<Option<Vec<u8>>> {
-    check_version("ApiVersionsResponse", version, 0..=4)?;
+    check_version("ApiVersionsResponse", version, 0..=5)?;
     let limit = |key: i16| {
         table
             .iter()
