@@ -51,16 +51,22 @@ def test_java_consumer_sessions_never_see_source_data_past_the_cut(kafka1, mirro
                                  mg.mirrors[MIRROR].bootstrap, topic, str(stop)], stdout=o, stderr=e)
     try:
         wait_for(lambda: len(records(out)) >= 10, "consumer read the first records")
-        for p in (0, 1):
-            send(prod, topic, [b"flowing-%d" % p], partition=p)
-        wait_for(lambda: len(records(out)) >= 12, "consumer read the flowing records")
+        # Both partitions keep flowing while p0 is stopped: the consumer lists both in its
+        # incremental requests when the cut is taken.
+        sent = {0: 0, 1: 0}
 
+        def stream(n: int) -> None:
+            for i in range(n):
+                for p in (0, 1):
+                    prod.produce(topic, value=b"stream-%d-%d" % (p, sent[p]), partition=p)
+                    sent[p] += 1
+                prod.flush(10)
+                time.sleep(0.05)
+
+        stream(20)
         status, body = mg.post("stop", MIRROR, topic, [0])
         assert status == 200, body
-        for round_ in range(6):
-            for p in (0, 1):
-                send(prod, topic, [b"after-%d-%d" % (round_, p)], partition=p)
-            time.sleep(0.3)
+        stream(40)
         wait_for(lambda: (mg.partition(topic, 0) or {}).get("state") == "STOPPED", "p0 STOPPED")
         hw1 = high_watermark(kafka1.bootstrap, topic, 1)
         wait_for(lambda: max((o for p, o, _ in records(out) if p == 1), default=-1) == hw1 - 1,
@@ -79,8 +85,12 @@ def test_java_consumer_sessions_never_see_source_data_past_the_cut(kafka1, mirro
     p1 = [v for p, o, v in got if p == 1]
     cut = mg.partition(topic, 0)["cut"]
     resets = mg.metrics().sum("mirrorguard_seal_events_total", mirror=MIRROR, kind="fetch_session_reset")
-    print(f"p0 records {len(p0)}, cut {cut}, p0 after the cut {[x for x in p0 if x[0] >= cut]}, "
+    past = [x for x in p0 if x[0] >= cut]
+    print(f"p0 records {len(p0)}, cut {cut}, p0 records at or past the cut {len(past)} {past[:3]}, "
           f"session resets {resets}")
-    assert [v for _, v in p0] == [f"before-0-{i}" for i in range(5)] + ["flowing-0"], p0
-    assert p1 == [f"before-1-{i}" for i in range(5)] + ["flowing-1"] + [f"after-{r}-1" for r in range(6)], p1
+    assert past == [], "source records past the cut reached the sealed partition"
+    # p0: exactly the source's records below the cut, in order; p1: everything.
+    assert [v for _, v in p0] == [f"before-0-{i}" for i in range(5)] + \
+        [f"stream-0-{i}" for i in range(cut - 5)], p0
+    assert p1 == [f"before-1-{i}" for i in range(5)] + [f"stream-1-{i}" for i in range(sent[1])]
     assert resets <= 1
