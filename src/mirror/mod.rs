@@ -216,6 +216,9 @@ struct SealMetrics {
     /// fetch (a seal needs the position of a partition an incremental
     /// request left out, or a resumed partition must re-enter the session).
     session_resets: Counter,
+    /// Upstream entries of controlled partitions the request did not list,
+    /// dropped from responses (a session that still held them).
+    strays: Counter,
 }
 
 impl SealMetrics {
@@ -234,6 +237,7 @@ impl SealMetrics {
             barriers: m("barrier_served"),
             completed: m("seal_completed"),
             session_resets: m("fetch_session_reset"),
+            strays: m("stray_partition_dropped"),
         }
     }
 }

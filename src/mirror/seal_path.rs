@@ -244,16 +244,16 @@ pub fn plan_fetch(
                 continue;
             }
             let key = mirror.key_for(&e.topic, e.partition);
-            if is_listed(&key) {
-                continue;
-            }
             // A STOPPING partition without a cut needs the fetcher's
             // position, which an incremental request that leaves it out does
             // not carry: make the fetcher send a full fetch (one session
             // error per seal).
-            if fetcher && e.state == State::Stopping && e.cut.is_none() {
+            if fetcher && e.state == State::Stopping && e.cut.is_none() && !is_listed(&key) {
                 force_full_fetch = true;
             }
+            // Listed or not, it leaves the upstream session: a listed one is
+            // dropped from the request, which alone would leave it in the
+            // session at its old position.
             if known_out.contains(&key) {
                 continue;
             }
@@ -582,7 +582,13 @@ pub fn splice_controlled(
     let new_body = splice_fetch_response_dropping(
         h.api_version,
         body,
-        &mut |p| is_stray(mirror, Some(plan), &p.topic, p.partition_index),
+        &mut |p| {
+            let stray = is_stray(mirror, Some(plan), &p.topic, p.partition_index);
+            if stray {
+                mirror.seal_metrics.strays.inc();
+            }
+            stray
+        },
         &mut |p| {
             let i = plan.controlled.iter().position(|c| {
                 c.topic.as_fetch_topic() == p.topic && c.partition == p.partition_index
@@ -674,7 +680,13 @@ pub fn drop_strays(
     let new_body = splice_fetch_response_dropping(
         h.api_version,
         body,
-        &mut |p| is_stray(mirror, None, &p.topic, p.partition_index),
+        &mut |p| {
+            let stray = is_stray(mirror, None, &p.topic, p.partition_index);
+            if stray {
+                mirror.seal_metrics.strays.inc();
+            }
+            stray
+        },
         &mut |_| None,
         &[],
     )

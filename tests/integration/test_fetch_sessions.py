@@ -129,6 +129,9 @@ def test_stopped_partition_left_out_of_incremental_requests_gets_no_source_data(
         [b"before-0-%d" % i for i in range(5)] + [b"flowing-0"] * int(flowing)
     assert len(f.session_errors) <= 1, f.session_errors
     assert f.session_id != 0 and f.epoch > 1, "the session recovered"
+    # p0 left the source's session: the source never sent it again (nothing to drop).
+    strays = mg.metrics().sum("mirrorguard_seal_events_total", mirror=MIRROR, kind="stray_partition_dropped")
+    assert strays == 0, f"the source kept sending p0 ({strays} entries dropped)"
 
 
 def test_pause_and_resume_in_an_incremental_session(kafka1, mirror_factory):
