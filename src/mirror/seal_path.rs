@@ -541,6 +541,20 @@ pub fn splice_controlled(
     plan: &FetchPlan,
     frame: BytesMut,
 ) -> Result<Rewritten, RewriteError> {
+    let hv = handlers::response_header_version(h.api_key, h.api_version)
+        .ok_or_else(|| err(h.api_version, "unknown response header version".into()))?;
+    let body_at = response_body_offset(&frame, hv)
+        .ok_or_else(|| err(h.api_version, "response header truncated".into()))?;
+    // A top-level error (a session error from the source) applies to the
+    // whole request: the fetcher ignores every partition of it, so nothing
+    // is decided or added; it starts over and fetches again.
+    if h.api_version >= 7 {
+        if let Some(code) = frame.get(body_at + 4..body_at + 6) {
+            if code != [0, 0] {
+                return Ok(Rewritten::Ready(frame));
+            }
+        }
+    }
     let answers = match decide_all(mirror, plan) {
         Ok(a) => a,
         Err(Rewritten::Blocked { wait, .. }) => {
@@ -551,10 +565,6 @@ pub fn splice_controlled(
         }
         Err(ready) => return Ok(ready),
     };
-    let hv = handlers::response_header_version(h.api_key, h.api_version)
-        .ok_or_else(|| err(h.api_version, "unknown response header version".into()))?;
-    let body_at = response_body_offset(&frame, hv)
-        .ok_or_else(|| err(h.api_version, "response header truncated".into()))?;
     let body = &frame[body_at..];
     // Which controlled partitions the upstream returned (the others are added).
     let mut seen = vec![false; plan.controlled.len()];

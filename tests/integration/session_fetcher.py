@@ -176,6 +176,9 @@ class SessionFetcher:
             self._lose_next = False
             self.session_id, self.epoch, self.sent = 0, 0, {}
             return res
+        if res.top_error:
+            # Kafka answers a request-level error with no partition at all.
+            assert not res.partitions, f"error {res.top_error} response carries {sorted(res.partitions)}"
         if res.top_error in SESSION_ERRORS:
             self.session_errors.append(res.top_error)
             self.session_id, self.epoch, self.sent = 0, 0, {}

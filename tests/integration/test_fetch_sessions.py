@@ -167,3 +167,29 @@ def test_pause_and_resume_in_an_incremental_session(kafka1, mirror_factory):
     assert len(f.session_errors) <= 1, f.session_errors
     values0 = [v for b in f.logs[0].batches for v in b.values]
     assert values0 == [b"a-0-%d" % i for i in range(3)] + [b"paused-%d-0" % r for r in range(4)]
+
+
+def test_session_error_from_the_source_passes_without_local_partitions(kafka1, mirror_factory):
+    """A session error from the source (here: a fetcher that lost track of its epoch) is a
+    request-level answer: the sealed partition's entry is not added to it, the fetcher
+    starts a new session and the seal is served then."""
+    topic = harness.topic_name("sess-err")
+    harness.create_topics(kafka1.bootstrap, [topic], partitions=2)
+    mg = start_mirror(kafka1, mirror_factory, topic)
+    prod = idempotent_producer(kafka1.bootstrap)
+    for p in (0, 1):
+        send(prod, topic, [b"x-%d" % p], partition=p)
+    f = SessionFetcher(topic, [0, 1], version=13).connect(mg.mirrors[MIRROR].bootstrap)
+    follow(f, lambda: all(f.logs[p].leo >= 1 for p in (0, 1)), "caught up")
+    for p in (0, 1):
+        send(prod, topic, [b"y-%d" % p], partition=p)
+    follow(f, lambda: all(f.logs[p].leo >= 2 for p in (0, 1)), "both flowing")
+    status, body = mg.post("stop", MIRROR, topic, [0])
+    assert status == 200, body
+    stop_at = f.requests
+    f.epoch += 7  # the source answers INVALID_FETCH_SESSION_EPOCH
+    res = f.fetch_once()
+    assert res.top_error == 71 and f.session_errors == [71], (res.top_error, f.session_errors)
+    follow(f, lambda: (mg.partition(topic, 0) or {}).get("state") == "STOPPED", "p0 STOPPED")
+    assert [b.kind for b in f.logs[0].batches][-1] == "barrier"
+    assert data_batches(f.logs[0], stop_at) == []
