@@ -82,9 +82,35 @@ pub struct MirrorConfig {
     /// Period of the proxy's own source Metadata refresh.
     #[serde(default = "default_metadata_refresh_ms")]
     pub metadata_refresh_ms: u64,
+    /// Bootstrap address reserved for the destination's mirror fetcher
+    /// (with `fetcher_node_port_base`). When set, only fetches arriving on
+    /// these ports take a cut, complete a seal or change producer state;
+    /// `bootstrap` and its node ports serve other readers (consumers, dump
+    /// tools) without changing any seal. Without it every reader of the
+    /// mirror listener counts as the fetcher.
+    #[serde(default)]
+    pub fetcher_bootstrap: Option<String>,
+    /// Source node N is served to the destination fetcher at
+    /// `fetcher_node_port_base + N` (with `fetcher_bootstrap`).
+    #[serde(default)]
+    pub fetcher_node_port_base: Option<u16>,
 }
 
 impl MirrorConfig {
+    /// The destination fetcher's own listener, when configured.
+    pub fn fetcher_listener(&self) -> Option<ListenerConfig> {
+        let (bootstrap, base) = (
+            self.fetcher_bootstrap.as_ref()?,
+            self.fetcher_node_port_base?,
+        );
+        Some(ListenerConfig {
+            name: format!("{}-fetcher", self.name),
+            bootstrap: bootstrap.clone(),
+            node_port_base: base,
+            ..self.listener()
+        })
+    }
+
     /// The proxy-listener part of the mirror.
     pub fn listener(&self) -> ListenerConfig {
         ListenerConfig {
@@ -443,6 +469,18 @@ impl Config {
                 crate::pid::ClusterId::parse(id).map_err(|e| {
                     invalid(format!("mirror[{i}].source_cluster_id"), e.to_string())
                 })?;
+            }
+            if m.fetcher_bootstrap.is_some() != m.fetcher_node_port_base.is_some() {
+                return Err(invalid(
+                    format!("mirror[{i}].fetcher_bootstrap"),
+                    "fetcher_bootstrap and fetcher_node_port_base go together".into(),
+                ));
+            }
+            if m.fetcher_node_port_base == Some(m.node_port_base) {
+                return Err(invalid(
+                    format!("mirror[{i}].fetcher_node_port_base"),
+                    "must differ from node_port_base: the fetcher's ports are its identity".into(),
+                ));
             }
             if m.pid_mode == PidMode::Region && self.state.is_none() {
                 return Err(invalid(

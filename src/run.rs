@@ -160,6 +160,10 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         )));
     }
     for (mc, mirror) in &mirrors {
+        // With a dedicated fetcher listener, the main one serves readers
+        // only: they never move a seal nor change producer state.
+        let fetcher_listener = mc.fetcher_listener();
+        let main_is_fetcher = fetcher_listener.is_none();
         let m = mirror.clone();
         let listener = Listener::new(
             mc.listener(),
@@ -167,11 +171,30 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             metrics.clone(),
             shutdown_rx.clone(),
             tracker.clone(),
-            move |nodes| Arc::new(MirrorRewriter::new(nodes, m)) as Arc<dyn ResponseRewriter>,
+            move |nodes| {
+                Arc::new(MirrorRewriter::with_role(nodes, m, main_is_fetcher))
+                    as Arc<dyn ResponseRewriter>
+            },
         );
         listener.set_refresh_hook(mirror.clone());
         listener.start().await?;
         listeners.push(listener);
+        if let Some(fc) = fetcher_listener {
+            let m = mirror.clone();
+            let listener = Listener::new(
+                fc,
+                max_frame,
+                metrics.clone(),
+                shutdown_rx.clone(),
+                tracker.clone(),
+                move |nodes| {
+                    Arc::new(MirrorRewriter::with_role(nodes, m, true)) as Arc<dyn ResponseRewriter>
+                },
+            );
+            listener.set_refresh_hook(mirror.clone());
+            listener.start().await?;
+            listeners.push(listener);
+        }
     }
 
     let mirror_contexts: Vec<Arc<MirrorContext>> = mirrors.iter().map(|(_, m)| m.clone()).collect();

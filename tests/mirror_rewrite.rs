@@ -72,6 +72,8 @@ fn mirror_with(mode: PidMode, layout: LayoutConfig, limits: RegistryConfig) -> A
         destination_topic_prefix: String::new(),
         connect_timeout_ms: 1000,
         metadata_refresh_ms: 1000,
+        fetcher_bootstrap: None,
+        fetcher_node_port_base: None,
     };
     let metrics = Metrics::new();
     let m = MirrorContext::new(

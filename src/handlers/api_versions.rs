@@ -1,4 +1,5 @@
-//! ApiVersionsResponse (API key 18) v0-v5: clamp advertised versions.
+//! ApiVersionsResponse (API key 18) v0-v5: clamp advertised versions (v5,
+//! KIP-1242, changes only the request: the response layout is v4's).
 //!
 //! Clients pick the highest version both sides support; for the APIs the
 //! proxy decodes, that must not exceed what the proxy can parse, or a broker
