@@ -209,6 +209,18 @@ class KafkaDest:
         out["state"]["producers"] = {int(k): v for k, v in out["state"]["producers"].items()}
         return out
 
+    def produce(self, topic: str, raw: bytes, partition: int = 0, leader_epoch: int | None = None) -> dict:
+        """appendAsLeader(CLIENT) of a local producer's batch on the stand-in's own log (an
+        in-place promotion). Returns {error: exception name or None, message, first_offset,
+        last_offset, stored (False for a duplicate: acknowledged, nothing written), state}."""
+        args = {"topic": topic, "partition": partition, "records": base64.b64encode(raw).decode()}
+        if leader_epoch is not None:
+            args["leader_epoch"] = leader_epoch
+        out = self.call("produce", **args)
+        if "state" in out:
+            out["state"]["producers"] = {int(k): v for k, v in out["state"]["producers"].items()}
+        return out
+
     def expire_producers(self, topic: str, now_ms: int, partition: int = 0) -> dict:
         """UnifiedLog.removeExpiredProducers(now_ms): what a broker's periodic check does."""
         st = self.call("expire_producers", topic=topic, partition=partition, now_ms=now_ms)["state"]
@@ -375,3 +387,104 @@ def control_batch(pid: int, epoch: int, ctype: int, base_offset: int = 0, leader
         value = struct.pack(">hi", 0, coordinator_epoch)
     ts = int(time.time() * 1000) if ts is None else ts
     return _batch(_record(0, key, value), 1, 0x30, pid, epoch, -1, base_offset, leader_epoch, ts)
+
+
+# --------------------------------------------------------------------------
+# promotion: the stand-in's log handed to a real Kafka 4.4 broker
+
+
+def topic_id_of(bootstrap: str, topic: str) -> str:
+    """The topic id a Kafka cluster gave `topic` (Kafka's base64 text)."""
+    import rawkafka
+    from mirror_harness import cluster_id_text
+
+    host, port = bootstrap.split(",")[0].rsplit(":", 1)
+    with rawkafka.Connection(host, int(port), timeout=5) as c:
+        ids, _ = rawkafka.topic_ids_v12(c, [topic])
+    return cluster_id_text(ids[topic])
+
+
+def prepare_promotion(cluster, topic: str, partitions: int = 1) -> str:
+    """Creates `topic` on the broker that will take the log over and returns its topic id:
+    CreateTopics cannot choose an id, and a log whose partition.metadata names another id
+    is renamed ``-stray`` and deleted at start-up, so the stand-in's log must be built
+    with this one (``KafkaDest.open(topic, topic_id=...)``)."""
+    harness.create_topics(cluster.bootstrap, [topic], partitions=partitions)
+    return topic_id_of(cluster.bootstrap, topic)
+
+
+def promote(dest: KafkaDest, cluster, topic: str, partition: int = 0, timeout: float = 60.0,
+            snapshots: bool = True, recover: bool = False) -> dict:
+    """Failover: the stand-in's partition directory becomes the broker's.
+
+    The log is closed (flushed, producer snapshot at the log end), the single-node broker
+    is stopped (controlled shutdown), its own (empty) partition directory is replaced by
+    the stand-in's segments, indexes, producer snapshots, leader-epoch checkpoint and
+    partition.metadata, and the broker starts again: its LogManager loads the log (clean
+    shutdown: no recovery) and the partition becomes writable under the broker's own leader
+    epoch. Returns the stand-in's last state of the partition.
+
+    `snapshots`: copy the producer snapshots (a broker restart: producer state comes back
+    from the snapshot at the log end, which keeps only each producer's last batch);
+    `recover`: start the broker as after a crash, so Kafka rebuilds producer state from the
+    segments (the state the stand-in held in memory; what an in-place promotion keeps).
+
+    Kafka logs a WARN when the broker's leader epoch is below the source epochs the log
+    carries (LeaderEpochFileCache); the caller can read it in the node's log."""
+    import shutil
+
+    assert len(cluster.nodes) == 1, "promotion is done on single-node destination clusters"
+    st = dest.close_log(topic, partition)
+    node = cluster.nodes[0]
+    node.stop()
+    target = node.data_dir / f"{topic}-{partition}"
+    assert target.is_dir(), f"{target}: the topic must be created on the broker first (prepare_promotion)"
+    meta = (target / "partition.metadata").read_text()
+    mine = (dest.partition_dir(topic, partition) / "partition.metadata").read_text()
+    assert meta == mine, f"topic ids differ: broker {meta!r}, stand-in {mine!r}"
+    for f in target.iterdir():
+        f.unlink()
+    for f in dest.partition_dir(topic, partition).iterdir():
+        if f.suffix == ".snapshot" and not snapshots:
+            continue
+        shutil.copy2(f, target / f.name)
+    if recover:
+        # As after a crash of the broker: no clean-shutdown marker, so LogLoader recovers the
+        # segments above the recovery point and rebuilds producer state from the batches
+        # (up to five batches per producer, as the stand-in held them in memory).
+        (node.data_dir / ".kafka_cleanshutdown").unlink(missing_ok=True)
+    node.restart(timeout)
+    cluster.wait_brokers(1, timeout)
+
+    def writable():
+        import rawkafka
+
+        with rawkafka.Connection(harness.HOST, node.port, timeout=2) as c:
+            md = rawkafka.metadata_v1(c, [topic])
+        return md.topics.get(topic, {}).get(partition, -1) == node.node_id
+
+    harness.wait_until(writable, timeout, interval=0.2, what=f"{topic}-{partition} led by the promoted broker")
+    return st
+
+
+def kafka_dump_log(segment: Path, deep: bool = False) -> list[dict]:
+    """Kafka's own kafka-dump-log (org.apache.kafka.tools.DumpLogSegments) of one segment:
+    one dict per batch (its ``key: value`` pairs), with ``records`` when `deep`."""
+    import re
+
+    import kafka_broker
+
+    argv = ["java", "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+            f"-Dlog4j2.configurationFile={kafka_broker.LOG4J_CONFIG}", "-cp", kafka_broker.classpath(),
+            "org.apache.kafka.tools.DumpLogSegments", "--files", str(segment)]
+    if deep:
+        argv.append("--deep-iteration")
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=True).stdout
+    batches: list[dict] = []
+    pair = re.compile(r"(\w+): (\S+)")
+    for line in out.splitlines():
+        if line.startswith("baseOffset:"):
+            batches.append({k: v for k, v in pair.findall(line)} | {"records": []})
+        elif line.startswith("| offset:") and batches:
+            batches[-1]["records"].append({k: v for k, v in pair.findall(line)})
+    return batches

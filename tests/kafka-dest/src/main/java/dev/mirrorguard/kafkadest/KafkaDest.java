@@ -32,6 +32,7 @@ import org.apache.kafka.common.record.internal.RecordBatch;
 import org.apache.kafka.common.utils.Time;
 import org.apache.kafka.server.util.KafkaScheduler;
 import org.apache.kafka.storage.internals.epoch.LeaderEpochFileCache;
+import org.apache.kafka.storage.internals.log.AppendOrigin;
 import org.apache.kafka.storage.internals.log.BatchMetadata;
 import org.apache.kafka.storage.internals.log.LogAppendInfo;
 import org.apache.kafka.storage.internals.log.LogConfig;
@@ -374,6 +375,36 @@ public final class KafkaDest {
                 byte[] raw = Base64.getDecoder().decode(cmd.path("records").asText());
                 LogAppendInfo info = appendFollower(p, MemoryRecords.readableRecords(ByteBuffer.wrap(raw)));
                 out.put("first_offset", info.firstOffset()).put("last_offset", info.lastOffset());
+                out.set("state", state(p));
+            }
+            case "produce" -> {
+                // A local producer's batch on the CLIENT path of the same log (an in-place
+                // promotion, as a KIP-1279 destination would do it): Kafka's LogValidator assigns
+                // offsets and its ProducerStateManager checks epochs, sequences and duplicates.
+                Part p = part(cmd);
+                byte[] raw = Base64.getDecoder().decode(cmd.path("records").asText());
+                synchronized (p) {
+                    int epoch = cmd.has("leader_epoch") ? cmd.path("leader_epoch").asInt()
+                            : p.log.latestEpoch().orElse(-1) + 1;
+                    long before = p.log.logEndOffset();
+                    LogAppendInfo info;
+                    try {
+                        info = p.log.appendAsLeader(MemoryRecords.readableRecords(ByteBuffer.wrap(raw)), epoch,
+                                AppendOrigin.CLIENT);
+                        p.log.updateHighWatermark(p.log.logEndOffset());
+                    } catch (org.apache.kafka.common.KafkaException e) {
+                        out.put("error", e.getClass().getSimpleName());
+                        out.put("message", e.getMessage());
+                        out.put("ok", true);
+                        return out;
+                    }
+                    out.putNull("error");
+                    out.put("first_offset", info.firstOffset()).put("last_offset", info.lastOffset());
+                    out.put("leader_epoch", epoch);
+                    // A duplicate (same producer, epoch and sequence range as a cached batch) is
+                    // answered with the cached batch's offsets and nothing is written.
+                    out.put("stored", p.log.logEndOffset() > before);
+                }
                 out.set("state", state(p));
             }
             case "expire_producers" -> {
