@@ -84,7 +84,10 @@ def start_mirrorguard(mirror_factory, state_bootstrap: str, specs: list[MirrorSp
     # issue 13 item 6: mirrorguard looks destination topic ids up on the [state] cluster, so
     # the destination topics are created there too until the destination bootstrap is
     # configurable.
-    harness.create_topics(state_bootstrap, topics)
+    md = harness.admin(state_bootstrap).list_topics(timeout=10)
+    missing = [t for t in topics if t not in md.topics]
+    if missing:
+        harness.create_topics(state_bootstrap, missing)
     return mirror_factory(state_bootstrap, specs)
 
 
@@ -94,11 +97,12 @@ def make_hop(mirror_factory, variant: Variant, source, dest: KafkaDest, topic: s
     mirror listener named `name` (a new mirrorguard unless `mg` is given)."""
     part = {"topic": topic, "partition": partition, **{k: opts.pop(k) for k in list(opts)
                                                          if k in ("rebase", "source_offset", "source_topic")}}
+    source_topic = part.get("source_topic", topic)
     if not variant.guarded:
         return Hop(dest.mirror(name, source.bootstrap, [part], **opts), dest, None, None, topic, partition)
     if mg is None:
         assert state_bootstrap is not None
-        mg = start_mirrorguard(mirror_factory, state_bootstrap, [mirror_spec(name, source, variant)], [topic])
+        mg = start_mirrorguard(mirror_factory, state_bootstrap, [mirror_spec(name, source, variant)], [source_topic])
         mg.wait_sources_known()
     return Hop(dest.mirror(name, mg.mirrors[name].bootstrap, [part], **opts), dest, mg, name, topic, partition)
 

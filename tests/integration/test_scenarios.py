@@ -150,3 +150,240 @@ def test_s1_active_passive_failover_local_producer(kafka1, kafka_factory, kafka_
         # transaction is not filtered for read_committed consumers.
         assert pid0 < -1 and st["producers"] == {} and st["aborted_txns"] == []
         assert values(rc) == [b"a-0", b"a-1", b"a-2", b"c-0", b"open-0"] + [b"b-%d" % i for i in range(5)]
+
+
+def _local_in_place(dest, topic: str, pid: int, seqs: list[int], epoch: int = 0) -> list[dict]:
+    """A local producer's single-record batches on the destination's own log, CLIENT path
+    (an in-place promotion): [{error, stored, first_offset}] per batch."""
+    return [dest.produce(topic, data_batch([b"local-%d" % s], pid=pid, epoch=epoch, seq=s)) for s in seqs]
+
+
+# =============================================================================
+# 3. Fan-out A -> B and A -> C (one stand-in process hosts both destinations' partitions)
+
+
+@pytest.mark.parametrize("variant", [NONE, HIGH], ids=lambda v: v.name)
+def test_s3_fan_out(kafka1, kafka_factory, kafka_dest_factory, mirror_factory, variant):
+    T = harness.topic_name("s3")
+    TB, TC = f"b.{T}", f"c.{T}"  # B's and C's copies of A's T
+    a = kafka_factory(cluster_id=cid(), name="A")
+    harness.create_topics(a.bootstrap, [T])
+    send_each(idem(a.bootstrap), T, [b"a-0", b"a-1", b"a-2"])  # PID 0
+    tp = txn_producer(a.bootstrap, "a-txn")  # PID 1
+    txn(tp, T, [b"open-0"], commit=None)  # @3, open
+    dest = kafka_dest_factory("BC")
+    hop_b = make_hop(mirror_factory, variant, a, dest, TB, "a-to-b", state_bootstrap=kafka1.bootstrap, source_topic=T)
+    hop_c = make_hop(mirror_factory, variant, a, dest, TC, "a-to-c", state_bootstrap=kafka1.bootstrap, source_topic=T)
+    hop_b.catch_up(4)
+    hop_c.catch_up(4)
+    if variant.guarded:
+        hop_b.mirror, hop_c.mirror = "a-to-b", "a-to-c"
+        assert _seal(hop_b, T)["cut"] == 4
+        assert hop_c.mg.partition(T)["state"] == "MIRRORING"
+    hop_b.stop()
+    # A goes on; C keeps mirroring: A commits, writes more, then C fails over too.
+    tp.commit_transaction(15)
+    send_each(idem(a.bootstrap), T, [b"a-3"])  # PID 2
+    harness.wait_until(lambda: end_offset(a.bootstrap, T) == 6, 15, interval=0.1, what="A's end offset 6")
+    hop_c.catch_up(6)
+    if variant.guarded:
+        assert _seal(hop_c, T)["cut"] == 6
+    hop_c.stop()
+    # Local producers on both: B's and C's first PID is 0, A's idempotent producer's.
+    local = {t: _local_in_place(dest, t, 0, [0, 1, 2, 3]) for t in (TB, TC)}
+    sb, sc = dest.state(TB), dest.state(TC)
+    if variant is NONE:
+        for t in (TB, TC):  # both acknowledge the first three with A's offsets, store nothing
+            assert [(r["stored"], r["first_offset"]) for r in local[t][:3]] == [(False, 0), (False, 1), (False, 2)]
+            assert local[t][3]["stored"] and local[t][3]["error"] is None
+        assert sb["last_stable_offset"] == 3 and sb["producers"][1]["open_txn_first_offset"] == 3  # hangs on B
+        assert sc["last_stable_offset"] == sc["log_end_offset"]
+        return
+    # Independent seals at each destination's own cut; independent producer state.
+    kb, kc = kinds(MIRRORGUARD_BIN, dest.partition_dir(TB)), kinds(MIRRORGUARD_BIN, dest.partition_dir(TC))
+    assert [x for _, x, _ in kb[3:6]] == ["data", "abort", "barrier"] and kb[5][0] == 5
+    assert [x for _, x, _ in kc[3:7]] == ["data", "commit", "data", "barrier"] and kc[6][0] == 6
+    assert barriers(MIRRORGUARD_BIN, dest.partition_dir(TB)) == [(5, a.cluster_id)]
+    assert barriers(MIRRORGUARD_BIN, dest.partition_dir(TC)) == [(6, a.cluster_id)]
+    for t, first in ((TB, 6), (TC, 7)):
+        assert [(r["error"], r["stored"], r["first_offset"]) for r in local[t]] == [
+            (None, True, first + i) for i in range(4)], local[t]
+    assert sb["last_stable_offset"] == sb["log_end_offset"] == 10
+    assert sc["last_stable_offset"] == sc["log_end_offset"] == 11
+    assert [a_["type"] for a_ in sb["markers"]] == ["ABORT", "TYPE_7"]
+    assert sb["markers"][0]["closed_txn_first_offset"] == 3
+    assert anomalies(hop_b.mg) == [] and anomalies(hop_c.mg) == []
+
+
+def _seal(hop, source_topic: str, timeout: float = 20.0) -> dict:
+    """Seal of a hop whose destination topic differs from the source topic."""
+    status, body = hop.mg.post("stop", hop.mirror, source_topic)
+    assert status == 200, (status, body)
+    harness.wait_until(lambda: hop.mg.partition(source_topic)["state"] == "STOPPED", timeout, interval=0.05,
+                       what=f"{hop.mirror} {source_topic} STOPPED")
+    view = hop.mg.partition(source_topic)
+    hop.catch_up(view["cut"] + view["seal_batches"], timeout)
+    return view
+
+
+# =============================================================================
+# 4. Fan-in: A -> C and B -> C, different topics; the same topic fed by both in turn
+
+
+@pytest.mark.parametrize("variant", [NONE, HIGH], ids=lambda v: v.name)
+def test_s4_fan_in_different_topics(kafka1, kafka_factory, kafka_dest_factory, mirror_factory, variant):
+    ta, tb = harness.topic_name("ta"), harness.topic_name("tb")
+    a, b = kafka_factory(cluster_id=cid(), name="A"), kafka_factory(cluster_id=cid(), name="B")
+    harness.create_topics(a.bootstrap, [ta])
+    harness.create_topics(b.bootstrap, [tb])
+    send_each(idem(a.bootstrap), ta, [b"a-0", b"a-1"])  # PID 0 on A
+    pb = idem(b.bootstrap)
+    send_each(pb, tb, [b"b-0", b"b-1"])  # PID 0 on B
+    c = kafka_dest_factory("C")
+    mg = None
+    if variant.guarded:
+        mg = start_mirrorguard(mirror_factory, kafka1.bootstrap, [mirror_spec("from-a", a, variant),
+                                                                 mirror_spec("from-b", b, variant)], [ta, tb])
+        mg.wait_sources_known()
+        fa = c.mirror("from-a", mg.mirrors["from-a"].bootstrap, [(ta, 0)])
+        fb = c.mirror("from-b", mg.mirrors["from-b"].bootstrap, [(tb, 0)])
+    else:
+        fa, fb = c.mirror("from-a", a.bootstrap, [(ta, 0)]), c.mirror("from-b", b.bootstrap, [(tb, 0)])
+    fa.catch_up(ta, 2)
+    fb.catch_up(tb, 2)
+    # Per-partition producer state: the same raw PID in two partitions does not meet.
+    sa, sb = c.state(ta)["producers"], c.state(tb)["producers"]
+    assert len(sa) == len(sb) == 1 and next(iter(sa.values()))["last_sequence"] == 1
+    if not variant.guarded:
+        assert set(sa) == set(sb) == {0}  # harmless while the partitions stay apart
+        return
+    assert set(sa) == {map_pid(0, fold(a.cluster_id))} and set(sb) == {map_pid(0, fold(b.cluster_id))}
+    # Stop only ta: the barrier lands in ta-0 only; tb keeps mirroring.
+    st, _ = mg.post("stop", "from-a", ta)
+    assert st == 200
+    harness.wait_until(lambda: mg.partition(ta)["state"] == "STOPPED", 20, interval=0.05, what="ta STOPPED")
+    fa.catch_up(ta, 3)
+    send_each(pb, tb, [b"b-2"])
+    fb.catch_up(tb, 3)
+    assert mg.partition(tb)["state"] == "MIRRORING"
+    assert barriers(MIRRORGUARD_BIN, c.partition_dir(ta)) == [(2, a.cluster_id)]
+    assert barriers(MIRRORGUARD_BIN, c.partition_dir(tb)) == []
+    assert c.state(tb)["producers"][map_pid(0, fold(b.cluster_id))]["last_sequence"] == 2
+    assert anomalies(mg) == []
+
+
+def _in_turn(c, addr, topic: str, turns: list[tuple[str, int, int]]) -> None:
+    """C mirrors `topic` from one source after the other (a new fetcher each time, offsets
+    relabelled: the sources' offsets differ from C's): (source, from offset, to offset)."""
+    for i, (src, start, end) in enumerate(turns):
+        f = c.mirror(f"turn-{i}", addr[src], [{"topic": topic, "partition": 0, "rebase": True,
+                                               "source_offset": start}])
+        f.catch_up(topic, end)
+        f.stop()
+
+
+@pytest.mark.parametrize("variant", [NONE, HIGH], ids=lambda v: v.name)
+def test_s4_fan_in_same_topic_source_reassignment(kafka1, kafka_factory, kafka_dest_factory, mirror_factory,
+                                                   variant):
+    T = harness.topic_name("s4")
+    a, b = kafka_factory(cluster_id=cid(), name="A"), kafka_factory(cluster_id=cid(), name="B")
+    for br in (a, b):
+        harness.create_topics(br.bootstrap, [T])
+    pa, pb = idem(a.bootstrap), idem(b.bootstrap)
+    c = kafka_dest_factory("C")
+    if variant.guarded:
+        mg = start_mirrorguard(mirror_factory, kafka1.bootstrap, [mirror_spec("from-a", a, variant),
+                                                                 mirror_spec("from-b", b, variant)], [T])
+        addr = {"a": mg.mirrors["from-a"].bootstrap, "b": mg.mirrors["from-b"].bootstrap}
+    else:
+        addr = {"a": a.bootstrap, "b": b.bootstrap}
+    c.open(T)
+    # C mirrors T from A, then from B, then from A again.
+    send_each(pa, T, [b"a-0", b"a-1", b"a-2"])
+    _in_turn(c, addr, T, [("a", 0, 3)])
+    send_each(pb, T, [b"b-0", b"b-1"])
+    _in_turn(c, addr, T, [("b", 0, 2)])
+    send_each(pa, T, [b"a-3"])
+    _in_turn(c, addr, T, [("a", 3, 4)])
+    st = c.state(T)
+    assert st["log_end_offset"] == 6 and st["failed"] is None
+    pids = [x["producer_id"] for x in c.batches(T)]
+    if not variant.guarded:
+        # One producer-state entry for two producers: B's sequence 0 after A's 2 (same
+        # epoch) and A's 3 after B's 1 were accepted without a word.
+        assert pids == [0] * 6 and list(st["producers"]) == [0]
+        # [firstSeq, lastSeq, firstOffset, lastOffset] of the last 5 batches: A1 A2 B0 B1 A3
+        assert st["producers"][0]["batches"] == [[1, 1, 1, 1], [2, 2, 2, 2], [0, 0, 3, 3], [1, 1, 4, 4],
+                                                 [3, 3, 5, 5]]
+        assert not [w for w in c.warnings() if "producer 0" in w]
+        return
+    fa, fb = map_pid(0, fold(a.cluster_id)), map_pid(0, fold(b.cluster_id))
+    assert pids == [fa, fa, fa, fb, fb, fa]
+    snap = st["producers"]
+    assert sorted(snap) == sorted([fa, fb])
+    assert [x[:2] for x in snap[fa]["batches"]] == [[0, 0], [1, 1], [2, 2], [3, 3]]
+    assert [x[:2] for x in snap[fb]["batches"]] == [[0, 0], [1, 1]]
+    assert c.warnings() == [] and anomalies(mg) == []
+
+
+# =============================================================================
+# 6. Same-region collision: two source clusters with the same fold, PID 0 active in both
+
+
+@pytest.mark.parametrize("variant", [NONE, HIGH, SIGN_BIT], ids=lambda v: v.name)
+def test_s6_same_region_collision_salt_survives_restart(kafka1, kafka_factory, kafka_dest_factory, mirror_factory,
+                                                         variant):
+    T = harness.topic_name("s6")
+    cid_a, cid_b = same_fold_pair()
+    while cid_a.startswith("-") or cid_b.startswith("-"):
+        cid_a, cid_b = same_fold_pair()
+    a, b = kafka_factory(cluster_id=cid_a, name="A"), kafka_factory(cluster_id=cid_b, name="B")
+    for br in (a, b):
+        harness.create_topics(br.bootstrap, [T])
+    pa, pb = idem(a.bootstrap), idem(b.bootstrap)
+    send_each(pa, T, [b"a-0", b"a-1"])
+    send_each(pb, T, [b"b-0", b"b-1"])
+    c = kafka_dest_factory("C")
+    c.open(T)
+    mg = None
+    if variant.guarded:
+        mg = start_mirrorguard(mirror_factory, kafka1.bootstrap, [mirror_spec("from-a", a, variant),
+                                                                 mirror_spec("from-b", b, variant)], [T])
+        addr = {n: mg.mirrors[f"from-{n}"].bootstrap for n in "ab"}
+    else:
+        addr = {"a": a.bootstrap, "b": b.bootstrap}
+    _in_turn(c, addr, T, [("a", 0, 2), ("b", 0, 2)])
+    pids = [x["producer_id"] for x in c.batches(T)]
+    if not variant.guarded:
+        assert pids == [0, 0, 0, 0]
+        st = c.state(T)
+        assert [x[:2] for x in st["producers"][0]["batches"]] == [[0, 0], [1, 1], [0, 0], [1, 1]]
+        assert not [w for w in c.warnings() if "producer 0" in w]
+        return
+    fl = fold(cid_a)
+    assert fold(cid_b) == fl
+    plain = map_pid(0, fl, 0, variant.layout)
+    assert pids[:2] == [plain, plain] and pids[2] == pids[3] != plain
+    salted = pids[2]
+    cols = mg.get("/v1/collisions")["collisions"]
+    assert len(cols) == 1 and cols[0]["source_cluster"] == cid_b and cols[0]["mapped_pid"] == salted, (
+        cid_a, cid_b, plain, salted, cols)
+    salt = cols[0]["salt"]
+    assert salted == map_pid(0, fl, salt, variant.layout)
+    recs = [r for r in read_state_records(kafka1.bootstrap) if r.type == 3 and r.key["source_cluster_id"] == cid_b]
+    assert len(recs) == 1 and recs[0].value["salt"] == salt
+    # Restart mirrorguard: the salt comes back from __mirror_state and is applied again.
+    mg.restart()
+    send_each(pb, T, [b"b-2"])
+    send_each(pa, T, [b"a-2"])
+    _in_turn(c, addr, T, [("b", 2, 3), ("a", 2, 3)])
+    assert [x["producer_id"] for x in c.batches(T)][4:] == [salted, plain]
+    assert len([r for r in read_state_records(kafka1.bootstrap)
+                if r.type == 3 and r.key["source_cluster_id"] == cid_b]) == 1
+    st = c.state(T)
+    if variant is HIGH:
+        assert sorted(st["producers"]) == sorted([plain, salted])
+        assert st["producers"][salted]["last_sequence"] == 2 and st["producers"][plain]["last_sequence"] == 2
+    else:
+        assert st["producers"] == {}  # sign-bit PIDs are negative: a stock engine keeps no state
+    assert c.warnings() == [] and anomalies(mg) == []

@@ -444,6 +444,9 @@ final class Fetcher {
             }
             ns.handler.handleError(e);
             ns.close();
+            // The broker's replica.fetch.backoff.ms: no hot reconnect loop against a peer that
+            // keeps closing the connection.
+            Thread.sleep(100);
             return true;
         }
         synchronized (this) {
