@@ -387,3 +387,91 @@ def test_s6_same_region_collision_salt_survives_restart(kafka1, kafka_factory, k
     else:
         assert st["producers"] == {}  # sign-bit PIDs are negative: a stock engine keeps no state
     assert c.warnings() == [] and anomalies(mg) == []
+
+
+# =============================================================================
+# 5. Chain A -> B -> C, failover at B, new local producers on B with A's PIDs
+
+
+def _txn_result(p, topic: str, values_: list[bytes]) -> str:
+    """Runs one committed transaction; returns "committed" or the error's name."""
+    from confluent_kafka import KafkaException as KE
+
+    try:
+        txn(p, topic, values_, commit=True)
+        return "committed"
+    except KE as e:
+        return e.args[0].name()
+    except AssertionError:
+        return "not-delivered"
+
+
+@pytest.mark.parametrize("variant", [NONE, HIGH], ids=lambda v: v.name)
+def test_s5_chain_failover_at_b(kafka1, kafka_factory, kafka_dest_factory, mirror_factory, variant):
+    T = harness.topic_name("s5")
+    a = kafka_factory(cluster_id=cid(), name="A")
+    b = kafka_factory(cluster_id=cid(), name="B")
+    harness.create_topics(a.bootstrap, [T])
+    send_each(idem(a.bootstrap), T, [b"a-0", b"a-1", b"a-2"])  # A PID 0, seq 0..2 @0..2
+    t2 = txn_producer(a.bootstrap, "a-t2")  # A PID 1
+    txn(t2, T, [b"a-open"], commit=None)  # @3, still open at the failover
+    first = txn_producer(a.bootstrap, "a-t3")  # A PID 2 ...
+    first.close()
+    t3 = txn_producer(a.bootstrap, "a-t3")  # ... re-initialised: PID 2, a higher epoch
+    txn(t3, T, [b"a-t3"], commit=True)  # @4, COMMIT @5
+    harness.wait_until(lambda: end_offset(a.bootstrap, T) == 6, 15, interval=0.1, what="A's end offset 6")
+
+    topic_id = prepare_promotion(b, T)
+    dest = kafka_dest_factory("BC")
+    dest.open(T, topic_id=topic_id)
+    hop_ab = make_hop(mirror_factory, variant, a, dest, T, "a-to-b", state_bootstrap=kafka1.bootstrap)
+    hop_ab.catch_up(6)
+    a_epoch = dest.state(T)["producers"][2 if not variant.guarded else map_pid(2, fold(a.cluster_id))]["epoch"]
+    assert a_epoch >= 1
+    if variant.guarded:
+        hop_ab.seal()
+    hop_ab.stop()
+    promote(dest, b, T)
+    # New local producers on B: PIDs 0, 1, 2 from B's own allocator, epoch 0.
+    l0 = send_each(idem(b.bootstrap), T, [b"b0-0", b"b0-1"])
+    r1 = _txn_result(txn_producer(b.bootstrap, "b-t1"), T, [b"b1-0"])
+    r2 = _txn_result(txn_producer(b.bootstrap, "b-t2"), T, [b"b2-0"])
+    b_end = end_offset(b.bootstrap, T)
+    rc_b = values(read_all(b.bootstrap, T, "read_committed"))
+
+    # C mirrors B (the promoted broker), through its own mirrorguard when guarded. That
+    # mirrorguard keeps its state on A's cluster: on the shared state node T's life cycle
+    # (keyed by the topic id found there, issue 13 item 6) is already STOPPED by B's seal.
+    C = f"c.{T}"
+    hop_bc = make_hop(mirror_factory, variant, b, dest, C, "b-to-c", state_bootstrap=a.bootstrap, source_topic=T)
+    hop_bc.catch_up(b_end)
+    st = dest.state(C)
+    assert st["log_end_offset"] == b_end and st["failed"] is None
+    pr = st["producers"]
+    cb = [(m["offset"], m["type"], m["producer_id"], m["closed_txn_first_offset"]) for m in st["markers"]]
+
+    if variant is NONE:
+        # On B: PID 0 (idempotent) is fatally out of order; PID 1's data is a "duplicate" of
+        # A's open batch (acknowledged at offset 3, never stored) and its COMMIT closes A's
+        # transaction; PID 2 at epoch 0 is fenced by A's higher epoch.
+        assert fatal_code(l0[0]) == KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER and len(l0) == 1, l0
+        assert (r1, r2) == ("committed", "_FENCED"), (r1, r2)
+        assert b_end == 7 and rc_b == [b"a-0", b"a-1", b"a-2", b"a-open", b"a-t3"]
+        # At C, Kafka's engine records B's COMMIT (PID 1, offset 6) closing A's transaction
+        # opened at offset 3: A's never-committed record is committed down the chain.
+        assert cb == [(5, "COMMIT", 2, 4), (6, "COMMIT", 1, 3)], cb
+        assert sorted(pr) == [0, 1, 2] and pr[2]["epoch"] == a_epoch and st["last_stable_offset"] == 7
+        return
+
+    # With mirrorguard: B's local producers all write; nothing of A's is closed by B.
+    assert [e for e, _ in l0] == [None, None] and (r1, r2) == ("committed", "committed"), (l0, r1, r2)
+    assert rc_b == [b"a-0", b"a-1", b"a-2", b"a-t3", b"b0-0", b"b0-1", b"b1-0", b"b2-0"], rc_b
+    fa, fb = fold(a.cluster_id), fold(b.cluster_id)
+    assert sorted(pr) == sorted([map_pid(p, fa) for p in (0, 1, 2)] + [map_pid(p, fb) for p in (0, 1, 2)]), pr
+    assert pr[map_pid(0, fa)]["last_sequence"] == 2 and pr[map_pid(2, fa)]["epoch"] == a_epoch
+    assert pr[map_pid(0, fb)]["last_sequence"] == 1
+    assert (6, "ABORT", map_pid(1, fa), 3) in cb  # the seal's ABORT closed A's open txn
+    assert [c for c in cb if c[2] == map_pid(1, fb)][0][3] is not None  # B's own COMMIT closed B's own txn
+    assert barriers(MIRRORGUARD_BIN, dest.partition_dir(C)) == [(7, a.cluster_id)]  # B's seal, as is
+    assert st["last_stable_offset"] == b_end and dest.warnings() == []
+    assert anomalies(hop_ab.mg) == [] and anomalies(hop_bc.mg) == []

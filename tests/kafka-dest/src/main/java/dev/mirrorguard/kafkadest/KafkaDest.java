@@ -182,28 +182,56 @@ public final class KafkaDest {
     static LogAppendInfo appendFollower(Part p, MemoryRecords records) {
         synchronized (p) {
             int maxEpoch = 0;
-            int count = 0;
-            List<long[]> controls = new ArrayList<>();
-            Map<Long, OptionalLong> openBefore = new TreeMap<>();
-            for (RecordBatch b : records.batches()) {
+            List<MutableRecordBatch> batches = new ArrayList<>();
+            for (MutableRecordBatch b : records.batches()) {
                 maxEpoch = Math.max(maxEpoch, b.partitionLeaderEpoch());
-                count++;
-                if (b.isControlBatch() && b.producerId() >= 0) {
-                    ProducerStateEntry e = p.log.producerStateManager().activeProducers().get(b.producerId());
-                    openBefore.putIfAbsent(b.producerId(),
-                            e == null ? OptionalLong.empty() : e.currentTxnFirstOffset());
-                }
+                batches.add(b);
             }
             long before = p.log.logEndOffset();
-            LogAppendInfo info;
-            try {
-                info = p.log.appendAsFollower(records, maxEpoch);
-            } catch (RuntimeException ex) {
-                p.failed = ex.getClass().getSimpleName() + ": " + ex.getMessage();
-                throw ex;
+            LogAppendInfo first = null;
+            // One appendAsFollower per batch: Kafka's producer state is updated batch by batch
+            // either way, and this lets the report say which transaction each marker closed
+            // (the PID's open transaction just before the marker's own append).
+            for (MutableRecordBatch b : batches) {
+                OptionalLong open = OptionalLong.empty();
+                if (b.isControlBatch() && b.producerId() >= 0) {
+                    ProducerStateEntry e = p.log.producerStateManager().activeProducers().get(b.producerId());
+                    open = e == null ? OptionalLong.empty() : e.currentTxnFirstOffset();
+                }
+                ByteBuffer one = ByteBuffer.allocate(b.sizeInBytes());
+                b.writeTo(one);
+                one.flip();
+                long leo = p.log.logEndOffset();
+                LogAppendInfo info;
+                try {
+                    info = p.log.appendAsFollower(MemoryRecords.readableRecords(one), maxEpoch);
+                } catch (RuntimeException ex) {
+                    p.failed = ex.getClass().getSimpleName() + ": " + ex.getMessage();
+                    throw ex;
+                }
+                if (p.log.logEndOffset() <= leo) {
+                    p.failed = "appendAsFollower did not advance the log end offset (" + leo + ")";
+                    throw new IllegalStateException(p.failed);
+                }
+                if (first == null) {
+                    first = info;
+                }
+                if (b.isControlBatch()) {
+                    ObjectNode m = JSON.createObjectNode();
+                    m.put("offset", b.baseOffset());
+                    m.put("producer_id", b.producerId());
+                    m.put("producer_epoch", b.producerEpoch());
+                    m.put("type", controlType(b));
+                    if (open.isPresent()) {
+                        m.put("closed_txn_first_offset", open.getAsLong());
+                    } else {
+                        m.putNull("closed_txn_first_offset");
+                    }
+                    p.markers.add(m);
+                }
             }
             long after = p.log.logEndOffset();
-            if (count > 0 && after <= before) {
+            if (!batches.isEmpty() && after <= before) {
                 p.failed = "appendAsFollower did not advance the log end offset (" + before + ")";
                 throw new IllegalStateException(p.failed);
             }
@@ -215,24 +243,7 @@ public final class KafkaDest {
             } catch (IOException ex) {
                 throw new RuntimeException(ex);
             }
-            for (RecordBatch b : records.batches()) {
-                if (!b.isControlBatch()) {
-                    continue;
-                }
-                ObjectNode m = JSON.createObjectNode();
-                m.put("offset", b.baseOffset());
-                m.put("producer_id", b.producerId());
-                m.put("producer_epoch", b.producerEpoch());
-                m.put("type", controlType(b));
-                OptionalLong open = openBefore.getOrDefault(b.producerId(), OptionalLong.empty());
-                if (open.isPresent()) {
-                    m.put("closed_txn_first_offset", open.getAsLong());
-                } else {
-                    m.putNull("closed_txn_first_offset");
-                }
-                p.markers.add(m);
-            }
-            return info;
+            return first;
         }
     }
 
