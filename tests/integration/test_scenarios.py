@@ -173,7 +173,9 @@ def test_s3_fan_out(kafka1, kafka_factory, kafka_dest_factory, mirror_factory, v
     txn(tp, T, [b"open-0"], commit=None)  # @3, open
     dest = kafka_dest_factory("BC")
     hop_b = make_hop(mirror_factory, variant, a, dest, TB, "a-to-b", state_bootstrap=kafka1.bootstrap, source_topic=T)
-    hop_c = make_hop(mirror_factory, variant, a, dest, TC, "a-to-c", state_bootstrap=kafka1.bootstrap, source_topic=T)
+    # C's mirrorguard keeps its state on A's cluster: on the shared state node both would
+    # find T under one topic id (issue 13 item 6) and C's would inherit B's seal.
+    hop_c = make_hop(mirror_factory, variant, a, dest, TC, "a-to-c", state_bootstrap=a.bootstrap, source_topic=T)
     hop_b.catch_up(4)
     hop_c.catch_up(4)
     if variant.guarded:
@@ -475,3 +477,70 @@ def test_s5_chain_failover_at_b(kafka1, kafka_factory, kafka_dest_factory, mirro
     assert barriers(MIRRORGUARD_BIN, dest.partition_dir(C)) == [(7, a.cluster_id)]  # B's seal, as is
     assert st["last_stable_offset"] == b_end and dest.warnings() == []
     assert anomalies(hop_ab.mg) == [] and anomalies(hop_bc.mg) == []
+
+
+# =============================================================================
+# 2. Failback A -> B, then B -> A
+
+
+@pytest.mark.parametrize("variant", [NONE, HIGH], ids=lambda v: v.name)
+def test_s2_failback(kafka1, kafka_factory, kafka_dest_factory, mirror_factory, variant):
+    T = harness.topic_name("s2")
+    AT = f"a.{T}"  # A's partition as a mirror destination again (the stand-in)
+    a = kafka_factory(cluster_id=cid(), name="A")
+    b = kafka_factory(cluster_id=cid(), name="B")
+    harness.create_topics(a.bootstrap, [T])
+    send_each(idem(a.bootstrap), T, [b"a-0", b"a-1", b"a-2"])  # A's PID 0
+    a_end = 3
+
+    # A -> B, failover to B (a real broker), local producers on B.
+    topic_id = prepare_promotion(b, T)
+    dest = kafka_dest_factory("AB")
+    dest.open(T, topic_id=topic_id)
+    hop_ab = make_hop(mirror_factory, variant, a, dest, T, "a-to-b", state_bootstrap=kafka1.bootstrap)
+    hop_ab.catch_up(a_end)
+    if variant.guarded:
+        hop_ab.seal()
+    hop_ab.stop()
+    promote(dest, b, T)
+    lb = send_each(idem(b.bootstrap), T, [b"b1-0"])  # B's PID 0
+    bt = txn_producer(b.bootstrap, "b-txn")  # B's PID 1
+    txn(bt, T, [b"bt-0"], commit=True)
+    b_end = 7 if variant.guarded else 5  # (NONE: b1-0 was refused, see below)
+    harness.wait_until(lambda: end_offset(b.bootstrap, T) == b_end, 15, interval=0.1, what="B's COMMIT written")
+
+    # Failback: A's own log (its data, as the replication path rebuilds it) mirrors B from
+    # A's log end offset (the common prefix). Its mirrorguard keeps state on A's cluster
+    # (T on the shared state node is STOPPED by B's seal: issue 13 item 6).
+    own = dest.mirror("a-own", a.bootstrap, [{"topic": AT, "partition": 0, "source_topic": T}])
+    own.catch_up(AT, a_end)
+    own.stop()
+    hop_ba = make_hop(mirror_factory, variant, b, dest, AT, "b-to-a", state_bootstrap=a.bootstrap, source_topic=T)
+    hop_ba.catch_up(b_end)
+    if variant.guarded:
+        hop_ba.mirror = "b-to-a"
+        _seal(hop_ba, T)
+    hop_ba.stop()
+    st = dest.state(AT)
+    # A new local producer on A after the failback, in place: A's allocator handed out PID 0
+    # before, so its next idempotent producer is PID 1 (Kafka allocates PID blocks per
+    # broker; a restarted A would draw a new block from 1000 instead).
+    local = _local_in_place(dest, AT, 1, [0, 1])
+    pr = st["producers"]
+    if variant is NONE:
+        # On B, B's PID 0 met A's PID 0 (S1): fatally out of order, b1-0 never written.
+        assert len(lb) == 1 and fatal_code(lb[0]) == KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, lb
+        assert b_end == 5 and barriers(MIRRORGUARD_BIN, dest.partition_dir(AT)) == []
+        # On A, its new PID 1 meets B's transactional PID 1: x-0 (seq 0) is a "duplicate" of
+        # B's bt-0, acknowledged with offset 3 and never stored; x-1 is stored after it.
+        assert sorted(pr) == [0, 1] and pr[1]["batches"] == [[0, 0, 3, 3]]
+        assert [(r["error"], r["stored"], r["first_offset"]) for r in local] == [(None, False, 3), (None, True, 5)]
+        return
+    assert lb == [(None, 4)] and b_end == 7
+    assert [(r["error"], r["stored"], r["first_offset"]) for r in local] == [(None, True, 8), (None, True, 9)]
+    # Two barriers in A's log: B's (sealing A -> B, source A) and A's own (sealing B -> A).
+    assert barriers(MIRRORGUARD_BIN, dest.partition_dir(AT)) == [(3, a.cluster_id), (7, b.cluster_id)]
+    fb = fold(b.cluster_id)
+    assert sorted(pr) == sorted([0, map_pid(0, fb), map_pid(1, fb)]), pr  # A's own PID 0 stays raw
+    assert st["last_stable_offset"] == 8 and dest.warnings() == []
+    assert anomalies(hop_ab.mg) == [] and anomalies(hop_ba.mg) == []

@@ -79,8 +79,10 @@ public final class KafkaDest {
         volatile String failed;
         /** Control batches appended and the transaction each one closed (Kafka's PSM before/after). */
         final List<ObjectNode> markers = new ArrayList<>();
-        /** appendAsFollower calls whose leader epoch had to be raised to the batches' highest. */
+        /** Fetch responses (or raw appends) applied with appendAsFollower. */
         long appends;
+        /** Leader epoch of local (CLIENT path) writes after an in-place promotion; -1 before. */
+        int localEpoch = -1;
 
         Part(TopicPartition tp, UnifiedLog log) {
             this.tp = tp;
@@ -395,8 +397,12 @@ public final class KafkaDest {
                 Part p = part(cmd);
                 byte[] raw = Base64.getDecoder().decode(cmd.path("records").asText());
                 synchronized (p) {
-                    int epoch = cmd.has("leader_epoch") ? cmd.path("leader_epoch").asInt()
-                            : p.log.latestEpoch().orElse(-1) + 1;
+                    // The promoted partition's own leader epoch: one above what the log holds,
+                    // chosen at the first local write and kept.
+                    if (p.localEpoch < 0) {
+                        p.localEpoch = p.log.latestEpoch().orElse(-1) + 1;
+                    }
+                    int epoch = cmd.has("leader_epoch") ? cmd.path("leader_epoch").asInt() : p.localEpoch;
                     long before = p.log.logEndOffset();
                     LogAppendInfo info;
                     try {
