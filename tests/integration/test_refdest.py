@@ -155,9 +155,11 @@ def test_fetcher_refetches_after_a_lost_response(kafka1, kafka_dest_factory, mod
     mirror_harness.send(p, topic, [b"b-%d" % i for i in range(3)])
     f.follow(lambda: f.report()["dropped"] + f.report()["timeouts"] == 1, 10, "the response lost")
     f.catch_up(topic, 6, timeout=20)
+    # The lost response is followed by a new connection and a new session (full request).
+    f.follow(lambda: f.report()["full_requests"] == 2, 10, "a second full request")
     r = f.report()
     assert (r["dropped"], r["timeouts"]) == ((1, 0) if mode == "drop" else (0, 1)), str(r)
-    assert r["full_requests"] == 2 and r["connects"] == 2, r  # new connection, new session
+    assert r["full_requests"] == 2 and r["connects"] == 2, r
     assert _dest_batches(d, topic) == _source_batches(kafka1.bootstrap, topic)  # no gap, no duplicate
 
 
@@ -192,3 +194,38 @@ def test_follower_fetch_from_a_non_replica_is_refused_by_kafka(kafka1, kafka_des
     assert d.state(topic)["log_end_offset"] == 0
     assert set(r["errors"]) & {"NOT_LEADER_OR_FOLLOWER", "UNKNOWN_LEADER_EPOCH", "INCONSISTENT_CLUSTER_ID",
                                "UNKNOWN_SERVER_ERROR"}, r["errors"]
+
+
+# ----------------------------------------------------------------------------- promotion
+
+
+def test_promotion_hands_the_log_to_a_broker_and_kafka_truncates_higher_source_epochs(kafka_factory,
+                                                                                       kafka_dest_factory):  # noqa: F811
+    """The stand-in's log, built with the broker's topic id, opened by a real Kafka 4.4
+    broker; source epochs above the broker's own are dropped from the epoch cache with a
+    WARN (the batches keep them), and kafka-dump-log agrees with `mirrorguard dump`."""
+    from harness import MIRRORGUARD_BIN
+    from kafka_dest import prepare_promotion, promote
+    from scenario_support import dumps_agree
+
+    while True:
+        cid = harness.cluster_id()
+        if not cid.startswith("-"):
+            break
+    b = kafka_factory(cluster_id=cid, name="B")
+    topic_id = prepare_promotion(b, T)
+    d = kafka_dest_factory("promo")
+    assert d.open(T, topic_id=topic_id)["topic_id"] == topic_id
+    d.append(T, data_batch([b"x"], pid=3, epoch=0, seq=0, leader_epoch=7))
+    d.append(T, data_batch([b"y"], pid=3, epoch=0, seq=1, base_offset=1, leader_epoch=9))
+    assert d.state(T)["leader_epochs"] == [[7, 0], [9, 1]]
+    promote(d, b, T)
+    mirror_harness.send(mirror_harness.idempotent_producer(b.bootstrap), T, [b"z"])
+    got = [(x.base_offset, x.leader_epoch, x.producer_id, x.values) for x in mirror_harness.direct_batches(b.bootstrap, T)]
+    assert got[:2] == [(0, 7, 3, [b"x"]), (1, 9, 3, [b"y"])] and got[2][0] == 2 and got[2][1] < 7, got
+    own = got[2][1]
+    warn = [x for x in b.nodes[0].log_path.read_text().splitlines()
+            if "WARN [LeaderEpochCache " + T + "-0] New epoch entry" in x]
+    assert warn and (f"EpochEntry[epoch={own}, startOffset=2] caused truncation of conflicting entries "
+                     "[EpochEntry[epoch=9, startOffset=1], EpochEntry[epoch=7, startOffset=0]]") in warn[0], warn
+    assert dumps_agree(MIRRORGUARD_BIN, b.nodes[0].data_dir / f"{T}-0") == 3
