@@ -84,6 +84,7 @@ def test_control_type_7_is_not_a_marker_kafka_knows(dest):
     with pytest.raises(KafkaDestError) as e:
         dest.append(T, control_batch(3, 0, 7, base_offset=2, value=b"\x00\x00\x01\x00"))
     st = dest.state(T)
+    assert "Invalid control record type for end transaction marker UNKNOWN" in str(e.value)
     assert st["log_end_offset"] == 2 and st["failed"], (str(e.value), st)
 
 
