@@ -9,6 +9,7 @@
 #   .tools/kafka/libs  Apache Kafka 4.4.0 (org.apache.kafka:kafka_2.13 and kafka-tools with their
 #                      runtime dependencies) from Maven Central only, as listed in
 #                      tests/kafka/pom.xml; re-copied whenever that pom changes.
+#   .tools/kafka-dest  the reference destination (tests/kafka-dest), rebuilt when its sources change.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TOOLS="$PWD/.tools"
@@ -97,4 +98,17 @@ if command -v go >/dev/null; then
 else
   echo "install-test-deps: go not found: the franz-go client tests will fail" >&2
 fi
+
+# The reference destination (tests/kafka-dest): a Java program on Kafka's own storage engine
+# and fetch-session classes, built into .tools/kafka-dest and run on .tools/kafka/libs. The
+# stamp is a checksum of its pom, sources and logging config.
+dest_stamp="$TOOLS/kafka-dest/.src.sha256"
+dest_sum="$(find tests/kafka-dest -type f \( -name '*.java' -o -name pom.xml -o -name '*.properties' \) -print0 \
+  | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -d' ' -f1)"
+if [ "$(cat "$dest_stamp" 2>/dev/null)" != "$dest_sum" ] || [ ! -f "$TOOLS/kafka-dest/build/kafka-dest.jar" ]; then
+  mkdir -p "$TOOLS/kafka-dest"
+  mvn -q -B -Dstyle.color=never -f tests/kafka-dest/pom.xml package -Dkafka.dest.out="$TOOLS/kafka-dest/build"
+  echo "$dest_sum" > "$dest_stamp"
+fi
+test -f "$TOOLS/kafka-dest/build/kafka-dest.jar"
 echo "test dependencies ready in $TOOLS"
