@@ -389,6 +389,18 @@ def control_batch(pid: int, epoch: int, ctype: int, base_offset: int = 0, leader
     return _batch(_record(0, key, value), 1, 0x30, pid, epoch, -1, base_offset, leader_epoch, ts)
 
 
+def barrier_batch(source_cluster_id: str, base_offset: int = 0, leader_epoch: int = 0,
+                  ts: int | None = None) -> bytes:
+    """A MIRROR_PID_RESET barrier (SPEC 2.3): control only (not transactional), PID,
+    epoch and sequence -1, one record with key (0, 7) and value version 0 + compact
+    SourceClusterId + no tags."""
+    key = struct.pack(">hh", 0, 7)
+    cid = source_cluster_id.encode()
+    value = struct.pack(">h", 0) + _uvarint(len(cid) + 1) + cid + _uvarint(0)
+    ts = int(time.time() * 1000) if ts is None else ts
+    return _batch(_record(0, key, value), 1, 0x20, -1, -1, -1, base_offset, leader_epoch, ts)
+
+
 # --------------------------------------------------------------------------
 # promotion: the stand-in's log handed to a real Kafka 4.4 broker
 

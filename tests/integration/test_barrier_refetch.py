@@ -11,8 +11,6 @@ transaction was opened past it; the seal must still abort that transaction.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
 
 import harness
 import rawkafka
@@ -26,17 +24,10 @@ from mirror_harness import (  # noqa: F401 - mirror_factory is a fixture
     transactional_producer,
 )
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ (the refdest package)
-from refdest.wire import build_batch  # noqa: E402
+from kafka_dest import barrier_batch
 
 MIRROR = "b-to-a"
 TOPIC = "failback"
-
-
-def barrier_batch(source_cluster_id: str) -> bytes:
-    cid = source_cluster_id.encode()
-    value = rawkafka.i16(0) + rawkafka.uvarint(len(cid) + 1) + cid + rawkafka.uvarint(0)
-    return build_batch([value], keys=[rawkafka.i16(0) + rawkafka.i16(7)], control=True)
 
 
 def test_refetched_barrier_keeps_producers_seen_after_it(broker_factory, mirror_factory):
