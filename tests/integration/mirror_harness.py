@@ -130,7 +130,8 @@ class MirrorGuard:
     def __init__(self, work_dir: Path, name: str, state_bootstrap: str, mirrors: list[MirrorSpec],
                  metadata_refresh_ms: int = 1000, log_level: str = "info,mirrorguard=debug",
                  snapshot_interval_ms: int | None = None, state_topic: str = "__mirror_state",
-                 admin_read_timeout_ms: int | None = None):
+                 admin_read_timeout_ms: int | None = None, guard_upstream: str | None = None,
+                 guard_node_ids: list[int] | None = None):
         self.name = name
         self.state_bootstrap = state_bootstrap
         self.state_topic = state_topic
@@ -147,6 +148,16 @@ class MirrorGuard:
             m.node_port_base = harness.free_node_port_base(taken, nodes=m.node_ids)
             taken.update(m.node_port_of(n) for n in m.node_ids)
         self.mirrors = {m.name: m for m in mirrors}
+        # An optional produce guard ([[guard]]) in front of the destination `guard_upstream`.
+        self.guard_bootstrap: str | None = None
+        if guard_upstream:
+            for addr in guard_upstream.split(","):
+                taken.add(int(addr.rsplit(":", 1)[1]))
+            guard_port = harness.free_port(taken)
+            taken.add(guard_port)
+            gids = guard_node_ids or [1]
+            guard_base = harness.free_node_port_base(taken, nodes=gids)
+            self.guard_bootstrap = f"{HOST}:{guard_port}"
         self.token_path = work_dir / f"{name}.token"
         self.token_path.write_text(self.TOKEN + "\n")
         self.config_path = work_dir / f"{name}.toml"
@@ -189,6 +200,16 @@ request_timeout_ms = 10000
 """
             + (f"[producer_state]\nsnapshot_interval_ms = {snapshot_interval_ms}\n\n" if snapshot_interval_ms else "")
             + "\n".join(blocks)
+            + (f"""
+[[guard]]
+name = "guard"
+bootstrap = "{self.guard_bootstrap}"
+listen_host = "{HOST}"
+advertised_host = "{HOST}"
+node_port_base = {guard_base}
+upstream_bootstrap = [{", ".join(f'"{a}"' for a in guard_upstream.split(","))}]
+metadata_refresh_ms = {metadata_refresh_ms}
+""" if guard_upstream else "")
         )
         self.proc: ManagedProcess | None = None
         self.generation = 0

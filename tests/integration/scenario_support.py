@@ -80,7 +80,7 @@ def mirror_spec(name: str, source, variant: Variant) -> MirrorSpec:
                       node_ids=list(source.node_ids))
 
 
-def start_mirrorguard(mirror_factory, state_bootstrap: str, specs: list[MirrorSpec], topics: list[str]):
+def start_mirrorguard(mirror_factory, state_bootstrap: str, specs: list[MirrorSpec], topics: list[str], **kw):
     # issue 13 item 6: mirrorguard looks destination topic ids up on the [state] cluster, so
     # the destination topics are created there too until the destination bootstrap is
     # configurable.
@@ -88,11 +88,12 @@ def start_mirrorguard(mirror_factory, state_bootstrap: str, specs: list[MirrorSp
     missing = [t for t in topics if t not in md.topics]
     if missing:
         harness.create_topics(state_bootstrap, missing)
-    return mirror_factory(state_bootstrap, specs)
+    return mirror_factory(state_bootstrap, specs, **kw)
 
 
 def make_hop(mirror_factory, variant: Variant, source, dest: KafkaDest, topic: str, name: str, *,
-             state_bootstrap: str | None = None, mg=None, partition: int = 0, **opts) -> Hop:
+             state_bootstrap: str | None = None, mg=None, partition: int = 0, guard_upstream: str | None = None,
+             **opts) -> Hop:
     """A fetcher on `dest` for topic-partition, straight from `source` or through a
     mirror listener named `name` (a new mirrorguard unless `mg` is given)."""
     part = {"topic": topic, "partition": partition, **{k: opts.pop(k) for k in list(opts)
@@ -102,7 +103,8 @@ def make_hop(mirror_factory, variant: Variant, source, dest: KafkaDest, topic: s
         return Hop(dest.mirror(name, source.bootstrap, [part], **opts), dest, None, None, topic, partition)
     if mg is None:
         assert state_bootstrap is not None
-        mg = start_mirrorguard(mirror_factory, state_bootstrap, [mirror_spec(name, source, variant)], [source_topic])
+        mg = start_mirrorguard(mirror_factory, state_bootstrap, [mirror_spec(name, source, variant)], [source_topic],
+                               **({"guard_upstream": guard_upstream} if guard_upstream else {}))
         mg.wait_sources_known()
     return Hop(dest.mirror(name, mg.mirrors[name].bootstrap, [part], **opts), dest, mg, name, topic, partition)
 

@@ -81,7 +81,9 @@ def test_s1_active_passive_failover_local_producer(kafka1, kafka_factory, kafka_
     topic_id = prepare_promotion(b, T)
     dest = kafka_dest_factory("B")
     dest.open(T, topic_id=topic_id)
-    hop = make_hop(mirror_factory, variant, a, dest, T, "a-to-b", state_bootstrap=kafka1.bootstrap)
+    # With mirrorguard, B's local producers go through its produce guard (in front of B).
+    hop = make_hop(mirror_factory, variant, a, dest, T, "a-to-b", state_bootstrap=kafka1.bootstrap,
+                   guard_upstream=b.bootstrap)
     hop.catch_up(6)
     fa = fold(a.cluster_id)
     pid0, pid1 = (0, 1) if variant.pid_mode in (None, "preserve") else (
@@ -103,7 +105,14 @@ def test_s1_active_passive_failover_local_producer(kafka1, kafka_factory, kafka_
         assert dest.state(T)["log_end_offset"] == st["log_end_offset"]
 
     promote(dest, b, T)
-    local = send_each(idem(b.bootstrap), T, [b"b-%d" % i for i in range(5)])
+    # Local producers: straight to B without mirrorguard, through the guard with it (STOPPED:
+    # the guard forwards; refused before the seal, see test_produce_guard.py).
+    local_bootstrap = hop.mg.guard_bootstrap if variant.guarded else b.bootstrap
+    local = send_each(idem(local_bootstrap), T, [b"b-%d" % i for i in range(5)])
+    if variant.guarded:
+        refused = hop.mg.metrics().sum("mirrorguard_produce_refused_total")
+        produced = hop.mg.metrics().sum("mirrorguard_requests_total", listener="guard", api="Produce")
+        assert refused == 0 and produced >= 1, (refused, produced)
     ru = read_all(b.bootstrap, T, "read_uncommitted")
     rc = read_all(b.bootstrap, T, "read_committed")
     k = kinds(MIRRORGUARD_BIN, b.nodes[0].data_dir / f"{T}-0")
