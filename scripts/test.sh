@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh clone: pinned test dependencies, formatting and
-# lints, build, every Rust test, then the integration tests (real Tansu brokers and
-# librdkafka clients through the mirrorguard binary). Exits non-zero on any failure.
+# lints, build, every Rust test, then the integration tests (real Apache Kafka 4.4
+# brokers, librdkafka, Java and franz-go clients through the mirrorguard binary; Tansu
+# as a second broker with MG_BROKER=both). Exits non-zero on any failure.
 #
 #   scripts/test.sh                 # everything
 #   PYTEST_ARGS="-k hostile" scripts/test.sh   # extra pytest arguments
+#   MG_BROKER=both scripts/test.sh  # client/proxy tests on Kafka and on Tansu
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,6 +39,8 @@ step "pytest tests/integration"
 if [ -z "${MIRRORGUARD_BIN:-}" ] && [ -n "${CARGO_TARGET_DIR:-}" ]; then
   export MIRRORGUARD_BIN="$CARGO_TARGET_DIR/debug/mirrorguard"
 fi
-# Every test is bounded by pytest-timeout (tests/integration/pytest.ini); this bounds the run.
+# Every test is bounded by pytest-timeout (tests/integration/pytest.ini); this bounds the run
+# (about 10 min on 2 busy cores with Apache Kafka brokers; the cap leaves room for the
+# cargo steps within 30 min).
 # shellcheck disable=SC2086
-timeout --kill-after=30 900 .tools/venv/bin/python -m pytest tests/integration -q ${PYTEST_ARGS:-}
+timeout --kill-after=30 1320 .tools/venv/bin/python -m pytest tests/integration -q ${PYTEST_ARGS:-}

@@ -4,15 +4,30 @@
 //! 200 once every listener has reached its upstream cluster and 503 before
 //! that and while shutting down; `GET /metrics` serves the registry in the
 //! OpenMetrics text format Prometheus scrapes.
+//!
+//! The listener is served by hyper directly so that slow or stalled clients
+//! cannot hold a connection forever: request headers must arrive within
+//! `admin.read_timeout_ms` (the connection is closed otherwise) and a request
+//! body within the same time (408); a body announced or found larger than [`MAX_BODY_BYTES`]
+//! gets 413 before anything else is checked. Every error the admin port
+//! returns, routing and extraction errors included, is a JSON body
+//! `{"error": code, "message": text}`.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
-use axum::extract::State;
+use axum::body::Body;
+use axum::extract::{Request, State};
 use axum::http::{header, StatusCode};
-use axum::response::IntoResponse;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
 
 use crate::metrics::Metrics;
 use crate::proxy::listener::Listener;
@@ -29,14 +44,149 @@ pub struct AdminState {
     pub shutting_down: AtomicBool,
 }
 
+/// The largest request body accepted (413 beyond).
+pub const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
+
 /// The admin router: health, readiness, metrics, and the `/v1` API.
-pub fn router(state: Arc<AdminState>, api: Arc<crate::admin_api::ApiState>) -> Router {
+/// `read_timeout` bounds the arrival of each request body (408 beyond).
+pub fn router(
+    state: Arc<AdminState>,
+    api: Arc<crate::admin_api::ApiState>,
+    read_timeout: Duration,
+) -> Router {
     Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .with_state(state)
         .merge(crate::admin_api::routes(api))
+        .fallback(|| async {
+            crate::admin_api::error(StatusCode::NOT_FOUND, "not_found", "no such path")
+        })
+        .method_not_allowed_fallback(|| async {
+            crate::admin_api::error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "method_not_allowed",
+                "this path does not take that method",
+            )
+        })
+        .layer(axum::middleware::from_fn(move |req, next| {
+            read_body_bounded(req, next, read_timeout)
+        }))
+}
+
+/// Reads the whole request body before any handler runs, bounded in size and
+/// time: a request announcing or sending more than [`MAX_BODY_BYTES`] gets
+/// 413, one whose body does not arrive within `read_timeout` gets 408.
+/// Handlers then never wait on the client, so a mutating call can never be
+/// cut off half-applied by a slow client.
+async fn read_body_bounded(req: Request, next: Next, read_timeout: Duration) -> Response {
+    let announced = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if announced.is_some_and(|n| n > MAX_BODY_BYTES as u64) {
+        return too_large();
+    }
+    let (parts, body) = req.into_parts();
+    let bytes = match tokio::time::timeout(read_timeout, axum::body::to_bytes(body, MAX_BODY_BYTES))
+        .await
+    {
+        Err(_) => {
+            return crate::admin_api::error(
+                StatusCode::REQUEST_TIMEOUT,
+                "request_timeout",
+                format!(
+                    "the request body did not arrive within {} ms",
+                    read_timeout.as_millis()
+                ),
+            )
+        }
+        Ok(Err(e)) => {
+            // `to_bytes` fails for an over-long body or a broken connection.
+            if is_length_limit(&e) {
+                return too_large();
+            }
+            return crate::admin_api::error(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("cannot read the request body: {e}"),
+            );
+        }
+        Ok(Ok(b)) => b,
+    };
+    next.run(Request::from_parts(parts, Body::from(bytes)))
+        .await
+}
+
+/// Whether `to_bytes` stopped because the body exceeded its limit.
+fn is_length_limit(e: &axum::Error) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if err.is::<http_body_util::LengthLimitError>() {
+            return true;
+        }
+        cur = err.source();
+    }
+    false
+}
+
+fn too_large() -> Response {
+    crate::admin_api::error(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        "payload_too_large",
+        format!("request bodies are limited to {MAX_BODY_BYTES} bytes"),
+    )
+}
+
+/// Serves `router` on `listener` until `shutdown` turns true, then lets open
+/// connections finish their current request. HTTP/1.1 only; a request's
+/// headers must arrive within `header_timeout`.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    header_timeout: Duration,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = shutdown.wait_for(|s| *s) => break,
+        };
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                // Out of file descriptors and the like: back off, keep serving.
+                tracing::warn!(error = %e, "admin listener: accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        let service = TowerToHyperService::new(router.clone());
+        let mut conn_shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            builder
+                .http1()
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_timeout);
+            let conn = builder.serve_connection(TokioIo::new(stream), service);
+            tokio::pin!(conn);
+            tokio::select! {
+                r = conn.as_mut() => {
+                    if let Err(e) = r {
+                        tracing::debug!(%peer, error = %e, "admin connection ended with an error");
+                    }
+                    return;
+                }
+                _ = conn_shutdown.wait_for(|s| *s) => conn.as_mut().graceful_shutdown(),
+            }
+            if let Err(e) = conn.await {
+                tracing::debug!(%peer, error = %e, "admin connection ended with an error");
+            }
+        });
+    }
 }
 
 async fn readyz(State(s): State<Arc<AdminState>>) -> impl IntoResponse {

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use axum::extract::rejection::JsonRejection;
+use axum::extract::rejection::{JsonRejection, PathRejection};
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -60,7 +60,8 @@ pub fn routes(state: Arc<ApiState>) -> Router {
         .with_state(state)
 }
 
-fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+/// An error answer of the admin port: `{"error": code, "message": text}`.
+pub(crate) fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
     (
         status,
         Json(json!({"error": code, "message": message.into()})),
@@ -147,18 +148,30 @@ async fn list_partitions(State(s): State<Arc<ApiState>>) -> Json<serde_json::Val
     Json(json!({"partitions": out.into_values().collect::<Vec<_>>()}))
 }
 
-/// Body of stop/pause/resume.
+/// Body of stop/pause/resume: `{"mirror", "all": true}` or
+/// `{"mirror", "topics": [...]}` (non-empty), never both; the OpenAPI
+/// `Selection` schema says the same.
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct SelectionBody {
     /// The mirror.
     mirror: String,
-    /// Topics (and optionally partitions); absent with `all: true` means
-    /// every partition of the mirror.
-    #[serde(default)]
-    topics: Vec<TopicSelection>,
+    /// Topics (and optionally partitions); `null` is refused, not read as absent.
+    #[serde(default, deserialize_with = "present")]
+    topics: Option<Vec<TopicSelection>>,
+    /// Every partition of the mirror.
     #[serde(default)]
     all: bool,
+}
+
+/// A field that, when present, must hold a value (`null` is an error), so the
+/// server is exactly as strict as the OpenAPI schema.
+fn present<'de, D, T>(d: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    T::deserialize(d).map(Some)
 }
 
 #[derive(Deserialize)]
@@ -166,7 +179,7 @@ struct SelectionBody {
 struct TopicSelection {
     topic: String,
     /// Absent: every partition of the topic.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "present")]
     partitions: Option<Vec<i32>>,
 }
 
@@ -181,7 +194,7 @@ fn authorized(s: &ApiState, headers: &HeaderMap) -> Result<(), Box<Response>> {
     let given = headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
+        .and_then(bearer_token);
     match given {
         Some(g) if constant_time_eq(g.trim().as_bytes(), token.as_bytes()) => Ok(()),
         Some(_) => Err(Box::new(error(
@@ -195,6 +208,13 @@ fn authorized(s: &ApiState, headers: &HeaderMap) -> Result<(), Box<Response>> {
             "send Authorization: Bearer <token> (the token is in admin.token_file)",
         ))),
     }
+}
+
+/// The token of an `Authorization: Bearer <token>` value. The scheme is
+/// case-insensitive (RFC 9110 section 11.1), so `bearer` and `BEARER` work too.
+fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim_start().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then_some(token)
 }
 
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
@@ -238,6 +258,40 @@ async fn mutate(
         Ok(Json(b)) => b,
         Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", e.body_text()),
     };
+    // The shape of the selection first (400), then what it names (404).
+    let all = body.all;
+    let selection = match (all, &body.topics) {
+        (true, Some(_)) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                "give either `all: true` or `topics`, not both",
+            )
+        }
+        (true, None) => None,
+        (false, Some(t)) if !t.is_empty() => Some(t),
+        (false, _) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                "name a non-empty `topics` list or set `all: true`",
+            )
+        }
+    };
+    if let Some(bad) = selection
+        .into_iter()
+        .flatten()
+        .find(|sel| sel.partitions.as_ref().is_some_and(|p| p.is_empty()))
+    {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            format!(
+                "`partitions` of {:?} is empty: leave it out for every partition",
+                bad.topic
+            ),
+        );
+    }
     let Some(mirror) = s.mirrors.get(&body.mirror) else {
         return error(
             StatusCode::NOT_FOUND,
@@ -262,54 +316,43 @@ async fn mutate(
     let known: BTreeMap<String, i32> = mirror.destination_topics().into_iter().collect();
     // Resolve the selection completely before changing anything.
     let mut targets: Vec<(String, i32)> = Vec::new();
-    if body.all {
-        if !body.topics.is_empty() {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "bad_request",
-                "give either `all: true` or `topics`, not both",
-            );
+    match selection {
+        None => {
+            // Internal topics (`__consumer_offsets`, `__transaction_state`,
+            // `__mirror_state`, ...) are never stopped wholesale: a
+            // destination's own internal topics must not be sealed by `--all`.
+            for (t, n) in known.iter().filter(|(t, _)| !is_internal_topic(t)) {
+                targets.extend((0..*n).map(|p| (t.clone(), p)));
+            }
         }
-        // Internal topics (`__consumer_offsets`, `__transaction_state`,
-        // `__mirror_state`, ...) are never stopped wholesale: a destination's
-        // own internal topics must not be sealed by `stop --all`.
-        for (t, n) in known.iter().filter(|(t, _)| !is_internal_topic(t)) {
-            targets.extend((0..*n).map(|p| (t.clone(), p)));
-        }
-    } else {
-        if body.topics.is_empty() {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "bad_request",
-                "name `topics` or set `all: true`",
-            );
-        }
-        for sel in &body.topics {
-            let Some(n) = known.get(&sel.topic) else {
-                return error(
-                    StatusCode::NOT_FOUND,
-                    "unknown_topic",
-                    format!(
-                        "mirror {:?} does not mirror a topic {:?}",
-                        body.mirror, sel.topic
-                    ),
-                );
-            };
-            match &sel.partitions {
-                None => targets.extend((0..*n).map(|p| (sel.topic.clone(), p))),
-                Some(ps) => {
-                    for &p in ps {
-                        if p < 0 || p >= *n {
-                            return error(
-                                StatusCode::NOT_FOUND,
-                                "unknown_partition",
-                                format!(
-                                    "{}-{p} does not exist ({} has {n} partitions)",
-                                    sel.topic, sel.topic
-                                ),
-                            );
+        Some(topics) => {
+            for sel in topics {
+                let Some(n) = known.get(&sel.topic) else {
+                    return error(
+                        StatusCode::NOT_FOUND,
+                        "unknown_topic",
+                        format!(
+                            "mirror {:?} does not mirror a topic {:?}",
+                            body.mirror, sel.topic
+                        ),
+                    );
+                };
+                match &sel.partitions {
+                    None => targets.extend((0..*n).map(|p| (sel.topic.clone(), p))),
+                    Some(ps) => {
+                        for &p in ps {
+                            if p < 0 || p >= *n {
+                                return error(
+                                    StatusCode::NOT_FOUND,
+                                    "unknown_partition",
+                                    format!(
+                                        "{}-{p} does not exist ({} has {n} partitions)",
+                                        sel.topic, sel.topic
+                                    ),
+                                );
+                            }
+                            targets.push((sel.topic.clone(), p));
                         }
-                        targets.push((sel.topic.clone(), p));
                     }
                 }
             }
@@ -404,13 +447,16 @@ async fn abort_open(
              prevent collisions with local producers; use kafka-transactions.sh abort knowingly",
         );
     }
-    if body.all || body.topics.is_empty() {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "bad_request",
-            "name `topics` (abort-open does not take `all`)",
-        );
-    }
+    let selected = match (&body.topics, body.all) {
+        (Some(t), false) if !t.is_empty() => t,
+        _ => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                "name `topics` (abort-open does not take `all`)",
+            )
+        }
+    };
     if s.destination_bootstrap.is_empty() {
         return error(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -422,7 +468,7 @@ async fn abort_open(
     // Every partition must have mirroring stopped before anything is done.
     let known: BTreeMap<String, i32> = mirror.destination_topics().into_iter().collect();
     let mut targets: Vec<(String, Option<Vec<i32>>)> = Vec::new();
-    for sel in &body.topics {
+    for sel in selected {
         let parts: Vec<i32> = match (&sel.partitions, known.get(&sel.topic)) {
             (Some(ps), _) => ps.clone(),
             (None, Some(n)) => (0..*n).collect(),
@@ -542,8 +588,19 @@ pub fn is_internal_topic(topic: &str) -> bool {
 
 async fn producers(
     State(s): State<Arc<ApiState>>,
-    Path((topic, partition)): Path<(String, i32)>,
+    path: Result<Path<(String, String)>, PathRejection>,
 ) -> Response {
+    let (topic, partition) = match path {
+        Ok(Path(p)) => p,
+        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", e.body_text()),
+    };
+    let Ok(partition) = partition.parse::<i32>() else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            format!("partition must be an int32, got {partition:?}"),
+        );
+    };
     let key = crate::producer_state::PartitionKey::new([0; 16], topic.as_str(), partition);
     let Some(handle) = s.registry.get(&key) else {
         return error(
@@ -604,4 +661,19 @@ async fn anomalies(State(s): State<Arc<ApiState>>) -> Json<serde_json::Value> {
     let log = s.registry.anomaly_log();
     let records: Vec<_> = log.records().collect();
     Json(json!({"total_recorded": log.total_recorded(), "anomalies": records}))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bearer_token;
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive() {
+        assert_eq!(bearer_token("Bearer abc"), Some("abc"));
+        assert_eq!(bearer_token("bearer abc"), Some("abc"));
+        assert_eq!(bearer_token("BEARER abc"), Some("abc"));
+        assert_eq!(bearer_token("Basic abc"), None);
+        assert_eq!(bearer_token("Bearer"), None);
+        assert_eq!(bearer_token("Bearerabc"), None);
+    }
 }

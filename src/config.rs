@@ -96,6 +96,18 @@ pub struct MirrorConfig {
     /// is answered before the fetcher gives up.
     #[serde(default = "default_upstream_request_timeout_ms")]
     pub upstream_request_timeout_ms: u64,
+    /// Bootstrap address reserved for the destination's mirror fetcher
+    /// (with `fetcher_node_port_base`). When set, only fetches arriving on
+    /// these ports take a cut, complete a seal or change producer state;
+    /// `bootstrap` and its node ports serve other readers (consumers, dump
+    /// tools) without changing any seal. Without it every reader of the
+    /// mirror listener counts as the fetcher.
+    #[serde(default)]
+    pub fetcher_bootstrap: Option<String>,
+    /// Source node N is served to the destination fetcher at
+    /// `fetcher_node_port_base + N` (with `fetcher_bootstrap`).
+    #[serde(default)]
+    pub fetcher_node_port_base: Option<u16>,
 }
 
 fn default_upstream_request_timeout_ms() -> u64 {
@@ -103,6 +115,20 @@ fn default_upstream_request_timeout_ms() -> u64 {
 }
 
 impl MirrorConfig {
+    /// The destination fetcher's own listener, when configured.
+    pub fn fetcher_listener(&self) -> Option<ListenerConfig> {
+        let (bootstrap, base) = (
+            self.fetcher_bootstrap.as_ref()?,
+            self.fetcher_node_port_base?,
+        );
+        Some(ListenerConfig {
+            name: format!("{}-fetcher", self.name),
+            bootstrap: bootstrap.clone(),
+            node_port_base: base,
+            ..self.listener()
+        })
+    }
+
     /// The proxy-listener part of the mirror.
     pub fn listener(&self) -> ListenerConfig {
         ListenerConfig {
@@ -251,6 +277,14 @@ pub struct AdminConfig {
     /// File holding the bearer token for mutating admin calls.
     #[serde(default)]
     pub token_file: Option<PathBuf>,
+    /// Time allowed for a request's headers, and again for its body, to
+    /// arrive (a stalled client gets its connection closed, or 408).
+    #[serde(default = "default_admin_read_timeout_ms")]
+    pub read_timeout_ms: u64,
+}
+
+fn default_admin_read_timeout_ms() -> u64 {
+    10_000
 }
 
 /// `[logging]`
@@ -436,6 +470,12 @@ impl Config {
                 }
             }
         }
+        if !(100..=600_000).contains(&self.admin.read_timeout_ms) {
+            return Err(invalid(
+                "admin.read_timeout_ms".into(),
+                format!("{} is outside 100..=600000 ms", self.admin.read_timeout_ms),
+            ));
+        }
         tracing_subscriber::EnvFilter::try_new(&self.logging.level)
             .map_err(|e| invalid("logging.level".into(), e.to_string()))?;
         const MIN_FRAME: u32 = 1024 * 1024;
@@ -486,6 +526,18 @@ impl Config {
                 return Err(invalid(
                     format!("mirror[{i}].upstream_request_timeout_ms"),
                     "must be within 100..=600000 (and below the fetcher's request timeout)".into(),
+                ));
+            }
+            if m.fetcher_bootstrap.is_some() != m.fetcher_node_port_base.is_some() {
+                return Err(invalid(
+                    format!("mirror[{i}].fetcher_bootstrap"),
+                    "fetcher_bootstrap and fetcher_node_port_base go together".into(),
+                ));
+            }
+            if m.fetcher_node_port_base == Some(m.node_port_base) {
+                return Err(invalid(
+                    format!("mirror[{i}].fetcher_node_port_base"),
+                    "must differ from node_port_base: the fetcher's ports are its identity".into(),
                 ));
             }
             if m.pid_mode == PidMode::Region && self.state.is_none() {

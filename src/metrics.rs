@@ -49,6 +49,17 @@ pub struct KindLabels {
     pub kind: &'static str,
 }
 
+/// Labels of `mirrorguard_connection_ends_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ConnectionEndLabels {
+    /// Listener name.
+    pub listener: String,
+    /// `client`, `upstream` or `proxy`.
+    pub side: &'static str,
+    /// `closed`, `reset`, `mid_request`, `protocol` or `shutdown`.
+    pub cause: &'static str,
+}
+
 /// Labels of per-mirror event counters.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct MirrorKindLabels {
@@ -80,6 +91,8 @@ pub struct Metrics {
     pub connections_open: Family<ListenerLabels, Gauge>,
     /// Accepted client connections per listener.
     pub connections_total: Family<ListenerLabels, Counter>,
+    /// Ended client connections by the side and cause that ended them.
+    connection_ends: Family<ConnectionEndLabels, Counter>,
     /// Upstream failures by kind (`connect`, `connect_timeout`, `disconnect`, `protocol`).
     pub upstream_errors: Family<KindLabels, Counter>,
     /// Hostile or broken client frames by kind.
@@ -133,6 +146,7 @@ impl Metrics {
         );
         let connections_open = Family::<ListenerLabels, Gauge>::default();
         let connections_total = Family::<ListenerLabels, Counter>::default();
+        let connection_ends = Family::<ConnectionEndLabels, Counter>::default();
         let upstream_errors = Family::<KindLabels, Counter>::default();
         let frame_errors = Family::<KindLabels, Counter>::default();
         let rewrite_errors = Family::<KindLabels, Counter>::default();
@@ -221,13 +235,20 @@ impl Metrics {
             connections_total.clone(),
         );
         registry.register(
+            "mirrorguard_connection_ends",
+            "Client connections ended, by the side that ended them (client, upstream, proxy) and \
+             the cause (closed, reset, mid_request, protocol, shutdown); only protocol is \
+             malformed input",
+            connection_ends.clone(),
+        );
+        registry.register(
             "mirrorguard_upstream_errors",
             "Upstream broker failures: connect, connect_timeout, disconnect, protocol",
             upstream_errors.clone(),
         );
         registry.register(
             "mirrorguard_frame_errors",
-            "Client frames refused: too_large, tls_on_plaintext, truncated, bad_header",
+            "Malformed client frames (the connection is closed): too_large, negative_size, tls_on_plaintext, bad_header, bad_request",
             frame_errors.clone(),
         );
         registry.register(
@@ -247,6 +268,7 @@ impl Metrics {
             latency,
             connections_open,
             connections_total,
+            connection_ends,
             upstream_errors,
             frame_errors,
             rewrite_errors,
@@ -296,6 +318,18 @@ impl Metrics {
     }
 
     /// Increments an error family for (listener, kind).
+    /// Counts one ended client connection (once per connection, not per batch).
+    pub fn connection_end(&self, listener: &str, side: &'static str, cause: &'static str) {
+        self.connection_ends
+            .get_or_create(&ConnectionEndLabels {
+                listener: listener.to_string(),
+                side,
+                cause,
+            })
+            .inc();
+    }
+
+    /// Increments `family` for one listener and kind.
     pub fn count(family: &Family<KindLabels, Counter>, listener: &str, kind: &'static str) {
         family
             .get_or_create(&KindLabels {

@@ -62,8 +62,13 @@ pub fn init_logging(cfg: &LoggingConfig) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(&cfg.level))
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    // Colour only on a terminal: log files and journald get plain text.
+    // NO_COLOR (https://no-color.org) turns it off on a terminal too.
+    use std::io::IsTerminal;
+    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(ansi)
         .with_writer(std::io::stderr);
     let _ = match cfg.format {
         LogFormat::Json => builder.json().try_init(),
@@ -157,6 +162,10 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         )));
     }
     for (mc, mirror) in &mirrors {
+        // With a dedicated fetcher listener, the main one serves readers
+        // only: they never move a seal nor change producer state.
+        let fetcher_listener = mc.fetcher_listener();
+        let main_is_fetcher = fetcher_listener.is_none();
         let m = mirror.clone();
         let listener = Listener::new(
             mc.listener(),
@@ -164,7 +173,10 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             metrics.clone(),
             shutdown_rx.clone(),
             tracker.clone(),
-            move |nodes| Arc::new(MirrorRewriter::new(nodes, m)) as Arc<dyn ResponseRewriter>,
+            move |nodes| {
+                Arc::new(MirrorRewriter::with_role(nodes, m, main_is_fetcher))
+                    as Arc<dyn ResponseRewriter>
+            },
         );
         listener.set_refresh_hook(mirror.clone());
         listener.start().await?;
@@ -177,6 +189,28 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             listener.mark_ready_from_persisted();
         }
         listeners.push(listener);
+        if let Some(fc) = fetcher_listener {
+            let m = mirror.clone();
+            let listener = Listener::new(
+                fc,
+                max_frame,
+                metrics.clone(),
+                shutdown_rx.clone(),
+                tracker.clone(),
+                move |nodes| {
+                    Arc::new(MirrorRewriter::with_role(nodes, m, true)) as Arc<dyn ResponseRewriter>
+                },
+            );
+            listener.set_refresh_hook(mirror.clone());
+            listener.start().await?;
+            if let Some(t) = mirror.topology() {
+                for b in &t.brokers {
+                    listener.nodes.advertise(b.node_id, &b.host, b.port);
+                }
+                listener.mark_ready_from_persisted();
+            }
+            listeners.push(listener);
+        }
     }
 
     let mirror_contexts: Vec<Arc<MirrorContext>> = mirrors.iter().map(|(_, m)| m.clone()).collect();
@@ -232,7 +266,6 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         .await
         .map_err(|e| anyhow::anyhow!("cannot bind admin listener {admin_addr}: {e}"))?;
     tracing::info!(%admin_addr, "admin listener bound (/healthz /readyz /metrics)");
-    let mut admin_shutdown = shutdown_rx.clone();
     let token = match &config.admin.token_file {
         Some(path) => Some(
             std::fs::read_to_string(path)
@@ -257,17 +290,14 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             .collect(),
         metrics: Some(metrics.clone()),
     });
-    let admin_router = admin::router(admin_state.clone(), api_state);
-    let admin_task = tokio::spawn(async move {
-        let served = axum::serve(admin_socket, admin_router)
-            .with_graceful_shutdown(async move {
-                let _ = admin_shutdown.wait_for(|s| *s).await;
-            })
-            .await;
-        if let Err(e) = served {
-            tracing::error!(error = %e, "admin listener failed");
-        }
-    });
+    let admin_read_timeout = Duration::from_millis(config.admin.read_timeout_ms);
+    let admin_router = admin::router(admin_state.clone(), api_state, admin_read_timeout);
+    let admin_task = tokio::spawn(admin::serve(
+        admin_socket,
+        admin_router,
+        admin_read_timeout,
+        shutdown_rx.clone(),
+    ));
 
     wait_for_signal().await;
     admin_state.shutting_down.store(true, Ordering::SeqCst);

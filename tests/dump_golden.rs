@@ -378,6 +378,21 @@ fn map_binary() {
     assert_eq!(out, "layout: high\nregion: 42\noriginalPid: 5\n");
     let (_, out, _) = run(&["--decode", "12"]);
     assert_eq!(out, "12 is not a mapped PID\n");
+    // Kafka's base64 ids may start with '-': taken as the value, with or without '='.
+    let dash_id = "-tjk3MbD0rRBZ_zkwWw7pA";
+    let dash_fold = {
+        let c = mirrorguard::pid::ClusterId::parse(dash_id).unwrap();
+        mirrorguard::pid::fold(&c)
+    };
+    let want = ((1i64 << 62) | (i64::from(dash_fold & 0x7FFF_FFFF) << 31) | 5).to_string();
+    for args in [
+        &["--source-cluster-id", dash_id, "--pid", "5"][..],
+        &["--source-cluster-id=-tjk3MbD0rRBZ_zkwWw7pA", "--pid", "5"][..],
+    ] {
+        let (code, out, err) = run(args);
+        assert_eq!(code, Some(0), "{args:?}: {err}");
+        assert_eq!(out.lines().last().unwrap(), want);
+    }
     // Bad cluster id: clear message, non-zero exit.
     let (code, _, err) = run(&["--source-cluster-id", "prod-east", "--pid", "5"]);
     assert_ne!(code, Some(0));

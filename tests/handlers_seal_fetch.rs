@@ -15,8 +15,8 @@ use kafka_protocol::messages::fetch_response::{
 };
 use kafka_protocol::messages::{BrokerId, FetchResponse, ProducerId, TopicName};
 use mirrorguard::handlers::{
-    build_fetch_response, splice_fetch_response, walk_fetch_response, AbortedTransaction,
-    FetchPartitionResponse, FetchTopic,
+    build_fetch_response, splice_fetch_response, splice_fetch_response_dropping,
+    walk_fetch_response, AbortedTransaction, FetchPartitionResponse, FetchTopic,
 };
 use proptest::prelude::*;
 
@@ -452,5 +452,39 @@ proptest! {
             walk_fetch_response(v, &out, &mut |_| after += 1).expect("output walks");
             prop_assert_eq!(after, before + 6);
         }
+    }
+}
+
+/// Dropping upstream partitions (a controlled partition an incremental
+/// session still returns): the output is kafka-protocol's encoding of the
+/// message without them, and a topic left with none disappears whole.
+#[test]
+fn splice_dropping_matches_kafka_encoding_all_versions() {
+    for v in 4..=18i16 {
+        let orig = upstream(v);
+        let up = enc(&orig, v);
+        // Drop orders/0 and orders/2, and every payments partition.
+        let out = splice_fetch_response_dropping(
+            v,
+            &up,
+            &mut |p| {
+                p.topic == topic_ref(v, "payments", 1)
+                    || (p.topic == topic_ref(v, "orders", 0) && p.partition_index != 1)
+            },
+            &mut |_| None,
+            &[],
+        )
+        .unwrap();
+        let mut want = orig.clone();
+        want.responses.truncate(1);
+        want.responses[0]
+            .partitions
+            .retain(|p| p.partition_index == 1);
+        assert_eq!(dec::<FetchResponse>(&out, v), want, "v{v}");
+        assert_eq!(out, enc(&want, v), "v{v}: byte for byte");
+        // Nothing dropped: byte-identical.
+        let same =
+            splice_fetch_response_dropping(v, &up, &mut |_| false, &mut |_| None, &[]).unwrap();
+        assert_eq!(same, up, "v{v}");
     }
 }

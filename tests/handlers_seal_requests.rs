@@ -13,8 +13,8 @@ use kafka_protocol::messages::fetch_request::{
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{BrokerId, FetchRequest, ProduceRequest, TopicName};
 use mirrorguard::handlers::{
-    parse_fetch_request, parse_produce_request, split_fetch_request, split_produce_request,
-    FetchTopic,
+    parse_fetch_request, parse_produce_request, rewrite_fetch_request, split_fetch_request,
+    split_produce_request, FetchTopic,
 };
 use proptest::prelude::*;
 
@@ -428,5 +428,61 @@ proptest! {
                 prop_assert!(info.topics.iter().all(|t| t.partitions.iter().all(|p| p.index != 1)));
             }
         }
+    }
+}
+
+/// The request forwarded in a fetch session: controlled partitions dropped,
+/// added to `forgotten_topics_data` (after the fetcher's own entries),
+/// `max_wait_ms` set; kafka-protocol decodes exactly that.
+#[test]
+fn rewrite_fetch_request_forgets_partitions_all_versions() {
+    for v in 7..=18i16 {
+        let mut orig = fetch_request(v, false);
+        let mut own = ForgottenTopic::default();
+        if v >= 13 {
+            own.topic_id = uuid_of(topic_uuid(9)).topic_id;
+        } else {
+            own.topic = TopicName(s("gone"));
+        }
+        own.partitions = vec![4];
+        orig.forgotten_topics_data = vec![own];
+        let body = enc(&orig, v);
+        let t1 = if v >= 13 {
+            FetchTopic::Id(topic_uuid(1))
+        } else {
+            FetchTopic::Name("orders-1")
+        };
+        let forget_topic = if v >= 13 {
+            FetchTopic::Id(topic_uuid(7))
+        } else {
+            FetchTopic::Name("stopped")
+        };
+        // Drop orders-1/p1 (listed and controlled); forget it and stopped/0,2.
+        let out = rewrite_fetch_request(
+            v,
+            &body,
+            &mut |t, p| !(*t == t1 && p == 1),
+            &[(t1, vec![1]), (forget_topic, vec![0, 2])],
+            Some(0),
+        )
+        .unwrap();
+        let mut want = orig.clone();
+        want.max_wait_ms = 0;
+        want.topics[1].partitions.retain(|p| p.partition != 1);
+        for (t, ps) in [(1u8, vec![1]), (7u8, vec![0, 2])] {
+            let mut f = ForgottenTopic::default();
+            if v >= 13 {
+                f.topic_id = uuid_of(topic_uuid(t)).topic_id;
+            } else {
+                f.topic = TopicName(s(if t == 1 { "orders-1" } else { "stopped" }));
+            }
+            f.partitions = ps;
+            want.forgotten_topics_data.push(f);
+        }
+        assert_eq!(dec::<FetchRequest>(&out, v), want, "v{v}");
+        assert_eq!(parse_fetch_request(v, &out).unwrap().forgotten_topics, 3);
+        // Nothing to change: byte-identical.
+        let same = rewrite_fetch_request(v, &body, &mut |_, _| true, &[], None).unwrap();
+        assert_eq!(same, body, "v{v}");
     }
 }

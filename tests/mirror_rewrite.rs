@@ -74,6 +74,8 @@ fn mirror_with(mode: PidMode, layout: LayoutConfig, limits: RegistryConfig) -> A
         metadata_refresh_ms: 1000,
         destination_bootstrap: Vec::new(),
         upstream_request_timeout_ms: 10_000,
+        fetcher_bootstrap: None,
+        fetcher_node_port_base: None,
     };
     let metrics = Metrics::new();
     let m = MirrorContext::new(

@@ -23,7 +23,10 @@ pub enum FrameError {
     /// The peer opened with a TLS record header on a plaintext port.
     #[error("peer sent a TLS handshake (bytes 16 03 ..) to a plaintext Kafka port")]
     TlsOnPlaintext,
-    /// The announced size exceeds the configured maximum (or is negative).
+    /// The announced size is negative: not a Kafka frame.
+    #[error("frame size {0} is negative")]
+    NegativeSize(i32),
+    /// The announced size exceeds the configured maximum.
     #[error("frame size {size} exceeds the limit of {max} bytes")]
     TooLarge {
         /// Announced size.
@@ -49,6 +52,7 @@ impl FrameError {
     pub fn kind(&self) -> &'static str {
         match self {
             FrameError::TlsOnPlaintext => "tls_on_plaintext",
+            FrameError::NegativeSize(_) => "negative_size",
             FrameError::TooLarge { .. } => "too_large",
             FrameError::Truncated { .. } => "truncated",
             FrameError::Io(_) => "io",
@@ -72,7 +76,10 @@ pub fn frame_boundary(buf: &[u8], max_frame: usize) -> Result<Option<usize>, Fra
         return Err(FrameError::TlsOnPlaintext);
     }
     let size = i32::from_be_bytes([head[0], head[1], head[2], head[3]]);
-    if size < 0 || size as usize > max_frame {
+    if size < 0 {
+        return Err(FrameError::NegativeSize(size));
+    }
+    if size as usize > max_frame {
         return Err(FrameError::TooLarge {
             size: size as i64,
             max: max_frame,
@@ -198,7 +205,8 @@ mod tests {
             Some(FrameError::TooLarge { size: 1048577, .. })
         ));
         let (_, e) = frames(&[0xff, 0xff, 0xff, 0xfe], 1024).await;
-        assert!(matches!(e, Some(FrameError::TooLarge { size: -2, .. })));
+        assert!(matches!(e, Some(FrameError::NegativeSize(-2))));
+        assert_eq!(e.unwrap().kind(), "negative_size");
     }
 
     #[tokio::test]

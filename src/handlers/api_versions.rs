@@ -1,4 +1,5 @@
-//! ApiVersionsResponse (API key 18) v0-v4: clamp advertised versions.
+//! ApiVersionsResponse (API key 18) v0-v5: clamp advertised versions (v5,
+//! KIP-1242, changes only the request: the response layout is v4's).
 //!
 //! Clients pick the highest version both sides support; for the APIs the
 //! proxy decodes, that must not exceed what the proxy can parse, or a broker
@@ -9,6 +10,10 @@
 //!
 //! Layout: `error_code: i16`, `api_keys: [api_key: i16, min_version: i16,
 //! max_version: i16, tags (v3+)]`, `throttle_time_ms: i32 (v1+)`, tags (v3+).
+//! v5 (Kafka 4.4, KIP-1242) only adds ClusterId and NodeId to the request
+//! (and the REBOOTSTRAP_REQUIRED error); its response body is v4's. Kafka's
+//! Java client and franz-go open every connection with v5, so refusing it
+//! closed all their connections.
 //! The response header is always v0, and a broker that does not support the
 //! requested version answers with a v0 body carrying UNSUPPORTED_VERSION:
 //! like Kafka's own client, parsing falls back to v0 when the requested
@@ -97,7 +102,7 @@ pub fn clamp_api_versions_response<M: MaxVersion>(
     body: &[u8],
     table: &[(i16, M)],
 ) -> WireResult<Option<Vec<u8>>> {
-    check_version("ApiVersionsResponse", version, 0..=4)?;
+    check_version("ApiVersionsResponse", version, 0..=5)?;
     let limit = |key: i16| {
         table
             .iter()

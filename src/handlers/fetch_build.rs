@@ -20,6 +20,7 @@
 //! the upstream's DivergingEpoch or CurrentLeader.
 
 use std::borrow::Cow;
+use std::ops::Range;
 
 use super::check_version;
 use super::fetch::{walk_fetch_response, FetchPartition, FetchTopic};
@@ -271,6 +272,8 @@ struct TopicLayout<'a> {
     first: usize,
     /// Number of partitions.
     len: usize,
+    /// The whole topic entry (tagged fields included).
+    span: Range<usize>,
 }
 
 /// Copies an upstream FetchResponse body at `version` (4..=18), replacing
@@ -295,6 +298,22 @@ pub fn splice_fetch_response<'b>(
     replace: &mut dyn FnMut(&FetchPartition<'b>) -> Option<FetchPartitionResponse<'b>>,
     add: &[(FetchTopicRef<'_>, Vec<FetchPartitionResponse<'_>>)],
 ) -> WireResult<Vec<u8>> {
+    splice_fetch_response_dropping(version, body, &mut |_| false, replace, add)
+}
+
+/// [`splice_fetch_response`] that also leaves out every upstream partition
+/// for which `drop` returns true (asked first, before `replace`). A topic
+/// left with no partition (and nothing added to it) is left out whole.
+/// In an incremental fetch session an absent partition means "nothing new",
+/// which is what a partition the proxy answers itself must look like when
+/// the fetcher did not ask for it.
+pub fn splice_fetch_response_dropping<'b>(
+    version: i16,
+    body: &'b [u8],
+    drop: &mut dyn FnMut(&FetchPartition<'b>) -> bool,
+    replace: &mut dyn FnMut(&FetchPartition<'b>) -> Option<FetchPartitionResponse<'b>>,
+    add: &[(FetchTopicRef<'_>, Vec<FetchPartitionResponse<'_>>)],
+) -> WireResult<Vec<u8>> {
     check_version("FetchResponse", version, VERSIONS)?;
     let flexible = version >= 12;
     for (t, _) in add {
@@ -313,6 +332,7 @@ pub fn splice_fetch_response<'b>(
     let mut layout: Vec<TopicLayout<'b>> = Vec::new();
     let mut next = 0usize;
     for _ in 0..n_topics {
+        let tstart = r.position();
         let topic = if version >= 13 {
             FetchTopic::Id(r.read_uuid("FetchResponse.responses.topic_id")?)
         } else {
@@ -336,6 +356,7 @@ pub fn splice_fetch_response<'b>(
         r = Reader::at(body, parts_end);
         r.skip_tagged_fields_v(flexible, "FetchResponse.responses._tagged_fields")?;
         layout.push(TopicLayout {
+            span: tstart..r.position(),
             topic,
             count,
             parts_end,
@@ -362,28 +383,56 @@ pub fn splice_fetch_response<'b>(
         }
     }
 
+    // Drops first (one bool per parsed partition), so counts are known.
+    let dropped: Vec<bool> = parts.iter().map(&mut *drop).collect();
+    let kept_of = |l: &TopicLayout<'_>| {
+        dropped
+            .get(l.first..l.first + l.len)
+            .unwrap_or_default()
+            .iter()
+            .filter(|d| !**d)
+            .count()
+    };
+    let removed_topics = layout
+        .iter()
+        .zip(&merged)
+        .filter(|(l, extra)| l.len > 0 && kept_of(l) == 0 && extra.is_empty())
+        .count();
     let mut sp = Splicer::new(body);
-    if !fresh.is_empty() {
+    if !fresh.is_empty() || removed_topics > 0 {
         let mut w = Vec::with_capacity(5);
         Writer::new(&mut w).put_array_len_v(
             flexible,
-            Some(n_topics.saturating_add(fresh.len())),
+            Some(
+                n_topics
+                    .saturating_add(fresh.len())
+                    .saturating_sub(removed_topics),
+            ),
             "FetchResponse.responses",
         )?;
         sp.replace(topics_count.start, topics_count.end, &w)?;
     }
     for (l, extra) in layout.iter().zip(&merged) {
-        if !extra.is_empty() {
+        let kept = kept_of(l);
+        if l.len > 0 && kept == 0 && extra.is_empty() {
+            sp.replace(l.span.start, l.span.end, &[])?;
+            continue;
+        }
+        if !extra.is_empty() || kept != l.len {
             let mut w = Vec::with_capacity(5);
             Writer::new(&mut w).put_array_len_v(
                 flexible,
-                Some(l.len.saturating_add(extra.len())),
+                Some(kept.saturating_add(extra.len())),
                 "FetchResponse.responses.partitions",
             )?;
             sp.replace(l.count.start, l.count.end, &w)?;
         }
-        for p in parts.get(l.first..l.first + l.len).unwrap_or_default() {
-            if let Some(resp) = replace(p) {
+        let mine = parts.get(l.first..l.first + l.len).unwrap_or_default();
+        let gone = dropped.get(l.first..l.first + l.len).unwrap_or_default();
+        for (p, &d) in mine.iter().zip(gone) {
+            if d {
+                sp.replace(p.span.start, p.span.end, &[])?;
+            } else if let Some(resp) = replace(p) {
                 sp.replace(p.span.start, p.span.end, &resp.to_bytes(version)?)?;
             }
         }

@@ -87,6 +87,11 @@ pub struct FetchRequestInfo<'a> {
     pub topics_count: Range<usize>,
     /// Number of entries of `forgotten_topics_data` (v7+, else 0).
     pub forgotten_topics: usize,
+    /// Byte range of the `forgotten_topics_data` count prefix (v7+; empty
+    /// before), and the entries follow it up to `forgotten_topics_end`.
+    pub forgotten_topics_count: Range<usize>,
+    /// End of the `forgotten_topics_data` entries.
+    pub forgotten_topics_end: usize,
     /// Rack of the fetcher (v11+, else empty).
     pub rack_id: &'a str,
     /// `ClusterId` tagged field (v12+), when present.
@@ -201,8 +206,11 @@ pub fn parse_fetch_request(version: i16, body: &[u8]) -> WireResult<FetchRequest
         });
     }
 
+    let forgotten_start = r.position();
+    let mut forgotten_count_end = forgotten_start;
     let forgotten_topics = if version >= 7 {
         let n = r.read_array_len_v(flexible, 2, "FetchRequest.forgotten_topics_data")?;
+        forgotten_count_end = r.position();
         for _ in 0..n {
             read_topic(
                 &mut r,
@@ -225,6 +233,7 @@ pub fn parse_fetch_request(version: i16, body: &[u8]) -> WireResult<FetchRequest
     } else {
         0
     };
+    let forgotten_topics_end = r.position();
     let rack_id = if version >= 11 {
         r.read_string_v(flexible, "FetchRequest.rack_id")?
     } else {
@@ -263,6 +272,8 @@ pub fn parse_fetch_request(version: i16, body: &[u8]) -> WireResult<FetchRequest
         topics,
         topics_count,
         forgotten_topics,
+        forgotten_topics_count: forgotten_start..forgotten_count_end,
+        forgotten_topics_end,
         rack_id,
         cluster_id,
         end: r.position(),
@@ -305,8 +316,35 @@ pub fn split_fetch_request(
     body: &[u8],
     keep: &mut dyn FnMut(&FetchTopic<'_>, i32) -> bool,
 ) -> WireResult<Option<Vec<u8>>> {
+    let out = rewrite_fetch_request(version, body, keep, &[], None)?;
+    Ok((out.as_slice() != body).then_some(out))
+}
+
+/// Copies a FetchRequest body at `version` (4..=18) for the upstream:
+/// keeps only the partitions for which `keep(topic, partition)` is true
+/// (as [`split_fetch_request`]), appends `forget` to
+/// `forgotten_topics_data` (v7+; ignored before), and sets `max_wait_ms`
+/// when given. Every other byte is copied verbatim.
+///
+/// `forget` takes partitions out of the upstream's incremental fetch
+/// session (KIP-227), so a partition the fetcher left out of the request
+/// is not returned by the upstream either; forgetting a partition the
+/// session does not hold is a no-op for a broker. Topics in `forget` must
+/// be names before v13 and ids from v13.
+pub fn rewrite_fetch_request(
+    version: i16,
+    body: &[u8],
+    keep: &mut dyn FnMut(&FetchTopic<'_>, i32) -> bool,
+    forget: &[(FetchTopic<'_>, Vec<i32>)],
+    max_wait_ms: Option<i32>,
+) -> WireResult<Vec<u8>> {
     let info = parse_fetch_request(version, body)?;
     let flexible = version >= 12;
+    let mut sp = Splicer::new(body);
+    if let Some(ms) = max_wait_ms {
+        let at = if version <= 14 { 4 } else { 0 };
+        sp.replace(at, at + 4, &ms.to_be_bytes())?;
+    }
     // Decide first: the topics count prefix precedes everything it counts.
     // One bool per parsed partition: bounded by the bytes actually present.
     let mut decisions = Vec::new();
@@ -320,37 +358,77 @@ pub fn split_fetch_request(
         }
         kept_topics += usize::from(any);
     }
-    if decisions.iter().all(|k| *k) {
-        return Ok(None);
-    }
-    let mut sp = Splicer::new(body);
-    let mut w = Vec::with_capacity(5);
-    Writer::new(&mut w).put_array_len_v(flexible, Some(kept_topics), "FetchRequest.topics")?;
-    sp.replace(info.topics_count.start, info.topics_count.end, &w)?;
-    let mut d = decisions.iter().copied();
-    for t in &info.topics {
-        let mine: Vec<bool> = d.by_ref().take(t.partitions.len()).collect();
-        let kept = mine.iter().filter(|k| **k).count();
-        if kept == 0 {
-            sp.replace(t.span.start, t.span.end, &[])?;
-            continue;
-        }
-        if kept == t.partitions.len() {
-            continue;
-        }
+    if !decisions.iter().all(|k| *k) {
         let mut w = Vec::with_capacity(5);
-        Writer::new(&mut w).put_array_len_v(
-            flexible,
-            Some(kept),
-            "FetchRequest.topics.partitions",
-        )?;
-        sp.replace(t.partitions_count.start, t.partitions_count.end, &w)?;
-        for (p, k) in t.partitions.iter().zip(mine) {
-            if !k {
-                sp.replace(p.span.start, p.span.end, &[])?;
+        Writer::new(&mut w).put_array_len_v(flexible, Some(kept_topics), "FetchRequest.topics")?;
+        sp.replace(info.topics_count.start, info.topics_count.end, &w)?;
+        let mut d = decisions.iter().copied();
+        for t in &info.topics {
+            let mine: Vec<bool> = d.by_ref().take(t.partitions.len()).collect();
+            let kept = mine.iter().filter(|k| **k).count();
+            if kept == 0 {
+                sp.replace(t.span.start, t.span.end, &[])?;
+                continue;
+            }
+            if kept == t.partitions.len() {
+                continue;
+            }
+            let mut w = Vec::with_capacity(5);
+            Writer::new(&mut w).put_array_len_v(
+                flexible,
+                Some(kept),
+                "FetchRequest.topics.partitions",
+            )?;
+            sp.replace(t.partitions_count.start, t.partitions_count.end, &w)?;
+            for (p, k) in t.partitions.iter().zip(mine) {
+                if !k {
+                    sp.replace(p.span.start, p.span.end, &[])?;
+                }
             }
         }
     }
-    // At least one replacement was made, so this is always Some.
-    Ok(sp.finish().or_else(|| Some(body.to_vec())))
+    let forget: Vec<&(FetchTopic<'_>, Vec<i32>)> =
+        forget.iter().filter(|(_, ps)| !ps.is_empty()).collect();
+    if version >= 7 && !forget.is_empty() {
+        let mut w = Vec::with_capacity(8);
+        Writer::new(&mut w).put_array_len_v(
+            flexible,
+            Some(info.forgotten_topics.saturating_add(forget.len())),
+            "FetchRequest.forgotten_topics_data",
+        )?;
+        sp.replace(
+            info.forgotten_topics_count.start,
+            info.forgotten_topics_count.end,
+            &w,
+        )?;
+        let mut out = Vec::new();
+        let mut w = Writer::new(&mut out);
+        for (topic, parts) in forget {
+            match topic {
+                FetchTopic::Id(id) if version >= 13 => w.put_uuid(id),
+                FetchTopic::Name(n) if version < 13 => {
+                    w.put_string_v(flexible, n, "FetchRequest.forgotten_topics_data.topic")?
+                }
+                _ => {
+                    return Err(crate::wire::WireError::Unencodable {
+                        field: "FetchRequest.forgotten_topics_data.topic",
+                        reason: "topic names before v13, topic ids from v13",
+                    })
+                }
+            }
+            w.put_array_len_v(
+                flexible,
+                Some(parts.len()),
+                "FetchRequest.forgotten_topics_data.partitions",
+            )?;
+            for p in parts {
+                w.put_i32(*p);
+            }
+            if flexible {
+                w.put_uvarint(0);
+            }
+        }
+        sp.replace(info.forgotten_topics_end, info.forgotten_topics_end, &out)?;
+    }
+    Ok(sp.finish().unwrap_or_else(|| body.to_vec()))
 }

@@ -37,12 +37,12 @@ pub use api_versions::{clamp_api_versions_response, MaxVersion};
 pub use describe_cluster::rewrite_describe_cluster_response;
 pub use fetch::{walk_fetch_response, AbortedTxn, FetchPartition, FetchResponseInfo, FetchTopic};
 pub use fetch_build::{
-    build_fetch_response, splice_fetch_response, AbortedTransaction, FetchPartitionResponse,
-    FetchTopicRef,
+    build_fetch_response, splice_fetch_response, splice_fetch_response_dropping,
+    AbortedTransaction, FetchPartitionResponse, FetchTopicRef,
 };
 pub use fetch_request::{
-    parse_fetch_request, split_fetch_request, FetchRequestInfo, FetchRequestPartition,
-    FetchRequestTopic,
+    parse_fetch_request, rewrite_fetch_request, split_fetch_request, FetchRequestInfo,
+    FetchRequestPartition, FetchRequestTopic,
 };
 pub use find_coordinator::rewrite_find_coordinator_response;
 pub use metadata::rewrite_metadata_response;
@@ -86,7 +86,7 @@ pub const DECODED_VERSIONS: &[(i16, RangeInclusive<i16>)] = &[
     (api_key::FETCH, 4..=18),
     (api_key::METADATA, 0..=13),
     (api_key::FIND_COORDINATOR, 0..=6),
-    (api_key::API_VERSIONS, 0..=4),
+    (api_key::API_VERSIONS, 0..=5),
     (api_key::DESCRIBE_CLUSTER, 0..=2),
 ];
 

@@ -210,7 +210,24 @@ pub fn decide(
             // transactions; the epoch is the one of the batches already
             // appended, which the fetcher reports as its last fetched epoch.
             let open = entry_open_txns(entry);
-            Arc::new(SealPlan::build(cut, epoch, &entry.source_cluster_id, open))
+            let plan = SealPlan::build(cut, epoch, &entry.source_cluster_id, open);
+            // The seal as persisted had `seal_batches` batches, some of which
+            // the destination may hold already: a rebuilt seal of another
+            // length (its open transactions lost) must never be served.
+            if let Some(n) = entry.seal_batches.filter(|n| *n != plan.len()) {
+                let mut next = entry.clone();
+                next.state = State::Failed;
+                next.reason = Some(format!(
+                    "the seal restored from __mirror_state has {} batch(es) but {n} were \
+                     persisted at the cut {cut} (its open-transaction snapshot is missing or \
+                     differs); sealing stopped, operator action needed",
+                    plan.len()
+                ));
+                tracing::error!(mirror = %entry.mirror, partition = %key, cut, persisted = n,
+                    rebuilt = plan.len(), "restored seal does not match the persisted one");
+                return Decision::Persist(Box::new(next));
+            }
+            Arc::new(plan)
         }
     };
     if fetch_offset >= plan.end() {
@@ -244,11 +261,105 @@ pub fn decide(
     })
 }
 
+/// What a reader that is not the destination fetcher gets for a controlled
+/// partition: the sealing batches already built when its offset lies
+/// within them, nothing otherwise. Never a decision: a reader takes no
+/// cut, completes no seal and fails nothing.
+pub fn serve_reader(entry: &Entry, fetch_offset: i64) -> LocalPartition {
+    let (State::Stopping, Some(plan)) = (entry.state, &entry.seal) else {
+        return LocalPartition::empty_at(fetch_offset);
+    };
+    if fetch_offset < plan.cut || fetch_offset >= plan.end() {
+        return LocalPartition::empty_at(fetch_offset);
+    }
+    LocalPartition {
+        records: plan.records_from(fetch_offset),
+        high_watermark: plan.end(),
+        last_stable_offset: plan.end(),
+        aborts_served: 0,
+        barriers_served: 0,
+    }
+}
+
 /// Open transactions remembered for a restored entry.
 fn entry_open_txns(entry: &Entry) -> Vec<OpenTxn> {
     match (&entry.seal, &entry.restored_open_txns) {
         (Some(p), _) => p.open_txns.clone(),
         (None, Some(open)) => open.clone(),
         (None, None) => Vec::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(seal_batches: Option<i32>, open: Option<Vec<OpenTxn>>) -> Entry {
+        Entry {
+            mirror: "m".into(),
+            topic: "t".into(),
+            partition: 0,
+            state: State::Stopping,
+            source_cluster_id: "AAAAAAAAAAAAAAAAAAAAAQ".into(),
+            cut: Some(10),
+            seal_batches,
+            fetcher_offset: None,
+            last_fetch_ms: None,
+            reason: None,
+            since_ms: 0,
+            seal: None,
+            restored_open_txns: open,
+        }
+    }
+
+    fn txn() -> OpenTxn {
+        OpenTxn {
+            producer_id: 5,
+            producer_epoch: 1,
+            coordinator_epoch: 0,
+            first_offset: 8,
+            origin_cluster: [1; 16],
+            original_pid: 5,
+        }
+    }
+
+    #[test]
+    fn restored_seal_that_lost_its_open_transactions_is_never_served() {
+        let key = PartitionKey::new([0; 16], "t", 0);
+        // Persisted: one abort marker and the barrier; the snapshot is gone.
+        match decide(&key, &entry(Some(2), None), 10, 3, 3, &Vec::new) {
+            Decision::Persist(next) => {
+                assert_eq!(next.state, State::Failed);
+                assert!(next.reason.unwrap().contains("2 were persisted"));
+            }
+            Decision::Answer(a) => panic!("served a seal of {} bytes", a.records.len()),
+        }
+        // With its snapshot the same seal is served again.
+        match decide(
+            &key,
+            &entry(Some(2), Some(vec![txn()])),
+            10,
+            3,
+            3,
+            &Vec::new,
+        ) {
+            Decision::Answer(a) => assert_eq!((a.aborts_served, a.barriers_served), (1, 1)),
+            Decision::Persist(next) => panic!("{:?}", next.reason),
+        }
+    }
+
+    #[test]
+    fn readers_get_the_built_seal_but_never_a_decision() {
+        let mut e = entry(Some(1), Some(vec![]));
+        assert!(serve_reader(&e, 10).records.is_empty(), "no plan built yet");
+        e.seal = Some(Arc::new(SealPlan::build(
+            10,
+            3,
+            &e.source_cluster_id,
+            vec![],
+        )));
+        assert!(!serve_reader(&e, 10).records.is_empty());
+        assert!(serve_reader(&e, 11).records.is_empty());
+        assert!(serve_reader(&e, 0).records.is_empty());
     }
 }

@@ -221,6 +221,8 @@ pub struct MirrorContext {
     persisted_topology: Arc<std::sync::Mutex<Option<offline::Topology>>>,
     /// Whether `topology` came from the source itself (not restored).
     topology_live: std::sync::atomic::AtomicBool,
+    /// Controlled partitions taken out of upstream fetch sessions (KIP-227).
+    sessions: seal_path::SessionMemory,
 }
 
 /// Seal metric handles of one mirror.
@@ -228,6 +230,13 @@ struct SealMetrics {
     aborts: Counter,
     barriers: Counter,
     completed: Counter,
+    /// FETCH_SESSION_ID_NOT_FOUND answers that make a fetcher send a full
+    /// fetch (a seal needs the position of a partition an incremental
+    /// request left out, or a resumed partition must re-enter the session).
+    session_resets: Counter,
+    /// Upstream entries of controlled partitions the request did not list,
+    /// dropped from responses (a session that still held them).
+    strays: Counter,
 }
 
 impl SealMetrics {
@@ -245,6 +254,8 @@ impl SealMetrics {
             aborts: m("abort_marker_served"),
             barriers: m("barrier_served"),
             completed: m("seal_completed"),
+            session_resets: m("fetch_session_reset"),
+            strays: m("stray_partition_dropped"),
         }
     }
 }
@@ -506,11 +517,14 @@ impl MirrorContext {
     }
 
     /// Destination topics fed by this mirror with their partition counts
-    /// (from the source's last Metadata).
+    /// (from the source's last Metadata). A source's internal topics (names
+    /// starting with `__`: `__consumer_offsets`, `__transaction_state`, ...)
+    /// are never mirrored partitions: the destination has its own.
     pub fn destination_topics(&self) -> Vec<(String, i32)> {
         let t = self.topics.read().unwrap_or_else(|p| p.into_inner());
         t.partitions
             .iter()
+            .filter(|(name, _)| !name.starts_with("__"))
             .map(|(name, n)| (format!("{}{}", self.topic_prefix, name), *n))
             .collect()
     }
@@ -603,6 +617,7 @@ impl MirrorContext {
             topology: Default::default(),
             persisted_topology: Default::default(),
             topology_live: Default::default(),
+            sessions: Default::default(),
         };
         if let Some(text) = &cfg.source_cluster_id {
             ctx.set_source(SourceIdentity::parse(text)?)?;
@@ -673,13 +688,28 @@ struct PartitionSlice {
 pub struct MirrorRewriter {
     nodes: Arc<NodeRegistry>,
     mirror: Arc<MirrorContext>,
+    /// Whether this listener is the destination fetcher's: only its fetches
+    /// take a cut, complete a seal and feed the shadow producer state.
+    fetcher: bool,
 }
 
 impl MirrorRewriter {
-    /// A rewriter for `mirror` advertising `nodes`.
+    /// A rewriter for `mirror` advertising `nodes`, whose clients count as
+    /// the destination fetcher.
     pub fn new(nodes: Arc<NodeRegistry>, mirror: Arc<MirrorContext>) -> Self {
+        Self::with_role(nodes, mirror, true)
+    }
+
+    /// A rewriter whose clients are the destination fetcher (`fetcher`) or
+    /// other readers, which are served without moving a seal or changing
+    /// producer state.
+    pub fn with_role(nodes: Arc<NodeRegistry>, mirror: Arc<MirrorContext>, fetcher: bool) -> Self {
         let _ = mirror.nodes.set(nodes.clone());
-        Self { nodes, mirror }
+        Self {
+            nodes,
+            mirror,
+            fetcher,
+        }
     }
 }
 
@@ -690,7 +720,7 @@ impl ResponseRewriter for MirrorRewriter {
         frame: &[u8],
     ) -> Result<crate::proxy::connection::RequestAction, RewriteError> {
         if h.api_key == api::FETCH {
-            if let Some(action) = seal_path::plan_fetch(&self.mirror, h, frame)? {
+            if let Some(action) = seal_path::plan_fetch(&self.mirror, h, frame, self.fetcher)? {
                 return Ok(action);
             }
         }
@@ -757,9 +787,15 @@ impl ResponseRewriter for MirrorRewriter {
             let body_at = response_body_offset(&frame, header_version)
                 .ok_or_else(|| err("response header truncated".into()))?;
             let body = &mut frame[body_at..];
-            let skip = |t: &FetchTopic<'_>, p: i32| seal_path::is_controlled(fetch_plan, t, p);
+            // Controlled partitions, listed or not, are answered by the seal
+            // path: their source bytes are never observed nor forwarded.
+            let skip = |t: &FetchTopic<'_>, p: i32| {
+                seal_path::is_controlled(fetch_plan, t, p)
+                    || seal_path::is_stray(&self.mirror, fetch_plan, t, p)
+            };
             if let Some(pending) =
-                rewrite_fetch_body(&self.mirror, h.api_version, body, &skip).map_err(err)?
+                rewrite_fetch_body_as(&self.mirror, h.api_version, body, &skip, self.fetcher)
+                    .map_err(err)?
             {
                 let salts = self.mirror.salts.clone();
                 let mirror = self.mirror.clone();
@@ -798,6 +834,8 @@ impl ResponseRewriter for MirrorRewriter {
                 Rewritten::Ready(f) => f,
                 blocked => return Ok(blocked),
             };
+        } else if h.api_key == api::FETCH {
+            frame = seal_path::drop_strays(&self.mirror, h, frame)?;
         }
         if !needs_address_rewrite(h) {
             return Ok(Rewritten::Ready(frame));
@@ -816,6 +854,21 @@ pub fn rewrite_fetch_body(
     version: i16,
     body: &mut [u8],
     skip: &dyn Fn(&FetchTopic<'_>, i32) -> bool,
+) -> Result<Option<Pending>, String> {
+    rewrite_fetch_body_as(mirror, version, body, skip, true)
+}
+
+/// [`rewrite_fetch_body`] for the destination fetcher (`fetcher`) or for
+/// another reader: a reader's responses are mapped with the same salts and
+/// claims, but never observed (its position says nothing about the
+/// destination's log, so the shadow producer state must not follow it),
+/// and never replayed for.
+pub fn rewrite_fetch_body_as(
+    mirror: &MirrorContext,
+    version: i16,
+    body: &mut [u8],
+    skip: &dyn Fn(&FetchTopic<'_>, i32) -> bool,
+    fetcher: bool,
 ) -> Result<Option<Pending>, String> {
     let Some(source) = mirror.source() else {
         return Err(format!(
@@ -865,14 +918,18 @@ pub fn rewrite_fetch_body(
     // its batches is mapped: replay the source range the state has not seen.
     let mut replays = Vec::new();
     for (slice, handle) in slices.iter().zip(&handles) {
-        if mirror.is_warm(&slice.key) {
+        if !fetcher || mirror.is_warm(&slice.key) {
             continue;
         }
         let first = body
             .get(slice.records.clone())
-            .and_then(|r| walk(r).next())
-            .and_then(|e| match e {
-                Ok(Entry::V2(h)) => Some(h.base_offset),
+            .and_then(|r| match walk(r).next() {
+                Some(Ok(Entry::V2(h))) => Some(h.base_offset),
+                // A legacy entry starts with its offset too.
+                Some(Ok(Entry::Legacy { range, .. })) => r
+                    .get(range.start..range.start + 8)
+                    .and_then(|b| b.try_into().ok())
+                    .map(i64::from_be_bytes),
                 _ => None,
             });
         let Some(first) = first else { continue };
@@ -912,15 +969,36 @@ pub fn rewrite_fetch_body(
             };
             let pid = origin.original_pid;
             let map = |salt: i64| mirror.map(source, pid, salt);
-            let choice = handle.with(|state| match state.lookup_mapping(&origin, &map) {
-                MappingLookup::Ready { .. } => None,
-                MappingLookup::Collision { .. } => Some(resolve_collision_for_topic(
-                    state,
-                    &topic_id,
-                    &origin,
-                    &map,
-                    DEFAULT_MAX_SALT_CANDIDATES,
-                )),
+            // Resolve against the state as it will be once the earlier
+            // batches of this response are observed (their claims included).
+            let earlier: Vec<(i64, Origin)> = scan
+                .claims
+                .iter()
+                .filter(|(_, o)| *o != origin)
+                .copied()
+                .collect();
+            let choice = handle.with(|state| {
+                let with_claims;
+                let state = if earlier.is_empty() {
+                    &*state
+                } else {
+                    let mut s = state.clone();
+                    for (mapped, o) in &earlier {
+                        s.claim(*mapped, *o, now);
+                    }
+                    with_claims = s;
+                    &with_claims
+                };
+                match state.lookup_mapping(&origin, &map) {
+                    MappingLookup::Ready { .. } => None,
+                    MappingLookup::Collision { .. } => Some(resolve_collision_for_topic(
+                        state,
+                        &topic_id,
+                        &origin,
+                        &map,
+                        DEFAULT_MAX_SALT_CANDIDATES,
+                    )),
+                }
             });
             match choice {
                 None => {}
@@ -964,7 +1042,9 @@ pub fn rewrite_fetch_body(
     let mut sink: Vec<Anomaly> = Vec::new();
     for (slice, handle) in slices.iter().zip(&handles) {
         if let Some(records) = body.get_mut(slice.records.clone()) {
-            rewrite_partition_records(mirror, source, handle, records, now, &mut sink);
+            rewrite_partition_records(
+                mirror, source, handle, records, now, &mut sink, true, fetcher,
+            )?;
         }
         if !slice.aborted.is_empty() && mirror.mode == PidMode::Region {
             rewrite_aborted(mirror, source, handle, body, slice);
@@ -992,7 +1072,11 @@ fn scan_partition(
 ) -> Scan {
     let mut scan = Scan::default();
     for entry in walk(records) {
-        let Ok(Entry::V2(h)) = entry else { break };
+        let h = match entry {
+            Ok(Entry::V2(h)) => h,
+            Ok(Entry::Legacy { .. }) => continue, // v2 batches after it still count
+            _ => break,
+        };
         let pid = h.producer_id;
         if pid == -1 {
             continue;
@@ -1014,12 +1098,24 @@ fn scan_partition(
         } else {
             pid
         };
-        // Markers do not start producers; data batches do.
+        // Markers do not start producers; data batches do. A batch below
+        // what the state has seen (a re-fetch) starts nothing again: its
+        // producer may be gone for a reason (a barrier after it).
         if !h.is_control()
+            && h.last_offset() >= state.next_offset()
             && state.holder_of(mapped).is_none()
-            && !scan.claims.iter().any(|(m, _)| *m == mapped)
         {
-            scan.claims.push((mapped, origin));
+            match scan.claims.iter().find(|(m, _)| *m == mapped) {
+                None => scan.claims.push((mapped, origin)),
+                // Two origins on one PID within this response (an already
+                // mapped PID that a source PID maps onto): a collision too.
+                Some((_, first)) if *first != origin => {
+                    if !scan.colliding.contains(&origin) {
+                        scan.colliding.push(origin);
+                    }
+                }
+                Some(_) => {}
+            }
         }
     }
     scan
@@ -1060,7 +1156,9 @@ pub(crate) fn observe_records(
     now: i64,
     sink: &mut Vec<Anomaly>,
 ) {
-    rewrite_partition_records(mirror, source, handle, records, now, sink)
+    // A replay forwards nothing: a collision met here is resolved by phase 1
+    // when the fetcher's response carries the batch.
+    let _ = rewrite_partition_records(mirror, source, handle, records, now, sink, false, true);
 }
 
 /// Runs the replays a response waits for, then marks the partitions warm.
@@ -1091,6 +1189,7 @@ pub(crate) async fn run_replays(
     Ok(())
 }
 
+#[allow(clippy::too_many_arguments)]
 fn rewrite_partition_records(
     mirror: &MirrorContext,
     source: &SourceIdentity,
@@ -1098,23 +1197,37 @@ fn rewrite_partition_records(
     records: &mut [u8],
     now: i64,
     sink: &mut Vec<Anomaly>,
-) {
+    forwarding: bool,
+    observe: bool,
+) -> Result<(), String> {
     // Collect headers first: the walk borrows the buffer immutably.
     let mut pos = 0;
-    while pos < records.len() {
+    let mut last_epoch = None;
+    let result = loop {
+        if pos >= records.len() {
+            break Ok(());
+        }
         let header = match walk(&records[pos..]).next() {
             Some(Ok(Entry::V2(h))) => h,
-            Some(Ok(_)) | None => return, // legacy or truncated tail: untouched
+            // A legacy (v0/v1) entry is forwarded untouched, but the v2
+            // batches after it (a down-converted prefix, an old segment
+            // followed by new ones) are still mapped and tracked.
+            Some(Ok(Entry::Legacy { range, .. })) if range.end > 0 => {
+                pos += range.end;
+                continue;
+            }
+            Some(Ok(_)) | None => break Ok(()), // truncated tail: untouched
             Some(Err(e)) => {
                 mirror.metrics.corrupt.inc();
                 tracing::warn!(mirror = %mirror.name, partition = %handle.key(), position = pos, error = %e,
                     "corrupt record batch in a Fetch response; forwarding the rest of the partition untouched");
-                return;
+                break Ok(());
             }
         };
         let start = pos;
         let end = pos + header.range.end;
         pos = end;
+        last_epoch = Some(header.partition_leader_epoch);
         mirror.metrics.batches.inc();
         let batch = &mut records[start..end];
         let control = if header.is_control() {
@@ -1139,20 +1252,31 @@ fn rewrite_partition_records(
                             } => source_cluster_id,
                             _ => "?",
                         };
-                        mirror.metrics.barriers.inc();
-                        let expired = handle.with(|s| {
-                            let n = s.producer_count();
-                            s.reset();
-                            n
-                        });
-                        tracing::info!(mirror = %mirror.name, partition = %handle.key(),
-                            offset = header.base_offset, barrier_source = from, expired,
-                            "MIRROR_PID_RESET barrier passed: producer state expired");
+                        if observe {
+                            pass_barrier(mirror, handle, &header, from, now, sink);
+                        }
                         continue;
                     }
                     (other, _) => ControlKind::Unknown(other.id()),
                 }),
-                Err(_) => Some(ControlKind::Unknown(-1)),
+                Err(e) => {
+                    if crate::records::control::first_control_type(batch)
+                        == Some(ControlType::MirrorPidReset)
+                    {
+                        // The key says MIRROR_PID_RESET but the value does not
+                        // parse: the destination's log still holds a barrier,
+                        // so its producer state is expired all the same.
+                        mirror.metrics.corrupt.inc();
+                        tracing::warn!(mirror = %mirror.name, partition = %handle.key(),
+                            offset = header.base_offset, error = %e,
+                            "MIRROR_PID_RESET barrier with an unparseable value: expiring producer state anyway");
+                        if observe {
+                            pass_barrier(mirror, handle, &header, "?", now, sink);
+                        }
+                        continue;
+                    }
+                    Some(ControlKind::Unknown(-1))
+                }
             }
         } else {
             None
@@ -1172,9 +1296,19 @@ fn rewrite_partition_records(
             let map = |salt: i64| mirror.map(source, pid, salt);
             match handle.with(|s| s.lookup_mapping(&origin, &map)) {
                 MappingLookup::Ready { mapped_pid, .. } => mapped_pid,
-                // Phase 1 resolved every collision; a new one can only come from
-                // a concurrent connection: map with the stored salt and let the
-                // producer state report the claim.
+                // Phase 1 resolved every collision; a new one can only come
+                // from a concurrent connection. Its PID must not leave unsalted:
+                // fail this response (the fetcher fetches again, and phase 1
+                // then persists a salt first).
+                MappingLookup::Collision { mapped_pid, .. } if forwarding => {
+                    mirror.metrics.collisions.inc();
+                    break Err(format!(
+                        "PID collision appeared while forwarding {}: origin {origin} would \
+                         leave as {mapped_pid}, which another origin holds; response dropped, \
+                         the next fetch persists a salt first",
+                        handle.key()
+                    ));
+                }
                 MappingLookup::Collision { mapped_pid, .. } => mapped_pid,
             }
         } else {
@@ -1192,7 +1326,9 @@ fn rewrite_partition_records(
             max_timestamp: header.max_timestamp,
         };
         sink.clear();
-        handle.observe(&origin, &obs, now, sink);
+        if observe {
+            handle.observe(&origin, &obs, now, sink);
+        }
         for a in sink.iter() {
             mirror
                 .metrics
@@ -1207,6 +1343,57 @@ fn rewrite_partition_records(
         if mapped != pid && crate::records::rewrite_producer_id(batch, mapped) {
             mirror.metrics.rewritten.inc();
         }
+    };
+    if let (true, Some(epoch)) = (observe && forwarding, last_epoch) {
+        handle.with(|s| s.note_leader_epoch(epoch));
+    }
+    result
+}
+
+/// A MIRROR_PID_RESET barrier passes: expires the partition's producer
+/// state through [`PartitionState::observe`](ps::PartitionState::observe),
+/// whose replay guard makes a re-fetch of a barrier already seen (a lost
+/// response, a reader starting at 0, a replay) change nothing: producers
+/// seen after the barrier keep their state.
+fn pass_barrier(
+    mirror: &MirrorContext,
+    handle: &PartitionHandle,
+    header: &crate::records::BatchHeader,
+    from: &str,
+    now: i64,
+    sink: &mut Vec<Anomaly>,
+) {
+    let obs = BatchObservation {
+        base_offset: header.base_offset,
+        last_offset: header.last_offset(),
+        producer_id: header.producer_id,
+        producer_epoch: header.producer_epoch,
+        base_sequence: header.base_sequence,
+        last_sequence: header.last_sequence(),
+        is_transactional: header.is_transactional(),
+        control: Some(ControlKind::MirrorPidReset),
+        max_timestamp: header.max_timestamp,
+    };
+    let before = handle.with(|s| s.producer_count());
+    sink.clear();
+    let outcome = handle.observe(
+        &Origin {
+            source_cluster: ps::ClusterId([0; 16]),
+            original_pid: -1,
+        },
+        &obs,
+        now,
+        sink,
+    );
+    if outcome == ps::ObserveOutcome::Reset {
+        mirror.metrics.barriers.inc();
+        tracing::info!(mirror = %mirror.name, partition = %handle.key(),
+            offset = header.base_offset, barrier_source = from, expired = before,
+            "MIRROR_PID_RESET barrier passed: producer state expired");
+    } else {
+        tracing::debug!(mirror = %mirror.name, partition = %handle.key(),
+            offset = header.base_offset, ?outcome,
+            "MIRROR_PID_RESET barrier re-fetched: producer state already past it, left alone");
     }
 }
 

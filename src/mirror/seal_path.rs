@@ -18,10 +18,10 @@ use bytes::{BufMut, BytesMut};
 use crate::codec::header::{request_body_offset, response_body_offset};
 use crate::codec::RequestHeader;
 use crate::handlers::{
-    self, build_fetch_response, parse_fetch_request, splice_fetch_response, split_fetch_request,
-    FetchPartitionResponse, FetchTopic,
+    self, build_fetch_response, parse_fetch_request, rewrite_fetch_request,
+    splice_fetch_response_dropping, FetchPartitionResponse, FetchTopic,
 };
-use crate::lifecycle::seal::{decide, Decision, LocalPartition, OpenTxn};
+use crate::lifecycle::seal::{decide, serve_reader, Decision, LocalPartition, OpenTxn};
 use crate::producer_state::PartitionKey;
 use crate::proxy::connection::{Plan, RequestAction, RewriteError, Rewritten};
 use crate::state_store::schema::MirrorPartitionState as State;
@@ -67,6 +67,72 @@ pub struct FetchPlan {
     /// every partition with its offset).
     force_full_fetch: bool,
     session_id: i32,
+    session_epoch: i32,
+    /// Controlled partitions the forwarded request keeps out of the upstream
+    /// session (dropped from the request, or added to its forgotten topics):
+    /// remembered once the upstream accepted the request.
+    out_of_session: Vec<PartitionKey>,
+    /// Whether the request came in on the destination fetcher's listener.
+    fetcher: bool,
+}
+
+/// Controlled partitions known to be out of an upstream fetch session, by
+/// session id (KIP-227). A partition forgotten in a session is not sent to
+/// forget again; a forgotten partition that is MIRRORING again (resumed)
+/// makes the fetcher start a new full session, since the fetcher still
+/// counts it in its session and would otherwise never ask for it again.
+#[derive(Default)]
+pub struct SessionMemory {
+    out: std::sync::Mutex<std::collections::HashMap<i32, std::collections::HashSet<PartitionKey>>>,
+    /// Number of sessions remembered (the fetch path's fast check).
+    tracked: std::sync::atomic::AtomicUsize,
+}
+
+/// Sessions remembered per mirror; beyond it the memory starts over (the
+/// cost is forgotten topics sent again, which a broker ignores).
+const MAX_SESSIONS: usize = 4096;
+
+impl SessionMemory {
+    fn lock(
+        &self,
+    ) -> std::sync::MutexGuard<
+        '_,
+        std::collections::HashMap<i32, std::collections::HashSet<PartitionKey>>,
+    > {
+        self.out.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn any(&self) -> bool {
+        self.tracked.load(std::sync::atomic::Ordering::Relaxed) > 0
+    }
+
+    fn out_of(&self, session_id: i32) -> std::collections::HashSet<PartitionKey> {
+        self.lock().get(&session_id).cloned().unwrap_or_default()
+    }
+
+    fn note(&self, session_id: i32, keys: &[PartitionKey], fresh: bool) {
+        let mut m = self.lock();
+        if m.len() >= MAX_SESSIONS && !m.contains_key(&session_id) {
+            m.clear();
+        }
+        let set = m.entry(session_id).or_default();
+        if fresh {
+            set.clear();
+        }
+        set.extend(keys.iter().cloned());
+        if set.is_empty() {
+            m.remove(&session_id);
+        }
+        self.tracked
+            .store(m.len(), std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn forget_session(&self, session_id: i32) {
+        let mut m = self.lock();
+        m.remove(&session_id);
+        self.tracked
+            .store(m.len(), std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 fn err(version: i16, message: String) -> RewriteError {
@@ -77,13 +143,38 @@ fn err(version: i16, message: String) -> RewriteError {
     }
 }
 
+/// The source topic of a destination partition as a Fetch request at
+/// `version` names it (a name before v13, the id from v13).
+fn source_topic_ref(mirror: &MirrorContext, key: &PartitionKey, version: i16) -> Option<TopicRef> {
+    let name = mirror.source_topic(&key.topic)?;
+    if version < 13 {
+        return Some(TopicRef::Name(name));
+    }
+    let t = mirror.topics.read().unwrap_or_else(|p| p.into_inner());
+    t.by_id
+        .iter()
+        .find(|(_, n)| ***n == *name)
+        .map(|(id, _)| TopicRef::Id(*id))
+}
+
 /// Decides what to do with a Fetch request; `None` when nothing is controlled.
+///
+/// Fetch sessions (KIP-227): a request that carries a session (epoch >= 0)
+/// is always forwarded, even when every partition it lists is answered
+/// locally, so the upstream sees every session epoch. Controlled partitions
+/// are dropped from it, and in an incremental request every controlled
+/// partition not yet known to be out of the session is added to
+/// `forgotten_topics_data`: the upstream then never returns source records
+/// or errors for them, listed or not. Whatever the upstream still returns
+/// for a controlled partition the fetcher did not list is dropped from the
+/// response (see [`drop_strays`]).
 pub fn plan_fetch(
     mirror: &MirrorContext,
     h: &RequestHeader,
     frame: &[u8],
+    fetcher: bool,
 ) -> Result<Option<RequestAction>, RewriteError> {
-    if !mirror.lifecycle.controls() {
+    if !mirror.lifecycle.controls() && !mirror.sessions.any() {
         return Ok(None);
     }
     let hv = handlers::request_header_version(h.api_key, h.api_version)
@@ -94,6 +185,9 @@ pub fn plan_fetch(
         parse_fetch_request(h.api_version, body).map_err(|e| err(h.api_version, e.to_string()))?;
     let mut controlled = Vec::new();
     let mut total = 0;
+    // A listed partition whose seal is (about to be) served: the upstream
+    // must not hold the answer for MaxWaitMs.
+    let mut serving = false;
     for t in &req.topics {
         for p in &t.partitions {
             total += 1;
@@ -104,7 +198,15 @@ pub fn plan_fetch(
             if entry.state == State::Mirroring {
                 continue;
             }
-            mirror.lifecycle.note_fetch(&key, p.fetch_offset);
+            if entry.state == State::Stopping && fetcher {
+                serving |= match (entry.cut, entry.seal_batches) {
+                    (None, _) => true,
+                    (Some(cut), n) => p.fetch_offset < cut + i64::from(n.unwrap_or(1)),
+                };
+            }
+            if fetcher {
+                mirror.lifecycle.note_fetch(&key, p.fetch_offset);
+            }
             controlled.push(Controlled {
                 topic: match t.topic {
                     FetchTopic::Name(n) => TopicRef::Name(n.to_string()),
@@ -118,57 +220,118 @@ pub fn plan_fetch(
             });
         }
     }
-    // An incremental fetch omits partitions whose position did not change;
-    // a STOPPING partition without a cut needs the position, so make the
-    // fetcher send a full fetch.
-    let incremental = req.session_id != 0 && req.session_epoch > 0;
-    let force_full_fetch = incremental
-        && mirror.lifecycle.list().iter().any(|e| {
-            e.mirror == mirror.name
-                && e.state == State::Stopping
-                && e.cut.is_none()
-                && !controlled
-                    .iter()
-                    .any(|c| c.key.topic.as_ref() == e.topic && c.partition == e.partition)
+    let has_session = h.api_version >= 7 && req.session_epoch >= 0;
+    let incremental = has_session && req.session_id != 0 && req.session_epoch > 0;
+    let is_listed = |k: &PartitionKey| controlled.iter().any(|c| c.key == *k);
+    // Controlled partitions of this mirror that an incremental request left
+    // out: they stay in the upstream session unless forgotten.
+    let mut forget: Vec<(TopicRef, Vec<i32>)> = Vec::new();
+    let mut forgotten_keys: Vec<PartitionKey> = Vec::new();
+    let mut force_full_fetch = false;
+    if incremental {
+        let known_out = mirror.sessions.out_of(req.session_id);
+        // A partition forgotten earlier that mirrors again (resumed): the
+        // fetcher still counts it in its session and would never list it
+        // again; a full fetch puts it back.
+        let resumed = known_out.iter().any(|k| {
+            mirror
+                .lifecycle
+                .get(k)
+                .is_none_or(|e| e.state == State::Mirroring)
         });
-    if controlled.is_empty() && !force_full_fetch {
+        for e in mirror.lifecycle.list() {
+            if e.mirror != mirror.name || e.state == State::Mirroring {
+                continue;
+            }
+            let key = mirror.key_for(&e.topic, e.partition);
+            // A STOPPING partition without a cut needs the fetcher's
+            // position, which an incremental request that leaves it out does
+            // not carry: make the fetcher send a full fetch (one session
+            // error per seal).
+            if fetcher && e.state == State::Stopping && e.cut.is_none() && !is_listed(&key) {
+                force_full_fetch = true;
+            }
+            // Listed or not, it leaves the upstream session: a listed one is
+            // dropped from the request, which alone would leave it in the
+            // session at its old position.
+            if known_out.contains(&key) {
+                continue;
+            }
+            let Some(topic) = source_topic_ref(mirror, &key, h.api_version) else {
+                continue;
+            };
+            match forget.iter_mut().find(|(t, _)| *t == topic) {
+                Some((_, v)) => v.push(e.partition),
+                None => forget.push((topic, vec![e.partition])),
+            }
+            forgotten_keys.push(key);
+        }
+        if resumed {
+            force_full_fetch = true;
+        }
+    }
+    if force_full_fetch {
+        mirror.sessions.forget_session(req.session_id);
+        mirror.seal_metrics.session_resets.inc();
+        let plan: Plan = Box::new(FetchPlan {
+            controlled,
+            read_committed: req.isolation_level == 1,
+            force_full_fetch: true,
+            session_id: req.session_id,
+            session_epoch: req.session_epoch,
+            out_of_session: Vec::new(),
+            fetcher,
+        });
+        return Ok(Some(RequestAction::Answer(plan)));
+    }
+    if controlled.is_empty() && forget.is_empty() {
         return Ok(None);
     }
     let all_controlled = controlled.len() == total;
-    // Controlled partitions are never asked of the source: drop them from
-    // the forwarded request (their entries are added to the response).
-    let replacement = if all_controlled || force_full_fetch || controlled.is_empty() {
-        None
-    } else {
-        let is_controlled = |t: &FetchTopic<'_>, p: i32| {
-            controlled
-                .iter()
-                .any(|c| c.topic.as_fetch_topic() == *t && c.partition == p)
-        };
-        split_fetch_request(h.api_version, body, &mut |t, p| !is_controlled(t, p))
-            .map_err(|e| err(h.api_version, e.to_string()))?
-            .map(|kept| {
-                let mut f = BytesMut::with_capacity(at + kept.len());
-                f.put_i32((at - 4 + kept.len()) as i32);
-                f.extend_from_slice(&frame[4..at]);
-                f.extend_from_slice(&kept);
-                f
-            })
-    };
+    let mut out_of_session: Vec<PartitionKey> = controlled.iter().map(|c| c.key.clone()).collect();
+    out_of_session.extend(forgotten_keys);
     let plan = FetchPlan {
         controlled,
         read_committed: req.isolation_level == 1,
-        force_full_fetch,
+        force_full_fetch: false,
         session_id: req.session_id,
+        session_epoch: req.session_epoch,
+        out_of_session,
+        fetcher,
     };
-    let plan: Plan = Box::new(plan);
-    Ok(Some(if all_controlled || force_full_fetch {
-        RequestAction::Answer(plan)
-    } else {
-        RequestAction::Forward {
-            replacement,
-            plan: Some(plan),
-        }
+    // Without a session nothing upstream needs to see the request.
+    if all_controlled && !has_session {
+        return Ok(Some(RequestAction::Answer(Box::new(plan))));
+    }
+    // Controlled partitions are never asked of the source: drop them from
+    // the forwarded request (their entries are added to the response).
+    let forget_refs: Vec<(FetchTopic<'_>, Vec<i32>)> = forget
+        .iter()
+        .map(|(t, ps)| (t.as_fetch_topic(), ps.clone()))
+        .collect();
+    let kept = rewrite_fetch_request(
+        h.api_version,
+        body,
+        &mut |t, p| {
+            !plan
+                .controlled
+                .iter()
+                .any(|c| c.topic.as_fetch_topic() == *t && c.partition == p)
+        },
+        &forget_refs,
+        serving.then_some(0),
+    )
+    .map_err(|e| err(h.api_version, e.to_string()))?;
+    let replacement = (kept.as_slice() != body).then(|| {
+        let mut f = BytesMut::with_capacity(at + kept.len());
+        f.put_i32((at - 4 + kept.len()) as i32);
+        f.extend_from_slice(&frame[4..at]);
+        f.extend_from_slice(&kept);
+        f
+    });
+    Ok(Some(RequestAction::Forward {
+        replacement,
+        plan: Some(Box::new(plan)),
     }))
 }
 
@@ -185,6 +348,10 @@ fn decide_all(
             answers.push(LocalPartition::empty_at(c.fetch_offset));
             continue;
         };
+        if !plan.fetcher {
+            answers.push(serve_reader(&entry, c.fetch_offset));
+            continue;
+        }
         // Taking the cut needs the open transactions: after a restart the
         // producer state may lag the fetcher; replay the source first.
         if entry.state == State::Stopping && entry.cut.is_none() && !mirror.is_warm(&c.key) {
@@ -231,12 +398,21 @@ fn decide_all(
         }
         let registry = mirror.registry.clone();
         let key = c.key.clone();
+        let cut = c.fetch_offset;
         let open = move || -> Vec<OpenTxn> {
             registry
                 .get(&key)
                 .map(|h| {
                     h.with(|s| {
+                        if s.next_offset() > cut {
+                            // The shadow state saw source batches past the cut
+                            // (a response the fetcher did not append): those
+                            // opened there are not open at the cut.
+                            tracing::warn!(partition = %key, cut, state_offset = s.next_offset(),
+                                "producer state is ahead of the cut; transactions opened past the cut are left out of the seal");
+                        }
                         s.open_transactions()
+                            .filter(|t| t.first_offset < cut)
                             .map(|t| OpenTxn {
                                 producer_id: t.mapped_pid,
                                 producer_epoch: t.epoch,
@@ -253,11 +429,22 @@ fn decide_all(
                 })
                 .unwrap_or_default()
         };
+        // Without LastFetchedEpoch (Fetch < v12) the seal is stamped with
+        // the epoch of the last batch forwarded to the fetcher.
+        let last_fetched_epoch = if c.last_fetched_epoch >= 0 {
+            c.last_fetched_epoch
+        } else {
+            mirror
+                .registry
+                .get(&c.key)
+                .map(|h| h.with(|s| s.last_leader_epoch()))
+                .unwrap_or(-1)
+        };
         match decide(
             &c.key,
             &entry,
             c.fetch_offset,
-            c.last_fetched_epoch,
+            last_fetched_epoch,
             c.current_leader_epoch,
             &open,
         ) {
@@ -274,6 +461,7 @@ fn decide_all(
             }
             Decision::Persist(next) => {
                 let lifecycle = mirror.lifecycle.clone();
+                let registry = mirror.registry.clone();
                 let key = c.key.clone();
                 let completed = mirror.seal_metrics.completed.clone();
                 let becomes_stopped = next.state == State::Stopped;
@@ -286,6 +474,13 @@ fn decide_all(
                             .await
                             .map_err(|e| err(version, e.to_string()))?;
                         if becomes_stopped {
+                            // The destination appended the ABORT markers and
+                            // the barrier: its producer state is expired, so
+                            // is ours (open transactions included, which idle
+                            // expiry never drops).
+                            if let Some(h) = registry.get(&key) {
+                                h.with(|s| s.reset());
+                            }
                             completed.inc();
                             tracing::info!(partition = %key, "seal complete: partition STOPPED; its fetches are answered locally from now on");
                         }
@@ -363,6 +558,20 @@ pub fn splice_controlled(
     plan: &FetchPlan,
     frame: BytesMut,
 ) -> Result<Rewritten, RewriteError> {
+    let hv = handlers::response_header_version(h.api_key, h.api_version)
+        .ok_or_else(|| err(h.api_version, "unknown response header version".into()))?;
+    let body_at = response_body_offset(&frame, hv)
+        .ok_or_else(|| err(h.api_version, "response header truncated".into()))?;
+    // A top-level error (a session error from the source) applies to the
+    // whole request: the fetcher ignores every partition of it, so nothing
+    // is decided or added; it starts over and fetches again.
+    if h.api_version >= 7 {
+        if let Some(code) = frame.get(body_at + 4..body_at + 6) {
+            if code != [0, 0] {
+                return Ok(Rewritten::Ready(frame));
+            }
+        }
+    }
     let answers = match decide_all(mirror, plan) {
         Ok(a) => a,
         Err(Rewritten::Blocked { wait, .. }) => {
@@ -373,10 +582,6 @@ pub fn splice_controlled(
         }
         Err(ready) => return Ok(ready),
     };
-    let hv = handlers::response_header_version(h.api_key, h.api_version)
-        .ok_or_else(|| err(h.api_version, "unknown response header version".into()))?;
-    let body_at = response_body_offset(&frame, hv)
-        .ok_or_else(|| err(h.api_version, "response header truncated".into()))?;
     let body = &frame[body_at..];
     // Which controlled partitions the upstream returned (the others are added).
     let mut seen = vec![false; plan.controlled.len()];
@@ -401,9 +606,16 @@ pub fn splice_controlled(
             None => add.push((c.topic.as_fetch_topic(), vec![entry])),
         }
     }
-    let new_body = splice_fetch_response(
+    let new_body = splice_fetch_response_dropping(
         h.api_version,
         body,
+        &mut |p| {
+            let stray = is_stray(mirror, Some(plan), &p.topic, p.partition_index);
+            if stray {
+                mirror.seal_metrics.strays.inc();
+            }
+            stray
+        },
         &mut |p| {
             let i = plan.controlled.iter().position(|c| {
                 c.topic.as_fetch_topic() == p.topic && c.partition == p.partition_index
@@ -418,11 +630,99 @@ pub fn splice_controlled(
         &add,
     )
     .map_err(|e| err(h.api_version, e.to_string()))?;
+    note_session(mirror, h, plan, body);
     let mut out = BytesMut::with_capacity(body_at + new_body.len());
     out.put_i32((body_at - 4 + new_body.len()) as i32);
     out.extend_from_slice(&frame[4..body_at]);
     out.extend_from_slice(&new_body);
     Ok(Rewritten::Ready(out))
+}
+
+/// Once the upstream accepted a session request, remembers which controlled
+/// partitions are out of that session now.
+fn note_session(mirror: &MirrorContext, h: &RequestHeader, plan: &FetchPlan, body: &[u8]) {
+    if h.api_version < 7 || plan.session_epoch < 0 {
+        return;
+    }
+    let (Some(code), Some(id)) = (body.get(4..6), body.get(6..10)) else {
+        return;
+    };
+    let code = i16::from_be_bytes([code[0], code[1]]);
+    let id = i32::from_be_bytes([id[0], id[1], id[2], id[3]]);
+    if code != 0 || id == 0 {
+        return;
+    }
+    if plan.session_epoch == 0 {
+        // A new session: it holds none of the partitions dropped from the
+        // full request.
+        mirror.sessions.note(id, &plan.out_of_session, true);
+    } else if id == plan.session_id {
+        mirror.sessions.note(id, &plan.out_of_session, false);
+    }
+}
+
+/// Whether an upstream response partition belongs to a controlled partition
+/// the request did not list (an incremental session kept it): it must not
+/// reach the fetcher (no source records, no source errors).
+pub fn is_stray(
+    mirror: &MirrorContext,
+    plan: Option<&FetchPlan>,
+    topic: &FetchTopic<'_>,
+    partition: i32,
+) -> bool {
+    if !mirror.lifecycle.controls() || is_controlled(plan, topic, partition) {
+        return false;
+    }
+    let key = mirror.partition_key(topic, partition);
+    mirror
+        .lifecycle
+        .get(&key)
+        .is_some_and(|e| e.state != State::Mirroring)
+}
+
+/// Drops stray controlled partitions (see [`is_stray`]) from a response
+/// whose request had no plan; the frame is returned untouched when there
+/// are none (the common case).
+pub fn drop_strays(
+    mirror: &MirrorContext,
+    h: &RequestHeader,
+    frame: BytesMut,
+) -> Result<BytesMut, RewriteError> {
+    if !mirror.lifecycle.controls() {
+        return Ok(frame);
+    }
+    let hv = handlers::response_header_version(h.api_key, h.api_version)
+        .ok_or_else(|| err(h.api_version, "unknown response header version".into()))?;
+    let body_at = response_body_offset(&frame, hv)
+        .ok_or_else(|| err(h.api_version, "response header truncated".into()))?;
+    let body = &frame[body_at..];
+    let mut any = false;
+    handlers::walk_fetch_response(h.api_version, body, &mut |p| {
+        any |= is_stray(mirror, None, &p.topic, p.partition_index);
+    })
+    .map_err(|e| err(h.api_version, e.to_string()))?;
+    if !any {
+        return Ok(frame);
+    }
+    let new_body = splice_fetch_response_dropping(
+        h.api_version,
+        body,
+        &mut |p| {
+            let stray = is_stray(mirror, None, &p.topic, p.partition_index);
+            if stray {
+                mirror.seal_metrics.strays.inc();
+            }
+            stray
+        },
+        &mut |_| None,
+        &[],
+    )
+    .map_err(|e| err(h.api_version, e.to_string()))?;
+    let mut out = BytesMut::with_capacity(body_at + new_body.len());
+    out.put_i32((body_at - 4 + new_body.len()) as i32);
+    out.extend_from_slice(&frame[4..body_at]);
+    out.extend_from_slice(&new_body);
+    Ok(out)
 }
 
 /// Downcasts a plan to a fetch plan.

@@ -38,8 +38,13 @@ pub struct StateSync {
     dest_bootstrap: Vec<(String, u16)>,
     dest_topics: std::sync::RwLock<DestinationTopics>,
     lifecycle: std::sync::OnceLock<Arc<Lifecycle>>,
-    /// Open transactions of seals read back (type 5), by destination partition.
-    snapshots: std::sync::Mutex<std::collections::HashMap<PartitionKey, Vec<OpenTxn>>>,
+    /// Open transactions of seals read back (type 5), by destination topic
+    /// id and partition (known even before the topic's name is).
+    snapshots: std::sync::Mutex<std::collections::HashMap<SnapshotKey, Vec<OpenTxn>>>,
+    /// Salt and snapshot records of topic ids the destination does not list
+    /// (yet), in offset order, with whether they were read at start-up:
+    /// applied when the topic appears, never dropped.
+    pending: std::sync::Mutex<std::collections::HashMap<[u8; 16], Vec<KeptRecord>>>,
     /// Highest offset applied or written per record key: the tail skips
     /// records at or below it, so reading back our own older records never
     /// moves a partition's state backwards.
@@ -53,6 +58,13 @@ pub struct StateSync {
     /// Where the next bounded snapshot round starts.
     snapshot_cursor: std::sync::atomic::AtomicUsize,
 }
+
+/// A destination topic id and partition.
+type SnapshotKey = ([u8; 16], i32);
+
+/// A record kept until its topic id is known, and whether it was read at
+/// start-up.
+type KeptRecord = (StoredRecord, bool);
 
 /// Snapshots appended per periodic round (the shutdown snapshot writes all).
 const MAX_SNAPSHOTS_PER_ROUND: usize = 256;
@@ -85,6 +97,7 @@ impl StateSync {
             dest_topics: Default::default(),
             lifecycle: Default::default(),
             snapshots: Default::default(),
+            pending: Default::default(),
             applied: Default::default(),
             loading: std::sync::atomic::AtomicBool::new(false),
             snapshotted: Default::default(),
@@ -123,12 +136,61 @@ impl StateSync {
             crate::config::DEFAULT_MAX_FRAME_BYTES as usize,
         )
         .await?;
-        let mut t = self.dest_topics.write().unwrap_or_else(|p| p.into_inner());
-        for (name, id, _partitions) in view.topics {
-            t.by_id.insert(id, name.clone());
-            t.by_name.insert(name, id);
+        {
+            let mut t = self.dest_topics.write().unwrap_or_else(|p| p.into_inner());
+            for (name, id, _partitions) in view.topics {
+                t.by_id.insert(id, name.clone());
+                t.by_name.insert(name, id);
+            }
         }
+        self.apply_pending();
         Ok(())
+    }
+
+    /// Applies the kept records of topic ids that are known now.
+    fn apply_pending(&self) {
+        let ready: Vec<([u8; 16], Vec<KeptRecord>)> = {
+            let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+            let known: Vec<[u8; 16]> = pending
+                .keys()
+                .filter(|id| self.destination_topic_name(id).is_some())
+                .copied()
+                .collect();
+            known
+                .into_iter()
+                .filter_map(|id| pending.remove(&id).map(|v| (id, v)))
+                .collect()
+        };
+        for (id, records) in ready {
+            tracing::info!(topic_id = %ps::ClusterId(id), records = records.len(),
+                "destination topic now known: applying the __mirror_state records kept for it");
+            for (r, start_up) in &records {
+                self.apply_record(r, *start_up);
+            }
+        }
+    }
+
+    /// Keeps a record of a topic id not known yet; true if it was kept.
+    fn keep_pending(&self, topic_id: [u8; 16], r: &StoredRecord, start_up: bool) {
+        self.count("pending_unknown_topic");
+        let mut pending = self.pending.lock().unwrap_or_else(|p| p.into_inner());
+        let list = pending.entry(topic_id).or_default();
+        if list.is_empty() {
+            tracing::warn!(offset = r.offset, topic_id = %ps::ClusterId(topic_id),
+                "__mirror_state record for a topic id the destination does not list (yet); kept \
+                 and applied when the topic appears");
+        }
+        list.push((r.clone(), start_up));
+    }
+
+    /// Number of records kept for topic ids not known yet.
+    pub fn pending_records(&self) -> usize {
+        self.pending
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .map(Vec::len)
+            .sum()
     }
 
     fn destination_topic_id(&self, name: &str) -> Option<[u8; 16]> {
@@ -190,8 +252,17 @@ impl StateSync {
 
     /// Runs forever: applies records other instances write.
     pub async fn tail(self: Arc<Self>, period: Duration) {
+        let mut rounds: u64 = 0;
         loop {
             tokio::time::sleep(period).await;
+            rounds += 1;
+            // Records kept for topic ids not known yet: look for the topics
+            // now and then (every 10 rounds) until they appear.
+            if rounds % 10 == 0 && self.pending_records() > 0 {
+                if let Err(e) = self.refresh_destination_topics().await {
+                    tracing::debug!(error = %e, "destination topics not refreshed");
+                }
+            }
             if let Err(e) = self.catch_up(None).await {
                 self.count("tail_error");
                 tracing::warn!(error = %e, "reading __mirror_state failed; will retry");
@@ -244,6 +315,13 @@ impl StateSync {
         if !self.advance(&r.key, r.offset) {
             return false;
         }
+        let start_up = self.loading.load(std::sync::atomic::Ordering::SeqCst);
+        self.apply_record(r, start_up)
+    }
+
+    /// Applies one record already admitted by [`advance`](Self::advance);
+    /// `start_up` says whether it was read by the start-up load.
+    fn apply_record(&self, r: &StoredRecord, start_up: bool) -> bool {
         if r.key.get(..2) == Some(&crate::mirror::offline::SOURCE_TOPOLOGY_TYPE.to_be_bytes()) {
             self.apply_topology(r);
             return false;
@@ -271,12 +349,12 @@ impl StateSync {
                 key,
                 value: Some(value),
             } => {
-                self.apply_snapshot(key, value);
+                self.apply_snapshot(r, key, value, start_up);
                 return false;
             }
             StateRecord::Unknown { record_type } => {
-                // A newer writer's record: skipped, never fatal, counted.
-                self.count("unknown_record_skipped");
+                // A newer release's record: skipped and counted, never fatal.
+                self.count("unknown_record_type");
                 tracing::debug!(
                     offset = r.offset,
                     record_type,
@@ -285,7 +363,7 @@ impl StateSync {
                 return false;
             }
             StateRecord::NewerVersion { version, .. } => {
-                self.count("unknown_record_skipped");
+                self.count("unknown_record_version");
                 tracing::debug!(
                     offset = r.offset,
                     version,
@@ -317,8 +395,7 @@ impl StateSync {
             record_offset: r.offset,
         };
         let Some(topic) = self.destination_topic_name(&key.topic_id) else {
-            tracing::warn!(offset = r.offset, topic_id = %ps::ClusterId(key.topic_id),
-                "collision record for a topic id the destination does not list; skipped");
+            self.keep_pending(key.topic_id, r, start_up);
             return false;
         };
         let partition = PartitionKey::new([0; 16], topic, key.partition);
@@ -341,7 +418,7 @@ impl StateSync {
         let (mirror, topology) = match decoded {
             Ok((m, Some((t, _ts)))) => (m, t),
             Ok((_, None)) => {
-                self.count("unknown_record_skipped");
+                self.count("unknown_record_version");
                 return;
             }
             Err(e) => {
@@ -369,10 +446,13 @@ impl StateSync {
         self.append_record(k, v).await.map(|_| ())
     }
 
-    fn apply_snapshot(&self, key: MirrorProducerSnapshotKey, value: MirrorProducerSnapshotValue) {
-        let Some(topic) = self.destination_topic_name(&key.topic_id) else {
-            return;
-        };
+    fn apply_snapshot(
+        &self,
+        r: &StoredRecord,
+        key: MirrorProducerSnapshotKey,
+        value: MirrorProducerSnapshotValue,
+        start_up: bool,
+    ) {
         let open: Vec<OpenTxn> = value
             .producers
             .iter()
@@ -386,14 +466,33 @@ impl StateSync {
                 original_pid: p.original_pid,
             })
             .collect();
-        let pk = PartitionKey::new([0; 16], topic, key.partition);
-        if self.loading.load(std::sync::atomic::Ordering::SeqCst) {
-            self.restore_producers(&pk, &value);
-        }
+        // The seal's open transactions are known by topic id: a restored
+        // STOPPING partition finds them even before its topic's name.
         self.snapshots
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(pk, open);
+            .insert((key.topic_id, key.partition), open);
+        if !start_up {
+            return;
+        }
+        let Some(topic) = self.destination_topic_name(&key.topic_id) else {
+            self.keep_pending(key.topic_id, r, start_up);
+            return;
+        };
+        let pk = PartitionKey::new([0; 16], topic, key.partition);
+        // Applied after start-up (its topic appeared later): only into a
+        // partition whose live state has seen nothing yet.
+        let fresh = self.loading.load(std::sync::atomic::Ordering::SeqCst)
+            || self
+                .registry
+                .get(&pk)
+                .is_none_or(|h| h.with(|s| s.producer_count() == 0 && s.next_offset() == 0));
+        if fresh {
+            self.restore_producers(&pk, &value);
+        } else {
+            tracing::warn!(partition = %pk, "producer-state snapshot of a topic that appeared after \
+                start-up not restored: the partition already has live state");
+        }
     }
 
     /// Restores a partition's shadow producer state from a snapshot read at
@@ -600,10 +699,18 @@ impl StateSync {
                 self.snapshots
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .get(&pk)
+                    .get(&(key.topic_id, key.partition))
                     .cloned()
             })
             .flatten();
+        if v.state == MirrorPartitionState::Stopped {
+            // Sealed: the destination expired its producer state at the
+            // barrier; a snapshot restored before must not keep open
+            // transactions alive here forever.
+            if let Some(h) = self.registry.get(&pk) {
+                h.with(|s| s.reset());
+            }
+        }
         tracing::info!(offset, topic = %topic, partition = key.partition, state = v.state.name(),
             cut = v.cut_offset, seal_batches = v.seal_batches, "partition state restored from __mirror_state");
         lifecycle.restore(

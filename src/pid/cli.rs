@@ -28,8 +28,10 @@ impl From<LayoutArg> for Layout {
 /// Arguments of `mirrorguard map`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct MapArgs {
-    /// Source cluster id (Kafka base64 form or canonical UUID text).
-    #[arg(long, required_unless_present = "decode")]
+    /// Source cluster id (Kafka base64 form or canonical UUID text). Kafka's
+    /// base64 ids may start with '-', so values starting with '-' are taken as
+    /// the id (`--source-cluster-id -tjk3...` and `--source-cluster-id=-tjk3...`).
+    #[arg(long, required_unless_present = "decode", allow_hyphen_values = true)]
     pub source_cluster_id: Option<String>,
     /// Producer id on the source cluster.
     #[arg(

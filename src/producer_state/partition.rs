@@ -105,6 +105,10 @@ pub struct PartitionState {
     salts: SaltTable,
     /// One past the last offset observed; batches below it are re-deliveries.
     next_offset: i64,
+    /// Partition leader epoch of the last batch forwarded to the fetcher
+    /// (-1 before any): stamps a seal when the fetcher's request carries no
+    /// LastFetchedEpoch (Fetch < v12).
+    last_leader_epoch: i32,
 }
 
 impl PartitionState {
@@ -115,7 +119,18 @@ impl PartitionState {
             producers: HashMap::default(),
             salts: SaltTable::default(),
             next_offset: 0,
+            last_leader_epoch: -1,
         }
+    }
+
+    /// Partition leader epoch of the last batch forwarded (-1 before any).
+    pub fn last_leader_epoch(&self) -> i32 {
+        self.last_leader_epoch
+    }
+
+    /// Notes the partition leader epoch of a batch forwarded to the fetcher.
+    pub fn note_leader_epoch(&mut self, epoch: i32) {
+        self.last_leader_epoch = epoch;
     }
 
     /// The partition's key.

@@ -224,11 +224,24 @@ pub struct ConnectionContext {
     pub health: Arc<UpstreamHealth>,
 }
 
-/// How a connection ended.
+/// How a connection ended, by side and cause. Only `ClientProtocol` is a
+/// malformed-input event; a client that goes away (cleanly, by reset, or in the
+/// middle of sending a request because it timed out) is ordinary.
 #[derive(Debug)]
 pub enum ConnectionEnd {
     /// The client closed between frames.
     ClientClosed,
+    /// The client's socket failed (reset, broken pipe) while reading its
+    /// requests or writing its responses.
+    ClientReset(String),
+    /// The client closed in the middle of sending a request (typically its
+    /// own request timeout); nothing of that request was forwarded.
+    ClientAbandonedRequest {
+        /// Bytes of the frame received (including the 4-byte size).
+        got: usize,
+        /// Bytes the frame announced (including the size).
+        expected: usize,
+    },
     /// The upstream closed or failed.
     UpstreamClosed(String),
     /// The client sent something that is not Kafka.
@@ -237,6 +250,32 @@ pub enum ConnectionEnd {
     UpstreamProtocol(String),
     /// Shutdown drained the connection.
     Drained,
+}
+
+impl ConnectionEnd {
+    /// The side that ended the connection: `client`, `upstream` or `proxy`.
+    pub fn side(&self) -> &'static str {
+        match self {
+            ConnectionEnd::ClientClosed
+            | ConnectionEnd::ClientReset(_)
+            | ConnectionEnd::ClientAbandonedRequest { .. }
+            | ConnectionEnd::ClientProtocol(_) => "client",
+            ConnectionEnd::UpstreamClosed(_) | ConnectionEnd::UpstreamProtocol(_) => "upstream",
+            ConnectionEnd::Drained => "proxy",
+        }
+    }
+
+    /// The cause, a stable label of `mirrorguard_connection_ends_total`:
+    /// `closed`, `reset`, `mid_request`, `protocol` or `shutdown`.
+    pub fn cause(&self) -> &'static str {
+        match self {
+            ConnectionEnd::ClientClosed | ConnectionEnd::UpstreamClosed(_) => "closed",
+            ConnectionEnd::ClientReset(_) => "reset",
+            ConnectionEnd::ClientAbandonedRequest { .. } => "mid_request",
+            ConnectionEnd::ClientProtocol(_) | ConnectionEnd::UpstreamProtocol(_) => "protocol",
+            ConnectionEnd::Drained => "shutdown",
+        }
+    }
 }
 
 /// Relays one client connection to one upstream connection until either
@@ -373,8 +412,9 @@ where
         let frame = match frame {
             Ok(Some(f)) => f,
             Ok(None) => return ConnectionEnd::ClientClosed,
-            Err(FrameError::Io(e)) => {
-                return ConnectionEnd::UpstreamClosed(format!("client i/o: {e}"))
+            Err(FrameError::Io(e)) => return ConnectionEnd::ClientReset(format!("reading: {e}")),
+            Err(FrameError::Truncated { got, expected }) => {
+                return ConnectionEnd::ClientAbandonedRequest { got, expected }
             }
             Err(e) => {
                 Metrics::count(&ctx.metrics.frame_errors, &ctx.listener, e.kind());
@@ -599,8 +639,8 @@ where
                     return ConnectionEnd::UpstreamProtocol(e.to_string());
                 }
             };
-            if client_wr.write_all(&frame).await.is_err() {
-                return ConnectionEnd::ClientClosed;
+            if let Err(e) = client_wr.write_all(&frame).await {
+                return ConnectionEnd::ClientReset(format!("writing a response: {e}"));
             }
             entry.metrics.bytes_out.inc_by(frame.len() as u64);
             entry
@@ -703,8 +743,8 @@ where
         } else {
             frame
         };
-        if client_wr.write_all(&frame).await.is_err() {
-            return ConnectionEnd::ClientClosed;
+        if let Err(e) = client_wr.write_all(&frame).await {
+            return ConnectionEnd::ClientReset(format!("writing a response: {e}"));
         }
         entry.metrics.bytes_out.inc_by(frame.len() as u64);
         entry

@@ -239,9 +239,20 @@ impl Listener {
             }
             None => serve_offline(client, peer, self.ctx.clone(), self.shutdown.clone()).await,
         };
+        self.metrics
+            .connection_end(&self.config.name, end.side(), end.cause());
         match &end {
             ConnectionEnd::ClientClosed | ConnectionEnd::Drained => {
                 tracing::debug!(listener = %self.config.name, %peer, ?end, "connection closed")
+            }
+            // A client going away is ordinary (its own timeout, a restart): not a warning.
+            ConnectionEnd::ClientReset(why) => {
+                tracing::info!(listener = %self.config.name, %peer, reason = %why,
+                    "client connection reset by the client")
+            }
+            ConnectionEnd::ClientAbandonedRequest { got, expected } => {
+                tracing::info!(listener = %self.config.name, %peer, got, expected,
+                    "client closed in the middle of sending a request (nothing of it was forwarded)")
             }
             ConnectionEnd::ClientProtocol(_) => {} // logged where detected
             ConnectionEnd::UpstreamClosed(why) | ConnectionEnd::UpstreamProtocol(why) => {

@@ -221,6 +221,19 @@ pub fn parse_record<'a>(
     Ok(ControlRecord { key, value })
 }
 
+/// The control type of the first record of a control batch, read from its
+/// key alone: tells a barrier whose value does not parse from other
+/// damaged control batches. `None` when the batch or key is unreadable.
+pub fn first_control_type(batch: &[u8]) -> Option<ControlType> {
+    let header = match next_entry(batch, 0) {
+        Some(Ok(Entry::V2(h))) if h.is_control() => h,
+        _ => return None,
+    };
+    let bytes = batch.get(header.range.clone())?;
+    let rec = records(&header, bytes).ok()?.next()?.ok()?;
+    parse_key(rec.key?).ok().map(|k| k.control_type)
+}
+
 /// Reads the first record of a control batch (the only one Kafka consults)
 /// and parses it. `batch` starts at the batch's baseOffset. Allocates
 /// nothing; the returned cluster id borrows from `batch`.

@@ -270,9 +270,16 @@ enum Command {
     },
     Read {
         from: i64,
-        reply: oneshot::Sender<Result<(Vec<StoredRecord>, i64)>>,
+        /// Records, next offset, and whether the read reached the high
+        /// watermark.
+        reply: oneshot::Sender<Result<(Vec<StoredRecord>, i64, bool)>>,
     },
 }
+
+/// Rounds of [`StateStore::read_all`] in a row that may bring no record
+/// before the read is declared stuck (each round is itself bounded by the
+/// request timeout and retries inside it).
+const READ_ALL_STALLED_ROUNDS: u32 = 3;
 
 impl StateStore {
     /// Connects over plain TCP; see [`StateStore::open_with`].
@@ -307,6 +314,7 @@ impl StateStore {
             conn: None,
             producer: None,
             next_seq: 0,
+            policy_checked: false,
         };
         let mut retry = Retry::new(actor.cfg.request_timeout);
         loop {
@@ -341,15 +349,36 @@ impl StateStore {
         rx.await.map_err(|_| StateStoreError::Closed)?
     }
 
-    /// Reads every record from offset 0 up to the high watermark.
+    /// Reads every record from offset 0 up to the high watermark. A read
+    /// that stops short of it (a slow or large topic, a stalled broker) goes
+    /// on from where it stopped while it makes progress; one that cannot
+    /// reach the end is an error, never a partial result that looks whole.
     pub async fn read_all(&self) -> Result<Vec<StoredRecord>> {
-        Ok(self.read_from(0).await?.0)
+        let mut out = Vec::new();
+        let mut pos = 0;
+        let mut stalled = 0;
+        loop {
+            let (records, next, complete) = self.read_checked(pos).await?;
+            out.extend(records);
+            if complete {
+                return Ok(out);
+            }
+            if next > pos {
+                stalled = 0;
+            } else {
+                stalled += 1;
+                if stalled >= READ_ALL_STALLED_ROUNDS {
+                    return Err(StateStoreError::Timeout(format!(
+                        "reading the state topic stopped at offset {pos} before its high                          watermark ({stalled} rounds without progress); refusing to start from                          a partial read"
+                    )));
+                }
+                sleep(BACKOFF_MIN).await;
+            }
+            pos = next;
+        }
     }
 
-    /// Reads records from `offset` up to the current high watermark and
-    /// returns them with the offset to read from next (for tailing: call
-    /// again with it to see other instances' writes).
-    pub async fn read_from(&self, offset: i64) -> Result<(Vec<StoredRecord>, i64)> {
+    async fn read_checked(&self, offset: i64) -> Result<(Vec<StoredRecord>, i64, bool)> {
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(Command::Read {
@@ -360,6 +389,14 @@ impl StateStore {
             .map_err(|_| StateStoreError::Closed)?;
         rx.await.map_err(|_| StateStoreError::Closed)?
     }
+
+    /// Reads records from `offset` up to the current high watermark and
+    /// returns them with the offset to read from next (for tailing: call
+    /// again with it to see other instances' writes).
+    pub async fn read_from(&self, offset: i64) -> Result<(Vec<StoredRecord>, i64)> {
+        let (records, next, _) = self.read_checked(offset).await?;
+        Ok((records, next))
+    }
 }
 
 /// A connection with its negotiated versions.
@@ -368,6 +405,8 @@ struct Conn<S> {
     addr: String,
     correlation: i32,
     versions: Vec<(i16, i16)>,
+    /// Whether the broker answers DescribeConfigs v1 (optional API).
+    describe_configs: bool,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
@@ -440,6 +479,8 @@ struct Actor<C: Connector> {
     producer: Option<(i64, i16)>,
     /// Sequence number of the next batch.
     next_seq: i32,
+    /// Whether an existing topic's cleanup.policy was checked.
+    policy_checked: bool,
 }
 
 /// Retry budget of one operation.
@@ -509,6 +550,7 @@ impl<C: Connector> Actor<C> {
             addr: addr.to_owned(),
             correlation: 0,
             versions: Vec::new(),
+            describe_configs: false,
         };
         let (resp, off) = conn
             .roundtrip(
@@ -522,6 +564,9 @@ impl<C: Connector> Actor<C> {
         if err != code::NONE {
             return Err(StateStoreError::broker(proto::API_VERSIONS, err, None));
         }
+        conn.describe_configs = keys.iter().any(|&(k, lo, hi)| {
+            k == proto::DESCRIBE_CONFIGS && (lo..=hi).contains(&proto::DESCRIBE_CONFIGS_VERSION)
+        });
         conn.versions = proto::negotiate(&keys).map_err(|(api, offered)| {
             StateStoreError::UnsupportedVersion {
                 api,
@@ -606,6 +651,57 @@ impl<C: Connector> Actor<C> {
         }
     }
 
+    /// Reports an existing state topic whose `cleanup.policy` is not
+    /// `compact`: the broker would delete durable decisions with age, and
+    /// never drop superseded ones. Reported, not refused (an operator may
+    /// have a reason); a broker without DescribeConfigs is not checked.
+    async fn check_cleanup_policy(&self, conn: &mut Conn<C::Stream>) {
+        let topic = self.cfg.topic.as_str();
+        if !conn.describe_configs {
+            tracing::info!(
+                topic,
+                "state store: the broker has no DescribeConfigs v1; cleanup.policy not checked"
+            );
+            return;
+        }
+        let res = conn
+            .roundtrip(
+                proto::DESCRIBE_CONFIGS,
+                proto::DESCRIBE_CONFIGS_VERSION,
+                self.cfg.request_timeout,
+                |w| proto::describe_topic_configs_request(topic, &["cleanup.policy"], w),
+            )
+            .await
+            .and_then(|(resp, off)| {
+                Ok(proto::parse_describe_configs_v1(
+                    resp.get(off..).unwrap_or_default(),
+                )?)
+            });
+        match res {
+            Ok((code::NONE, configs)) => {
+                let policy = configs
+                    .iter()
+                    .find(|(n, _)| n == "cleanup.policy")
+                    .and_then(|(_, v)| v.clone())
+                    .unwrap_or_default();
+                if policy.split(',').any(|p| p.trim() == "compact") && !policy.contains("delete") {
+                    tracing::debug!(topic, policy, "state store: topic is compacted");
+                } else {
+                    tracing::error!(topic, cleanup_policy = %policy,
+                        "state store: the existing state topic's cleanup.policy is not `compact`:                          the broker deletes durable decisions (salts, seals, claims) as they age;                          set cleanup.policy=compact on it");
+                }
+            }
+            Ok((c, _)) => tracing::warn!(
+                topic,
+                code = c,
+                error = proto::error_name(c),
+                "state store: cannot read the state topic's cleanup.policy"
+            ),
+            Err(e) => tracing::warn!(topic, error = %e,
+                "state store: cannot read the state topic's cleanup.policy"),
+        }
+    }
+
     /// Makes sure there is a connection to the partition leader (creating
     /// the topic if it is missing) and an idempotent producer id.
     async fn ensure_ready(&mut self) -> Result<()> {
@@ -626,6 +722,9 @@ impl<C: Connector> Actor<C> {
             if missing {
                 self.create_topic(&mut boot).await?;
                 meta = self.metadata(&mut boot).await?;
+            } else if !self.policy_checked {
+                self.policy_checked = true;
+                self.check_cleanup_policy(&mut boot).await;
             }
             let t = find(&meta).ok_or_else(|| StateStoreError::Broker {
                 api: "Metadata",
@@ -804,7 +903,7 @@ impl<C: Connector> Actor<C> {
         }
     }
 
-    async fn read_from(&mut self, from: i64) -> Result<(Vec<StoredRecord>, i64)> {
+    async fn read_from(&mut self, from: i64) -> Result<(Vec<StoredRecord>, i64, bool)> {
         if from < 0 {
             return Err(StateStoreError::Config(format!("read offset {from}")));
         }
@@ -842,13 +941,18 @@ impl<C: Connector> Actor<C> {
                 pos = start;
                 continue;
             }
-            if pos >= step.high_watermark || !progressed {
-                return Ok((out, pos));
+            if pos >= step.high_watermark {
+                return Ok((out, pos, true));
+            }
+            if !progressed {
+                // Nothing readable at `pos` although the high watermark is
+                // past it: not the end.
+                return Ok((out, pos, false));
             }
             if Instant::now() >= retry.deadline {
                 // Still behind after a whole request timeout of reading:
                 // hand back what was read; the caller continues from `pos`.
-                return Ok((out, pos));
+                return Ok((out, pos, false));
             }
         }
     }

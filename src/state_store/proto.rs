@@ -24,6 +24,11 @@ pub(crate) const API_VERSIONS: i16 = 18;
 pub(crate) const CREATE_TOPICS: i16 = 19;
 /// InitProducerId.
 pub(crate) const INIT_PRODUCER_ID: i16 = 22;
+/// DescribeConfigs (optional: only to check an existing topic's config).
+pub(crate) const DESCRIBE_CONFIGS: i16 = 32;
+/// The DescribeConfigs version sent (v1: non-flexible, with synonyms; Kafka
+/// 4 answers v1..=v4).
+pub(crate) const DESCRIBE_CONFIGS_VERSION: i16 = 1;
 
 /// `(api_key, name, versions this code speaks)`.
 ///
@@ -44,10 +49,10 @@ pub(crate) fn api_name(key: i16) -> &'static str {
         .iter()
         .find(|(k, _, _)| *k == key)
         .map(|(_, n, _)| *n)
-        .unwrap_or(if key == API_VERSIONS {
-            "ApiVersions"
-        } else {
-            "unknown"
+        .unwrap_or(match key {
+            API_VERSIONS => "ApiVersions",
+            DESCRIBE_CONFIGS => "DescribeConfigs",
+            _ => "unknown",
         })
 }
 
@@ -391,6 +396,64 @@ pub(crate) fn create_topics_request(
         w.put_uvarint(0);
     }
     Ok(())
+}
+
+/// DescribeConfigs v1 request body: the topic's `keys`, no synonyms.
+pub(crate) fn describe_topic_configs_request(
+    topic: &str,
+    keys: &[&str],
+    w: &mut Writer<Vec<u8>>,
+) -> WireResult<()> {
+    w.put_array_len(Some(1), "DescribeConfigsRequest.resources")?;
+    w.put_i8(2); // resource type TOPIC
+    w.put_string(topic, "DescribeConfigsRequest.resources.resource_name")?;
+    w.put_array_len(
+        Some(keys.len()),
+        "DescribeConfigsRequest.configuration_keys",
+    )?;
+    for k in keys {
+        w.put_string(k, "DescribeConfigsRequest.configuration_keys")?;
+    }
+    w.put_bool(false); // include_synonyms
+    Ok(())
+}
+
+/// Config entries `(name, value)` of a DescribeConfigs result.
+pub(crate) type ConfigEntries = Vec<(String, Option<String>)>;
+
+/// The `(error_code, [(name, value)])` of the first resource of a
+/// DescribeConfigs v1 response.
+pub(crate) fn parse_describe_configs_v1(body: &[u8]) -> WireResult<(i16, ConfigEntries)> {
+    let mut r = Reader::new(body);
+    r.read_i32("DescribeConfigsResponse.throttle_time_ms")?;
+    let n = r.read_array_len_v(false, 10, "DescribeConfigsResponse.results")?;
+    let mut out = (0, Vec::new());
+    for i in 0..n {
+        let code = r.read_i16("DescribeConfigsResponse.results.error_code")?;
+        r.read_nullable_string_v(false, "DescribeConfigsResponse.results.error_message")?;
+        r.read_i8("DescribeConfigsResponse.results.resource_type")?;
+        r.read_string_v(false, "DescribeConfigsResponse.results.resource_name")?;
+        let nc = r.read_array_len_v(false, 6, "DescribeConfigsResponse.results.configs")?;
+        let mut configs = Vec::new();
+        for _ in 0..nc {
+            let name = r.read_string_v(false, "DescribeConfigsResponse.configs.name")?;
+            let value = r.read_nullable_string_v(false, "DescribeConfigsResponse.configs.value")?;
+            r.read_i8("DescribeConfigsResponse.configs.read_only")?;
+            r.read_i8("DescribeConfigsResponse.configs.config_source")?;
+            r.read_i8("DescribeConfigsResponse.configs.is_sensitive")?;
+            let ns = r.read_array_len_v(false, 5, "DescribeConfigsResponse.configs.synonyms")?;
+            for _ in 0..ns {
+                r.read_string_v(false, "DescribeConfigsResponse.synonyms.name")?;
+                r.read_nullable_string_v(false, "DescribeConfigsResponse.synonyms.value")?;
+                r.read_i8("DescribeConfigsResponse.synonyms.source")?;
+            }
+            configs.push((name.to_owned(), value.map(str::to_owned)));
+        }
+        if i == 0 {
+            out = (code, configs);
+        }
+    }
+    Ok(out)
 }
 
 /// `(name, error_code, error_message)` of each topic of a CreateTopics

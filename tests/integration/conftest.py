@@ -1,7 +1,14 @@
-"""Fixtures: Tansu brokers and mirrorguard proxies on free loopback ports.
+"""Fixtures: Apache Kafka and Tansu brokers, mirrorguard proxies, on free loopback ports.
+
+`--mg-broker=kafka` (default) runs the client and proxy tests (the `broker`, `proxy`,
+`kafka` and `own_broker` fixtures) on Apache Kafka 4.4; `--mg-broker=tansu` on Tansu;
+`--mg-broker=both` on each in turn. Env: MG_BROKER. Tests that do not stop or hang
+their broker share the session's `kafka1`; the others get a cluster of their own.
+Tests that need a particular implementation use `kafka1`/`kafka_factory` or
+`broker_factory` (Tansu) directly and say why.
 
 `--mg-target=proxy` (default) runs the client tests through mirrorguard;
-`--mg-target=direct` runs them against Tansu directly (to validate the tests and
+`--mg-target=direct` runs them against the broker directly (to validate the tests and
 the harness without the proxy); `--mg-target=both` runs both. Env: MG_TARGET.
 Tests that are about the proxy itself (metrics, hostile input, ...) always use it.
 """
@@ -30,9 +37,18 @@ def pytest_addoption(parser):
         choices=["proxy", "direct", "both"],
         help="where the client tests send their traffic",
     )
+    parser.addoption(
+        "--mg-broker",
+        default=os.environ.get("MG_BROKER", "kafka"),
+        choices=["kafka", "tansu", "both"],
+        help="which broker implementation the broker-parametrised tests run on",
+    )
 
 
 def pytest_generate_tests(metafunc):
+    if "broker_kind" in metafunc.fixturenames:
+        b = metafunc.config.getoption("--mg-broker")
+        metafunc.parametrize("broker_kind", ["kafka", "tansu"] if b == "both" else [b], indirect=True)
     if "kafka" in metafunc.fixturenames:
         t = metafunc.config.getoption("--mg-target")
         targets = ["proxy", "direct"] if t == "both" else [t]
@@ -97,8 +113,39 @@ def broker_factory(request, tmp_path):
 
 
 @pytest.fixture
-def broker(broker_factory) -> TansuBroker:
-    return broker_factory()
+def broker_kind(request) -> str:
+    """"kafka" or "tansu" (parametrised from --mg-broker)."""
+    return request.param
+
+
+@pytest.fixture
+def broker(broker_kind, request):
+    """The upstream of the client/proxy tests: the session's shared Apache Kafka node
+    (tests use their own topics), or a fresh Tansu broker. Tests that stop or hang their
+    broker use `own_broker` instead."""
+    if broker_kind == "kafka":
+        return request.getfixturevalue("kafka1")
+    return request.getfixturevalue("broker_factory")()
+
+
+@pytest.fixture
+def own_broker(broker_kind, request):
+    """Makes brokers private to one test (it may stop, kill or hang them): one-node Apache
+    Kafka clusters or Tansu brokers. `make(port=None)`; the result has `.bootstrap`,
+    `.port`, `.node_ids`, `.kind` and `stop()`/`pause()`/`resume()`/`restart()` through
+    `broker_control`."""
+    if broker_kind == "kafka":
+        factory = request.getfixturevalue("kafka_factory")
+
+        def make(port: int | None = None, **kw):
+            return factory(nodes=1, port=port, **kw)
+    else:
+        factory = request.getfixturevalue("broker_factory")
+
+        def make(port: int | None = None, **kw):
+            return factory(port=port, **kw)
+
+    return make
 
 
 @pytest.fixture
@@ -137,7 +184,7 @@ def proxy_factory(request, tmp_path):
 
 @pytest.fixture
 def proxy(broker, proxy_factory) -> Proxy:
-    return proxy_factory([broker.bootstrap])
+    return proxy_factory([broker.bootstrap], node_ids=broker.node_ids)
 
 
 @dataclass
@@ -146,8 +193,12 @@ class Target:
 
     name: str
     bootstrap: str
-    broker: TansuBroker
+    broker: "TansuBroker | KafkaCluster"
     proxy: Proxy | None
+
+    @property
+    def on_kafka(self) -> bool:
+        return self.broker.kind == "kafka"
 
     @property
     def via_proxy(self) -> bool:
@@ -163,7 +214,7 @@ def mg_target(request):
 def kafka(mg_target, broker, proxy_factory) -> Target:
     if mg_target == "direct":
         return Target("direct", broker.bootstrap, broker, None)
-    p = proxy_factory([broker.bootstrap])
+    p = proxy_factory([broker.bootstrap], node_ids=broker.node_ids)
     return Target("proxy", p.bootstrap, broker, p)
 
 
@@ -220,7 +271,8 @@ def kafka_factory(request, tmp_path):
     started: list[KafkaCluster] = []
 
     def make(nodes: int = 1, cluster_id: str | None = None, name: str | None = None, **kw) -> KafkaCluster:
-        c = KafkaCluster(tmp_path, nodes=nodes, cluster_id=cluster_id, name=name or f"kafka{len(started)}", **kw)
+        kw.setdefault("name", name or f"kafka{len(started)}")
+        c = KafkaCluster(tmp_path, nodes=nodes, cluster_id=cluster_id, **kw)
         started.append(c)
         for n in c.nodes:
             _register_log(request, n.name, n.log_path)

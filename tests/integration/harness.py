@@ -200,6 +200,20 @@ class TansuBroker:
     def bootstrap(self) -> str:
         return f"{HOST}:{self.port}"
 
+    # -- the interface shared with kafka_broker.KafkaCluster ------------------------
+    kind = "tansu"
+
+    @property
+    def node_ids(self) -> list[int]:
+        return [TANSU_NODE_ID]
+
+    def pause(self) -> None:
+        """SIGSTOP: the broker hangs with its sockets open."""
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        os.kill(self.proc.pid, signal.SIGCONT)
+
     def start(self, ready_timeout: float = 10.0) -> "TansuBroker":
         url = f"tcp://{HOST}:{self.port}"
         self.proc = ManagedProcess(
@@ -286,6 +300,8 @@ class Proxy:
         name: str = "mirrorguard",
         node_ids: list[int] | tuple[int, ...] = (TANSU_NODE_ID,),
     ):
+        # A multi-node cluster's bootstrap is "host:port,host:port": one entry per address.
+        upstream = [a for u in upstream for a in u.split(",") if a]
         taken: set[int] = set()
         bs = free_port(taken)
         taken.add(bs)
@@ -530,11 +546,19 @@ def admin(bootstrap: str, **extra) -> AdminClient:
 
 
 def create_topics(
-    bootstrap: str, names: list[str], partitions: int = 1, config: dict | None = None, timeout: float = 15.0
+    bootstrap: str,
+    names: list[str],
+    partitions: int = 1,
+    config: dict | None = None,
+    timeout: float = 15.0,
+    replication_factor: int = 1,
 ) -> None:
     a = admin(bootstrap)
     futs = a.create_topics(
-        [NewTopic(n, num_partitions=partitions, replication_factor=1, config=config or {}) for n in names],
+        [
+            NewTopic(n, num_partitions=partitions, replication_factor=replication_factor, config=config or {})
+            for n in names
+        ],
         operation_timeout=timeout,
         request_timeout=timeout,
     )
@@ -637,3 +661,22 @@ def consume_assign(
 
 def topic_name(prefix: str = "t") -> str:
     return f"{prefix}-{os.urandom(4).hex()}"
+
+
+def wait_txn_markers(bootstrap: str, topic: str, partition: int = 0, open_transactions: int = 0,
+                     timeout: float = 15.0) -> None:
+    """Waits until every transactional producer's last batch in the partition is its
+    COMMIT/ABORT marker, except `open_transactions` of them. Apache Kafka answers
+    EndTxn before it writes the markers (the coordinator writes them afterwards), so a
+    read right after commit/abort may not see them yet; Tansu writes them at once."""
+    host, port = bootstrap.split(",")[0].rsplit(":", 1)
+
+    def settled():
+        batches, _ = rawkafka.fetch_all_batches(host, int(port), topic, partition)
+        last: dict[int, rawkafka.Batch] = {}
+        for b in batches:
+            if b.is_transactional:
+                last[b.producer_id] = b
+        return sum(1 for b in last.values() if not b.is_control) == open_transactions
+
+    wait_until(settled, timeout, interval=0.05, what=f"transaction markers in {topic}-{partition}")

@@ -147,7 +147,8 @@ class KafkaNode:
             return
         argv = [JAVA, "-Xmx256m", "-XX:+UseSerialGC", f"-Dlog4j2.configurationFile={LOG4J_CONFIG}",
                 "-cp", classpath(), "kafka.tools.StorageTool", "format",
-                "-t", self.cluster.cluster_id, "-c", str(self.config_path)]
+                # `=` form: a URL-safe base64 id may start with '-'.
+                f"--cluster-id={self.cluster.cluster_id}", "-c", str(self.config_path)]
         r = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=120)
         if r.returncode != 0:
             raise HarnessError(f"kafka-storage format failed for {self.name}: {r.stdout}\n{r.stderr}")
@@ -223,6 +224,7 @@ class KafkaCluster:
         first_node_id: int = 1,
         overrides: dict | None = None,
         jvm_opts: list[str] | None = None,
+        port: int | None = None,
     ):
         self.work_dir = Path(work_dir)
         self.cluster_id = cluster_id or harness.cluster_id()
@@ -230,6 +232,10 @@ class KafkaCluster:
         self.overrides = dict(overrides or {})
         self.jvm_opts = list(jvm_opts or [])
         ports = _free_ports(2 * nodes)
+        if port is not None:  # the first node's client port, chosen by the caller
+            while port in ports:
+                ports = _free_ports(2 * nodes)
+            ports[0] = port
         self.nodes: list[KafkaNode] = []
         for i in range(nodes):
             self.nodes.append(KafkaNode(self, first_node_id + i, ports[2 * i], ports[2 * i + 1]))
@@ -304,6 +310,13 @@ class KafkaCluster:
                 n.stop()
             else:
                 n.kill()
+
+    # Single-node conveniences shared with harness.TansuBroker (the first node).
+    def pause(self) -> None:
+        self.nodes[0].pause()
+
+    def resume(self) -> None:
+        self.nodes[0].resume()
 
     def leader_of(self, topic: str, partition: int = 0) -> int:
         for n in self.nodes:

@@ -63,7 +63,8 @@ def fold(cid: str | bytes) -> int:
 
 
 def map_pid(pid: int, fold_value: int, salt: int = 0, layout: str = "high") -> int:
-    """SPEC 2.1 for 0 <= pid < 2^31 (the only PIDs Tansu hands out in these tests)."""
+    """SPEC 2.1 for 0 <= pid < 2^31 (the only PIDs Tansu and fresh Kafka test clusters
+    hand out in these tests)."""
     if pid == -1:
         return -1
     assert 0 <= pid < (1 << 31), pid
@@ -106,6 +107,11 @@ class MirrorSpec:
     # Extra `key = value` lines for the [[mirror]] block (e.g. upstream_request_timeout_ms).
     extra: str = ""
 
+    @classmethod
+    def of(cls, name: str, source, **kw) -> "MirrorSpec":
+        """A spec for `source` (a KafkaCluster or TansuBroker): its bootstrap and node ids."""
+        return cls(name, source.bootstrap, node_ids=list(source.node_ids), **kw)
+
     @property
     def bootstrap(self) -> str:
         return f"{HOST}:{self.bootstrap_port}"
@@ -127,8 +133,12 @@ class MirrorGuard:
 
     def __init__(self, work_dir: Path, name: str, state_bootstrap: str, mirrors: list[MirrorSpec],
                  metadata_refresh_ms: int = 1000, log_level: str = "info,mirrorguard=debug",
-                 snapshot_interval_ms: int | None = None, extra_config: str = ""):
+                 snapshot_interval_ms: int | None = None, state_topic: str = "__mirror_state",
+                 admin_read_timeout_ms: int | None = None, guard_upstream: str | None = None,
+                 guard_node_ids: list[int] | None = None, extra_config: str = ""):
         self.name = name
+        self.state_bootstrap = state_bootstrap
+        self.state_topic = state_topic
         self.work_dir = work_dir
         taken: set[int] = set()
         self.admin_port = harness.free_port(taken)
@@ -142,6 +152,16 @@ class MirrorGuard:
             m.node_port_base = harness.free_node_port_base(taken, nodes=m.node_ids)
             taken.update(m.node_port_of(n) for n in m.node_ids)
         self.mirrors = {m.name: m for m in mirrors}
+        # An optional produce guard ([[guard]]) in front of the destination `guard_upstream`.
+        self.guard_bootstrap: str | None = None
+        if guard_upstream:
+            for addr in guard_upstream.split(","):
+                taken.add(int(addr.rsplit(":", 1)[1]))
+            guard_port = harness.free_port(taken)
+            taken.add(guard_port)
+            gids = guard_node_ids or [1]
+            guard_base = harness.free_node_port_base(taken, nodes=gids)
+            self.guard_bootstrap = f"{HOST}:{guard_port}"
         self.token_path = work_dir / f"{name}.token"
         self.token_path.write_text(self.TOKEN + "\n")
         self.config_path = work_dir / f"{name}.toml"
@@ -171,6 +191,7 @@ metadata_refresh_ms = {metadata_refresh_ms}
 [admin]
 listen = "{HOST}:{self.admin_port}"
 token_file = "{self.token_path}"
+{f"read_timeout_ms = {admin_read_timeout_ms}" if admin_read_timeout_ms else ""}
 
 [logging]
 format = "text"
@@ -181,11 +202,22 @@ shutdown_grace_ms = 2000
 
 [state]
 bootstrap = ["{state_bootstrap}"]
+topic = "{state_topic}"
 request_timeout_ms = 10000
 
 """
             + (f"[producer_state]\nsnapshot_interval_ms = {snapshot_interval_ms}\n\n" if snapshot_interval_ms else "")
             + "\n".join(blocks)
+            + (f"""
+[[guard]]
+name = "guard"
+bootstrap = "{self.guard_bootstrap}"
+listen_host = "{HOST}"
+advertised_host = "{HOST}"
+node_port_base = {guard_base}
+upstream_bootstrap = [{", ".join(f'"{a}"' for a in guard_upstream.split(","))}]
+metadata_refresh_ms = {metadata_refresh_ms}
+""" if guard_upstream else "")
             + ("\n" + extra_config if extra_config else "")
         )
         self.proc: ManagedProcess | None = None
@@ -265,7 +297,8 @@ request_timeout_ms = 10000
     # ---------------------------------------------------------------- admin API
 
     def request(self, method: str, path: str, body: bytes | str | dict | None = None,
-                token: str | None = "default", timeout: float = 15.0) -> tuple[int, object]:
+                token: str | None = "default", timeout: float = 15.0,
+                headers: dict[str, str] | None = None) -> tuple[int, object]:
         """Returns (status, parsed JSON or the raw text)."""
         if isinstance(body, dict):
             body = json.dumps(body)
@@ -278,6 +311,8 @@ request_timeout_ms = 10000
             token = self.TOKEN
         if token is not None:
             req.add_header("Authorization", f"Bearer {token}")
+        for k, v in (headers or {}).items():
+            req.add_header(k, v)
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
                 status, text = r.status, r.read().decode(errors="replace")
@@ -325,10 +360,19 @@ request_timeout_ms = 10000
 @pytest.fixture
 def mirror_factory(tmp_path, request):
     """Makes MirrorGuard instances (not started). At teardown each one still running gets
-    SIGTERM and must exit 0; no log may show a panic. Killed ones (-9) are not checked."""
+    SIGTERM and must exit 0; no log may show a panic. Killed ones (-9) are not checked.
+
+    When the state cluster is the session's shared Kafka node (``kafka1``), every
+    instance of one test shares a state topic of that test's own (``mg.state_topic``)
+    unless told otherwise, so tests never see each other's records; on a cluster of the
+    test's own the state topic keeps its default name, ``__mirror_state``."""
     made: list[MirrorGuard] = []
+    test_state_topic = f"__mirror_state_{os.urandom(4).hex()}"
+    shared_state = request.getfixturevalue("kafka1").bootstrap if "kafka1" in request.fixturenames else None
 
     def make(state_bootstrap: str, mirrors: list[MirrorSpec], start: bool = True, **kw) -> MirrorGuard:
+        if state_bootstrap == shared_state:
+            kw.setdefault("state_topic", test_state_topic)
         mg = MirrorGuard(tmp_path, f"mg{len(made)}", state_bootstrap, mirrors, **kw)
         made.append(mg)
         try:  # conftest.py's failure report shows the logs it knows of

@@ -1,39 +1,37 @@
 """Support for the SPEC section 4 scenarios (tests/integration/test_scenarios.py and
 scripts/demo_failover.py): variants, hops through mirrorguard or directly, the seal,
-``mirrorguard dump`` parsing and librdkafka reads of a destination.
+promotion to a real broker, dumps (Kafka's kafka-dump-log and ``mirrorguard dump``) and
+librdkafka reads.
 
-The destination is the reference destination of tests/refdest (stand-in for a stock
-destination broker; tests and demo only). Sources, the state clusters and every client are
-real (Tansu, librdkafka).
+Sources, state clusters and promoted destinations are Apache Kafka 4.4 brokers; the
+destination while it mirrors is the reference destination of kafka_dest.py (Kafka's own
+UnifiedLog on the replication path, a broker-like fetcher), a stand-in because no released
+broker mirrors across clusters (SPEC section 7).
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ (the refdest package)
-
-import harness  # noqa: E402
-from mirror_harness import MirrorSpec  # noqa: E402
-from refdest import MirrorLink, ReferenceDestination  # noqa: E402,F401
+import harness
+from kafka_dest import KafkaDest, MirrorFetcher, kafka_dump_log  # noqa: F401
+from mirror_harness import MirrorSpec
 
 
 @dataclass(frozen=True)
 class Variant:
     """How a hop is made: without mirrorguard ("none"), or through a [[mirror]] listener
-    with a PID mode; `aware` = the destination understands MIRROR_PID_RESET (KIP-1279)."""
+    with a PID mode and layout."""
 
     name: str
     pid_mode: str | None  # None: no mirrorguard
     layout: str = "high"
-    aware: bool = False
 
     @property
     def guarded(self) -> bool:
@@ -43,98 +41,208 @@ class Variant:
 NONE = Variant("none", None)
 HIGH = Variant("region-high", "region", "high")
 SIGN_BIT = Variant("region-sign-bit", "region", "sign-bit")
-PRESERVE_AWARE = Variant("preserve-aware", "preserve", "high", aware=True)
-PRESERVE_STOCK = Variant("preserve-stock", "preserve", "high", aware=False)
+PRESERVE_STOCK = Variant("preserve-stock", "preserve", "high")
 
 
 @dataclass
 class Hop:
     """One mirrored partition: source -> (mirrorguard) -> reference destination."""
 
-    link: MirrorLink
+    fetcher: MirrorFetcher
+    dest: KafkaDest
     mg: object | None  # mirror_harness.MirrorGuard
     mirror: str | None
     topic: str
-    state_bootstrap: str | None
+    partition: int = 0
 
-    def seal(self, timeout: float = 15.0) -> dict:
-        """SPEC 6 runbook step 1-2: POST /v1/partitions/stop, then the destination fetcher's
-        own fetches take the cut and append the sealing batches until STOPPED."""
+    def catch_up(self, offset: int, timeout: float = 20.0) -> dict:
+        return self.fetcher.catch_up(self.topic, offset, self.partition, timeout)
+
+    def seal(self, timeout: float = 20.0) -> dict:
+        """SPEC 6 runbook steps 1-2: POST /v1/partitions/stop; the destination fetcher's own
+        fetches take the cut and append the sealing batches until STOPPED."""
         assert self.mg is not None
         status, body = self.mg.post("stop", self.mirror, self.topic)
         assert status == 200, (status, body)
-        self.link.follow(lambda _l: self.mg.partition(self.topic)["state"] == "STOPPED", timeout,
-                         f"{self.mirror} {self.topic} STOPPED")
-        return self.mg.partition(self.topic)
+        harness.wait_until(lambda: self.mg.partition(self.topic)["state"] == "STOPPED", timeout, interval=0.05,
+                           what=f"{self.mirror} {self.topic} STOPPED")
+        view = self.mg.partition(self.topic)
+        self.catch_up(view["cut"] + view["seal_batches"], timeout)
+        return view
+
+    def stop(self) -> dict:
+        """The destination stops mirroring (its fetcher is removed)."""
+        return self.fetcher.stop()
 
 
-def make_hop(broker_factory, mirror_factory, variant: Variant, source_bootstrap: str, dest: ReferenceDestination,
-             topic: str, name: str, *, source_cluster_id: str | None = None, state_bootstrap: str | None = None,
-             mg=None, **link_kw) -> Hop:
+def mirror_spec(name: str, source, variant: Variant) -> MirrorSpec:
+    return MirrorSpec(name, source.bootstrap, layout=variant.layout, pid_mode=variant.pid_mode or "region",
+                      node_ids=list(source.node_ids))
+
+
+def start_mirrorguard(mirror_factory, state_bootstrap: str, specs: list[MirrorSpec], topics: list[str], **kw):
+    # issue 13 item 6: mirrorguard looks destination topic ids up on the [state] cluster, so
+    # the destination topics are created there too until the destination bootstrap is
+    # configurable.
+    md = harness.admin(state_bootstrap).list_topics(timeout=10)
+    missing = [t for t in topics if t not in md.topics]
+    if missing:
+        harness.create_topics(state_bootstrap, missing)
+    return mirror_factory(state_bootstrap, specs, **kw)
+
+
+def make_hop(mirror_factory, variant: Variant, source, dest: KafkaDest, topic: str, name: str, *,
+             state_bootstrap: str | None = None, mg=None, partition: int = 0, guard_upstream: str | None = None,
+             **opts) -> Hop:
+    """A fetcher on `dest` for topic-partition, straight from `source` or through a
+    mirror listener named `name` (a new mirrorguard unless `mg` is given)."""
+    part = {"topic": topic, "partition": partition, **{k: opts.pop(k) for k in list(opts)
+                                                         if k in ("rebase", "source_offset", "source_topic")}}
+    source_topic = part.get("source_topic", topic)
     if not variant.guarded:
-        return Hop(dest.mirror_from(source_bootstrap, topic, **link_kw), None, None, topic, None)
+        return Hop(dest.mirror(name, source.bootstrap, [part], **opts), dest, None, None, topic, partition)
     if mg is None:
-        if state_bootstrap is None:
-            state = broker_factory()
-            state_bootstrap = state.bootstrap
-        # The destination topic must exist on the [state] cluster (salts, life cycle).
-        harness.create_topics(state_bootstrap, [topic])
-        mg = mirror_factory(state_bootstrap, [MirrorSpec(name, source_bootstrap, layout=variant.layout,
-                                                         pid_mode=variant.pid_mode,
-                                                         source_cluster_id=source_cluster_id)])
+        assert state_bootstrap is not None
+        mg = start_mirrorguard(mirror_factory, state_bootstrap, [mirror_spec(name, source, variant)], [source_topic],
+                               **({"guard_upstream": guard_upstream} if guard_upstream else {}))
         mg.wait_sources_known()
-    link = dest.mirror_from(mg.mirrors[name].bootstrap, topic, **link_kw)
-    return Hop(link, mg, name, topic, state_bootstrap)
+    return Hop(dest.mirror(name, mg.mirrors[name].bootstrap, [part], **opts), dest, mg, name, topic, partition)
 
 
-# ----------------------------------------------------------------------------- dump
+# ----------------------------------------------------------------------------- dumps
 
 
-def dump_json(mirrorguard_bin, segment: Path) -> list[dict]:
-    out = subprocess.run([str(mirrorguard_bin), "dump", "--json", "--deep-iteration", str(segment)],
-                         capture_output=True, text=True, timeout=30, check=True).stdout
-    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+def segments(partition_dir: Path) -> list[Path]:
+    return sorted(partition_dir.glob("*.log"))
 
 
-def dump_text(mirrorguard_bin, segment: Path) -> str:
-    return subprocess.run([str(mirrorguard_bin), "dump", "--deep-iteration", str(segment)],
-                          capture_output=True, text=True, timeout=30, check=True).stdout
+def mg_dump(mirrorguard_bin, segs: list[Path]) -> list[dict]:
+    out = subprocess.run([str(mirrorguard_bin), "dump", "--json", "--deep-iteration", *map(str, segs)],
+                         capture_output=True, text=True, timeout=60, check=True).stdout
+    return [b for b in (json.loads(line) for line in out.splitlines() if line.startswith("{"))
+            if b.get("type") == "batch"]
 
 
-def dump_kinds(mirrorguard_bin, segment: Path) -> list[tuple[int, str, int]]:
-    """(baseOffset, data|commit|abort|barrier, producerId) per batch, from `mirrorguard dump`."""
+def kinds(mirrorguard_bin, partition_dir: Path) -> list[tuple[int, str, int]]:
+    """(baseOffset, data|commit|abort|barrier, producerId) per batch, from `mirrorguard dump`
+    of every segment of the partition."""
     out = []
-    for b in dump_json(mirrorguard_bin, segment):
-        if b.get("type") != "batch":
-            continue
+    for b in mg_dump(mirrorguard_bin, segments(partition_dir)):
         assert b["isValid"], b
         kind = "data"
         if b["isControl"]:
             kind = {"ABORT": "abort", "COMMIT": "commit", "MIRROR_PID_RESET": "barrier"}.get(
-                b["control"]["type"], b["control"]["type"])
+                b["control"]["type"], str(b["control"]["type"]))
         out.append((b["baseOffset"], kind, b["producerId"]))
     return out
 
 
-def barriers(mirrorguard_bin, segment: Path) -> list[tuple[int, str]]:
-    """(offset, sourceClusterId) of every MIRROR_PID_RESET in the segment."""
-    return [(b["baseOffset"], b["control"]["sourceClusterId"]) for b in dump_json(mirrorguard_bin, segment)
-            if b.get("type") == "batch" and b["isControl"] and b["control"]["type"] == "MIRROR_PID_RESET"]
+def barriers(mirrorguard_bin, partition_dir: Path) -> list[tuple[int, str]]:
+    """(offset, sourceClusterId) of every MIRROR_PID_RESET in the partition."""
+    return [(b["baseOffset"], b["control"]["sourceClusterId"]) for b in mg_dump(mirrorguard_bin, segments(partition_dir))
+            if b["isControl"] and b["control"]["type"] == "MIRROR_PID_RESET"]
+
+
+DUMP_FIELDS = [("baseOffset", int), ("lastOffset", int), ("producerId", int), ("producerEpoch", int),
+               ("baseSequence", int), ("partitionLeaderEpoch", int), ("position", int), ("size", int),
+               ("crc", int), ("count", int)]
+
+
+def dumps_agree(mirrorguard_bin, partition_dir: Path) -> int:
+    """Kafka's kafka-dump-log and `mirrorguard dump` of every segment agree on every batch
+    (offsets, producer fields, leader epoch, position, size, CRC, flags, validity).
+    Returns the number of batches compared."""
+    n = 0
+    for seg in segments(partition_dir):
+        theirs = kafka_dump_log(seg)
+        ours = mg_dump(mirrorguard_bin, [seg])
+        assert len(theirs) == len(ours), (seg, len(theirs), len(ours))
+        for k, m in zip(theirs, ours):
+            for field, conv in DUMP_FIELDS:
+                assert conv(k[field]) == m[field], (seg, field, k, m)
+            assert (k["isTransactional"] == "true") == m["isTransactional"], (k, m)
+            assert (k["isControl"] == "true") == m["isControl"], (k, m)
+            assert k["isvalid"] == "true" and m["isValid"], (k, m)
+            n += 1
+    return n
 
 
 # ----------------------------------------------------------------------------- clients
 
 
-def send_each(producer, topic: str, values: list[bytes], partition: int = 0, timeout: float = 15.0):
-    """One record per batch (flush after each). Returns [(error, offset)] per record."""
+def idem(bootstrap: str, **conf):
+    """An idempotent librdkafka producer; its client-level errors (a fatal one included)
+    are kept in ``.errors`` instead of being raised from flush()."""
+    errors: list = []
+    p = harness.new_producer(bootstrap, **{"enable.idempotence": True, "linger.ms": 0,
+                                           "message.timeout.ms": 15000, "error_cb": lambda e: errors.append(e), **conf})
+    return _WithErrors(p, errors)
+
+
+class _WithErrors:
+    def __init__(self, p, errors):
+        self._p = p
+        self.errors = errors
+
+    def __getattr__(self, name):
+        return getattr(self._p, name)
+
+
+def txn_producer(bootstrap: str, txn_id: str):
+    p = harness.new_producer(bootstrap, **{"transactional.id": txn_id, "linger.ms": 0,
+                                           "message.timeout.ms": 15000, "transaction.timeout.ms": 60000})
+    p.init_transactions(20)
+    return p
+
+
+def txn(p, topic: str, values_: list[bytes], commit: bool | None):
+    """commit=None leaves the transaction open."""
+    p.begin_transaction()
+    for v in values_:
+        p.produce(topic, value=v, partition=0)
+    assert p.flush(15) == 0
+    if commit is True:
+        p.commit_transaction(15)
+    elif commit is False:
+        p.abort_transaction(15)
+
+
+def send_each(producer, topic: str, values_: list[bytes], partition: int = 0, timeout: float = 15.0):
+    """One record per batch (flush after each). Returns [(error or None, offset)] per
+    record; a fatal producer error ends the list early with that error."""
     out = []
-    for v in values:
+    for v in values_:
         res = []
-        producer.produce(topic, value=v, partition=partition, on_delivery=lambda e, m: res.append((e, m.offset())))
-        left = producer.flush(timeout)
+
+        def cb(err, msg, res=res):
+            res.append((err, msg.offset() if err is None else -1))
+
+        try:
+            producer.produce(topic, value=v, partition=partition, on_delivery=cb)
+            left = producer.flush(timeout)
+        except (KafkaException, SystemError) as e:
+            # A fatal producer error is raised out of flush() (chained when it surfaced in a
+            # callback): the producer is dead.
+            while not isinstance(e, KafkaException) and (e.__cause__ or e.__context__) is not None:
+                e = e.__cause__ or e.__context__
+            assert isinstance(e, KafkaException), e
+            out.append((e.args[0], -1))
+            return out
         assert left == 0 and res, f"{v!r} not delivered in {timeout}s"
         out.append(res[0])
+        if res[0][0] is not None and res[0][0].fatal():
+            return out
     return out
+
+
+def end_offset(bootstrap: str, topic: str, partition: int = 0) -> int:
+    """The high watermark (a consumer's ListOffsets LATEST)."""
+    c = harness.new_consumer(bootstrap, **{"group.id": "scenario-probe", "enable.auto.commit": False,
+                                           "isolation.level": "read_uncommitted"})
+    try:
+        return c.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)[1]
+    finally:
+        c.close()
 
 
 def read_all(bootstrap: str, topic: str, isolation: str, partition: int = 0, timeout: float = 15.0,
@@ -167,3 +275,15 @@ def values(records) -> list[bytes]:
 
 def anomalies(mg) -> list[dict]:
     return mg.get("/v1/anomalies")["anomalies"]
+
+
+def node_warnings(cluster, needle: str) -> list[str]:
+    """WARN lines of a Kafka cluster's node logs that contain `needle`."""
+    out = []
+    for n in cluster.nodes:
+        try:
+            text = n.log_path.read_text(errors="replace")
+        except OSError:
+            continue
+        out += [line for line in text.splitlines() if " WARN " in line and needle in line]
+    return out

@@ -70,7 +70,7 @@ def test_state_cluster_apart_from_destination(kafka_factory, mirror_factory):
     assert mapped == map_pid(src_pids.pop(), fold(src.cluster_id)), "region mapping"
     assert topic not in _topic_names(state.bootstrap), "the test must not create the topic on the state cluster"
     dest_id = _topic_ids(dest.bootstrap, [topic])[topic]
-    snaps = [r for r in read_state_records(state.bootstrap) if r.type == 5]
+    snaps = [r for r in read_state_records(state.bootstrap, mg.state_topic) if r.type == 5]
     assert snaps, "no producer claim recorded"
     assert all(r.key["topic_id"] == dest_id for r in snaps), "claims must be keyed by the destination topic id"
     assert any(pr["producer_id"] == mapped for r in snaps for pr in r.value["producers"])
@@ -138,11 +138,11 @@ def _kill_children():
         c.wait(5)
 
 
-def _wait_topology(state_bootstrap: str, mirror: str, topic: str, timeout: float = 15.0) -> dict:
+def _wait_topology(state_bootstrap: str, mirror: str, topic: str, state_topic: str, timeout: float = 15.0) -> dict:
     found: dict = {}
 
     def persisted():
-        for r in read_state_records(state_bootstrap):
+        for r in read_state_records(state_bootstrap, topic=state_topic):
             if r.type == 6 and r.key["mirror"] == mirror and r.value:
                 if any(t["name"] == topic for t in r.value["topics"]):
                     found["v"] = r.value
@@ -168,7 +168,7 @@ def test_source_killed_with_open_txn_then_stop(kafka_factory, kafka1, mirror_fac
     f = StandInFetcher(topic, version=13).connect(spec.bootstrap)
     f.catch_up(hw)
     open_pid = [b for b in f.log if b.kind == "data"][-1].producer_id
-    _wait_topology(kafka1.bootstrap, "a-to-b", topic)
+    _wait_topology(kafka1.bootstrap, "a-to-b", topic, mg.state_topic)
 
     src.nodes[0].kill()
     # The connection of the fetcher stays: a long poll for a MIRRORING partition gets an
@@ -210,7 +210,7 @@ def test_restart_with_source_dead_then_stop_second_partition(kafka_factory, kafk
         f.catch_up(high_watermark(src.bootstrap, topic, part))
         fetchers.append(f)
     open_pid = [b for b in fetchers[1].log if b.kind == "data"][-1].producer_id
-    _wait_topology(kafka1.bootstrap, "a-to-b", topic)
+    _wait_topology(kafka1.bootstrap, "a-to-b", topic, mg.state_topic)
     time.sleep(1.5)  # a periodic producer-state snapshot (500 ms) has the open transaction
 
     src.nodes[0].kill()
@@ -241,7 +241,7 @@ def test_source_hanging_then_stop(kafka_factory, kafka1, mirror_factory):
     hw = high_watermark(src.bootstrap, topic)
     f = StandInFetcher(topic, version=13).connect(spec.bootstrap)
     f.catch_up(hw)
-    _wait_topology(kafka1.bootstrap, "a-to-b", topic)
+    _wait_topology(kafka1.bootstrap, "a-to-b", topic, mg.state_topic)
     src.nodes[0].pause()
     try:
         # The source accepts TCP but never answers: the fetch is answered after its
@@ -378,7 +378,7 @@ def test_abort_open_when_destination_fetcher_is_gone(kafka_factory, kafka1, mirr
     assert status == 200 and body["partitions"][0]["aborted"] == [], body
     p0 = mg.partition(topic, 0)
     assert p0["state"] == "STOPPED" and "abort-open" in (p0["reason"] or ""), p0
-    recs = [r for r in read_state_records(kafka1.bootstrap) if r.type == 4 and r.value
+    recs = [r for r in read_state_records(kafka1.bootstrap, mg.state_topic) if r.type == 4 and r.value
             and r.value["topic"] == topic and r.value["state"] == 3]
     assert recs, "STOPPED after abort-open recorded in __mirror_state"
     assert mg.metrics().sum("mirrorguard_seal_events_total", kind="abort_open_marker_written") == 1

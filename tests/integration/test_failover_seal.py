@@ -1,10 +1,12 @@
 """Failover (issue 5): stop and seal through the fetch path, pause/resume, the admin API's
-errors, restart recovery. Real Tansu source and state brokers, real librdkafka producers;
-the destination is the STAND-IN fetcher of mirror_harness.py (SPEC 7)."""
+errors, restart recovery. Real Apache Kafka 4.4 source (a one-node cluster per test) and
+state cluster (the session's shared node, a state topic per test), real librdkafka
+producers; the destination is the STAND-IN fetcher of mirror_harness.py (SPEC 7)."""
 
 from __future__ import annotations
 
 import subprocess
+import sys
 
 import pytest
 
@@ -30,12 +32,20 @@ TOPIC = "t"
 MIRROR = "a-to-b"
 
 
-def _setup(broker_factory, mirror_factory, partitions: int = 1, **kw):
-    src = broker_factory()
-    state = broker_factory()
+@pytest.fixture(autouse=True)
+def _unique_topic(monkeypatch):
+    """Each test mirrors a topic of its own name: the state cluster is shared by the
+    session, and the destination topic ids are looked up there by name."""
+    monkeypatch.setattr(sys.modules[__name__], "TOPIC", harness.topic_name("t"))
+
+
+def _setup(kafka_factory, kafka1, mirror_factory, partitions: int = 1, **kw):
+    src = kafka_factory()
+    state = kafka1
     harness.create_topics(src.bootstrap, [TOPIC], partitions=partitions)
+    # issue 13 item 6: destination topic id lookup
     harness.create_topics(state.bootstrap, [TOPIC], partitions=partitions)
-    mg = mirror_factory(state.bootstrap, [MirrorSpec(MIRROR, src.bootstrap)], **kw)
+    mg = mirror_factory(state.bootstrap, [MirrorSpec.of(MIRROR, src)], **kw)
     mg.wait_sources_known()
     return src, state, mg
 
@@ -50,6 +60,7 @@ def _open_transaction_on_source(src, txn_id: str = "txn-open"):
     for i in range(2):
         tp.produce(TOPIC, value=b"open-%d" % i, partition=0)
     assert tp.flush(20) == 0
+    harness.wait_txn_markers(src.bootstrap, TOPIC, open_transactions=1)
     return idem, tp
 
 
@@ -75,8 +86,8 @@ def _check_seal(batches, cut: int, open_pid: int, open_epoch: int, source_cid: s
 
 
 @pytest.mark.parametrize("version", [12, 13, 4])
-def test_stop_seals_open_transaction_then_stopped(broker_factory, mirror_factory, version):
-    src, state, mg = _setup(broker_factory, mirror_factory)
+def test_stop_seals_open_transaction_then_stopped(kafka_factory, kafka1, mirror_factory, version):
+    src, state, mg = _setup(kafka_factory, kafka1, mirror_factory)
     idem, tp = _open_transaction_on_source(src)
     hw = high_watermark(src.bootstrap, TOPIC)
     f = StandInFetcher(TOPIC, version=version).connect(mg.mirrors[MIRROR].bootstrap)
@@ -85,7 +96,8 @@ def test_stop_seals_open_transaction_then_stopped(broker_factory, mirror_factory
     assert cut == hw
     open_batches = [b for b in f.log if b.is_transactional and not b.is_control]
     open_pid, open_epoch = open_batches[-1].producer_id, open_batches[-1].producer_epoch
-    assert open_pid == map_pid(2, fold(src.cluster_id))  # Tansu: idempotent 1, transactional 2
+    src_open = [b for b in direct_batches(src.bootstrap, TOPIC) if b.is_transactional and not b.is_control][-1]
+    assert open_pid == map_pid(src_open.producer_id, fold(src.cluster_id))
 
     status, body = mg.post("stop", MIRROR, TOPIC, [0])
     assert status == 200, body
@@ -125,15 +137,15 @@ def test_stop_seals_open_transaction_then_stopped(broker_factory, mirror_factory
     assert mg.metrics().sum("mirrorguard_partitions", state="STOPPED") == 1
 
     # Every transition is in __mirror_state (type 4), read with a Kafka consumer.
-    states = [r for r in read_state_records(state.bootstrap) if r.type == 4 and r.key["partition"] == 0]
+    states = [r for r in read_state_records(state.bootstrap, mg.state_topic) if r.type == 4 and r.key["partition"] == 0]
     codes = [r.value["state"] for r in states]
     assert codes[0] == 2 and codes[-1] == 3, codes  # STOPPING ... STOPPED
     assert states[-1].value["cut"] == cut and states[-1].value["seal_batches"] == 2
     assert states[-1].value["source_cluster_id"] == src.cluster_id and states[-1].value["mirror"] == MIRROR
 
 
-def test_pause_holds_data_resume_continues(broker_factory, mirror_factory):
-    src, state, mg = _setup(broker_factory, mirror_factory)
+def test_pause_holds_data_resume_continues(kafka_factory, kafka1, mirror_factory):
+    src, state, mg = _setup(kafka_factory, kafka1, mirror_factory)
     idem = idempotent_producer(src.bootstrap)
     send(idem, TOPIC, [b"one-%d" % i for i in range(3)])
     f = StandInFetcher(TOPIC).connect(mg.mirrors[MIRROR].bootstrap)
@@ -163,13 +175,13 @@ def test_pause_holds_data_resume_continues(broker_factory, mirror_factory):
     assert sum(1 for b in f.log if b.is_control) == 0, "pause must not seal"
 
 
-def test_api_errors_change_nothing(broker_factory, mirror_factory):
-    src, state, mg = _setup(broker_factory, mirror_factory, partitions=2)
+def test_api_errors_change_nothing(kafka_factory, kafka1, mirror_factory):
+    src, state, mg = _setup(kafka_factory, kafka1, mirror_factory, partitions=2)
     status, body = mg.post("stop", MIRROR, TOPIC, [0])
     assert status == 200, body
     snapshot = mg.partitions()
     assert [(p["partition"], p["state"]) for p in snapshot] == [(0, "STOPPING"), (1, "MIRRORING")]
-    state_records = len(read_state_records(state.bootstrap))
+    state_records = len(read_state_records(state.bootstrap, mg.state_topic))
 
     cases = [
         # (what, request kwargs, expected status, expected error code)
@@ -224,7 +236,7 @@ def test_api_errors_change_nothing(broker_factory, mirror_factory):
     status, body = mg.request("POST", "/v1/partitions/stop", b"{not json", token=None)
     assert status == 401, body
 
-    assert len(read_state_records(state.bootstrap)) == state_records, "an error must persist nothing"
+    assert len(read_state_records(state.bootstrap, mg.state_topic)) == state_records, "an error must persist nothing"
 
     # the same through `mirrorguard ctl`
     out = subprocess.run(
@@ -237,12 +249,12 @@ def test_api_errors_change_nothing(broker_factory, mirror_factory):
     assert mg.partitions() == snapshot
 
 
-def _kill9_mid_seal(broker_factory, mirror_factory, appended: bool):
+def _kill9_mid_seal(kafka_factory, kafka1, mirror_factory, appended: bool):
     """Stop with a transaction open; the fetcher fetches at the cut (the cut is taken and
     persisted, the seal served); then mirrorguard is killed with -9 before the fetcher
     fetched past the seal, and restarted. `appended`: whether the destination appended
     the sealing batches before the crash (if not, it fetches at the cut again)."""
-    src, state, mg = _setup(broker_factory, mirror_factory)
+    src, state, mg = _setup(kafka_factory, kafka1, mirror_factory)
     idem, tp = _open_transaction_on_source(src, "txn-kill")
     f = StandInFetcher(TOPIC, version=12).connect(mg.mirrors[MIRROR].bootstrap)
     f.catch_up(high_watermark(src.bootstrap, TOPIC))
@@ -289,8 +301,8 @@ def _kill9_mid_seal(broker_factory, mirror_factory, appended: bool):
 
 
 @pytest.mark.parametrize("appended", [False, True], ids=["seal-lost", "seal-appended"])
-def test_kill9_mid_seal_restart_completes_seal_once(broker_factory, mirror_factory, appended):
-    src, state, mg, f = _kill9_mid_seal(broker_factory, mirror_factory, appended)
+def test_kill9_mid_seal_restart_completes_seal_once(kafka_factory, kafka1, mirror_factory, appended):
+    src, state, mg, f = _kill9_mid_seal(kafka_factory, kafka1, mirror_factory, appended)
     assert _seal_metric(mg, "seal_completed") == 1
 
     # STOPPED survives a restart; fetches are answered locally, never forwarded.
@@ -307,15 +319,15 @@ def test_kill9_mid_seal_restart_completes_seal_once(broker_factory, mirror_facto
     assert _seal_metric(mg, "barrier_served") == 0 and _seal_metric(mg, "abort_marker_served") == 0
 
 
-def test_kill9_mid_seal_restart_counts_reserved_seal(broker_factory, mirror_factory):
-    _src, _state, mg, f = _kill9_mid_seal(broker_factory, mirror_factory, appended=False)
+def test_kill9_mid_seal_restart_counts_reserved_seal(kafka_factory, kafka1, mirror_factory):
+    _src, _state, mg, f = _kill9_mid_seal(kafka_factory, kafka1, mirror_factory, appended=False)
     f.close()
     served = {k: _seal_metric(mg, k) for k in ("abort_marker_served", "barrier_served", "seal_completed")}
     assert served == {"abort_marker_served": 1, "barrier_served": 1, "seal_completed": 1}, served
 
 
-def _restart_while_mirroring_then_stop(broker_factory, mirror_factory, kill: bool):
-    src, state, mg = _setup(broker_factory, mirror_factory)
+def _restart_while_mirroring_then_stop(kafka_factory, kafka1, mirror_factory, kill: bool):
+    src, state, mg = _setup(kafka_factory, kafka1, mirror_factory)
     _idem, tp = _open_transaction_on_source(src, "txn-restart")
     f = StandInFetcher(TOPIC, version=12).connect(mg.mirrors[MIRROR].bootstrap)
     f.catch_up(high_watermark(src.bootstrap, TOPIC))
@@ -335,20 +347,21 @@ def _restart_while_mirroring_then_stop(broker_factory, mirror_factory, kill: boo
     f.close()
 
 
-def test_graceful_restart_while_mirroring_then_stop_aborts_open_transaction(broker_factory, mirror_factory):
-    _restart_while_mirroring_then_stop(broker_factory, mirror_factory, kill=False)
+def test_graceful_restart_while_mirroring_then_stop_aborts_open_transaction(kafka_factory, kafka1, mirror_factory):
+    _restart_while_mirroring_then_stop(kafka_factory, kafka1, mirror_factory, kill=False)
 
 
-def test_kill9_before_any_snapshot_then_stop_aborts_open_transaction(broker_factory, mirror_factory):
-    _restart_while_mirroring_then_stop(broker_factory, mirror_factory, kill=True)
+def test_kill9_before_any_snapshot_then_stop_aborts_open_transaction(kafka_factory, kafka1, mirror_factory):
+    _restart_while_mirroring_then_stop(kafka_factory, kafka1, mirror_factory, kill=True)
 
 
 @pytest.mark.parametrize("n_open", [0, 2])
-def test_seal_has_one_abort_marker_per_open_transaction(broker_factory, mirror_factory, n_open):
+def test_seal_has_one_abort_marker_per_open_transaction(kafka_factory, kafka1, mirror_factory, n_open):
     """0 open transactions: the barrier alone at the cut; 2 open: two ABORT markers in the
     order of the transactions' first offsets, then the barrier. Paused first, then stopped
-    (PAUSED -> STOPPING is allowed), with `all: true`."""
-    src, state, mg = _setup(broker_factory, mirror_factory)
+    (PAUSED -> STOPPING is allowed). (This used `all: true`, which on a Kafka source also
+    selects its internal topics: see test_all_selects_only_mirrorable_topics.)"""
+    src, state, mg = _setup(kafka_factory, kafka1, mirror_factory)
     fl = fold(src.cluster_id)
     idem = idempotent_producer(src.bootstrap)
     send(idem, TOPIC, [b"idem-0"])
@@ -361,6 +374,7 @@ def test_seal_has_one_abort_marker_per_open_transaction(broker_factory, mirror_f
         tp.begin_transaction()
         tp.produce(TOPIC, value=b"open-%d" % i, partition=0)
         assert tp.flush(20) == 0
+    harness.wait_txn_markers(src.bootstrap, TOPIC, open_transactions=n_open)
     f = StandInFetcher(TOPIC).connect(mg.mirrors[MIRROR].bootstrap)
     f.catch_up(high_watermark(src.bootstrap, TOPIC))
     cut = f.leo
@@ -370,11 +384,11 @@ def test_seal_has_one_abort_marker_per_open_transaction(broker_factory, mirror_f
             firsts[b.producer_id] = (b.base_offset, b.producer_epoch)
     assert len(firsts) == n_open
 
-    status, body = mg.post("pause", MIRROR, all_=True)
+    status, body = mg.post("pause", MIRROR, TOPIC)
     assert status == 200, body
     res, got = f.fetch_once()
     assert got == []
-    status, body = mg.post("stop", MIRROR, all_=True)
+    status, body = mg.post("stop", MIRROR, TOPIC)
     assert status == 200, body
     assert [e["state"] for e in body["applied"]] == ["STOPPING"], body
 
@@ -384,8 +398,10 @@ def test_seal_has_one_abort_marker_per_open_transaction(broker_factory, mirror_f
     assert [b.base_offset for b in got] == list(range(cut, cut + n_open + 1))
     expected = sorted(firsts.items(), key=lambda kv: (kv[1][0], kv[0]))
     assert [(b.producer_id, b.producer_epoch) for b in got[:-1]] == [(pid, ep) for pid, (_, ep) in expected]
+    txn_pids = {b.producer_id for b in direct_batches(src.bootstrap, TOPIC) if b.is_transactional}
+    assert len(txn_pids) == 2, txn_pids
     for b in got[:-1]:
-        assert b.producer_id in {map_pid(2, fl), map_pid(3, fl)} and b.attributes == 0x30
+        assert b.producer_id in {map_pid(p, fl) for p in txn_pids} and b.attributes == 0x30
     assert decode_barrier_value(got[-1].control_value) == (0, src.cluster_id)
     f.fetch_once()
     e = mg.partition(TOPIC, 0)
@@ -394,12 +410,12 @@ def test_seal_has_one_abort_marker_per_open_transaction(broker_factory, mirror_f
     f.close()
 
 
-def test_stopped_partition_spliced_out_of_multi_partition_fetches(broker_factory, mirror_factory):
+def test_stopped_partition_spliced_out_of_multi_partition_fetches(kafka_factory, kafka1, mirror_factory):
     """t has 2 partitions; p0 is sealed and STOPPED, p1 keeps mirroring. A librdkafka
     consumer (check.crcs) reading both through the mirror listener sends fetches naming
     both partitions: the proxy forwards them and replaces p0's entry, so p1's data flows
     (also what the source got after the stop) and p0's post-stop data never shows up."""
-    src, state, mg = _setup(broker_factory, mirror_factory, partitions=2)
+    src, state, mg = _setup(kafka_factory, kafka1, mirror_factory, partitions=2)
     idem = idempotent_producer(src.bootstrap)
     send(idem, TOPIC, [b"p0-before-%d" % i for i in range(3)], partition=0)
     send(idem, TOPIC, [b"p1-before-%d" % i for i in range(3)], partition=1)
@@ -439,10 +455,10 @@ def test_stopped_partition_spliced_out_of_multi_partition_fetches(broker_factory
     assert not any(v.startswith(b"p0-after") for v in got[0]), got[0]
 
 
-def test_kill9_while_mirroring_then_stop_aborts_open_transaction_from_snapshot(broker_factory, mirror_factory):
+def test_kill9_while_mirroring_then_stop_aborts_open_transaction_from_snapshot(kafka_factory, kafka1, mirror_factory):
     """A snapshot (type 5, every 200 ms here) holds the open transaction; kill -9; restart;
     stop: the seal still carries its ABORT marker."""
-    src, state, mg = _setup(broker_factory, mirror_factory, snapshot_interval_ms=200)
+    src, state, mg = _setup(kafka_factory, kafka1, mirror_factory, snapshot_interval_ms=200)
     _idem, tp = _open_transaction_on_source(src, "txn-snap")
     f = StandInFetcher(TOPIC, version=12).connect(mg.mirrors[MIRROR].bootstrap)
     f.catch_up(high_watermark(src.bootstrap, TOPIC))
@@ -452,7 +468,7 @@ def test_kill9_while_mirroring_then_stop_aborts_open_transaction_from_snapshot(b
     def snapshotted():
         return any(r.type == 5 and r.value and any(p["producer_id"] == open_b.producer_id
                                                    and p["txn_first_offset"] >= 0 for p in r.value["producers"])
-                   for r in read_state_records(state.bootstrap))
+                   for r in read_state_records(state.bootstrap, mg.state_topic))
 
     harness.wait_until(snapshotted, 10, interval=0.2, what="a snapshot with the open transaction")
     mg.kill9()
@@ -465,3 +481,18 @@ def test_kill9_while_mirroring_then_stop_aborts_open_transaction_from_snapshot(b
     _check_seal(got, cut, open_b.producer_id, open_b.producer_epoch, src.cluster_id)
     f.fetch_once()
     assert mg.partition(TOPIC, 0)["state"] == "STOPPED"
+
+
+def test_all_selects_only_mirrorable_topics(kafka_factory, kafka1, mirror_factory):
+    src, state, mg = _setup(kafka_factory, kafka1, mirror_factory)
+    tp = transactional_producer(src.bootstrap, "txn-internal")  # creates __transaction_state
+    txn(tp, TOPIC, [b"done"], commit=True)
+    harness.wait_until(lambda: any(t.startswith("__") for t in harness.admin(src.bootstrap).list_topics(
+        timeout=5).topics), 10, what="__transaction_state on the source")
+    mg.restart()  # learns the source's topics again
+    mg.wait_sources_known()
+    listed = {p["topic"] for p in mg.partitions()}
+    assert listed == {TOPIC}, listed
+    status, body = mg.post("pause", MIRROR, all_=True)
+    assert status == 200, body
+    assert [(e["topic"], e["state"]) for e in body["applied"]] == [(TOPIC, "PAUSED")], body

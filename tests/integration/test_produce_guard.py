@@ -1,7 +1,8 @@
-"""The produce guard (issue 5) against real Tansu brokers and librdkafka.
+"""The produce guard (issue 5) against real Apache Kafka 4.4 brokers and librdkafka.
 
-mirrorguard runs a mirror listener (source A -> destination D) and a produce guard
-in front of D. Produce to a mirrored partition is refused with POLICY_VIOLATION (a
+mirrorguard runs a mirror listener (source A: a one-node Kafka cluster of the test's
+own -> destination D: the session's shared Kafka node, which also holds the test's
+state topic) and a produce guard in front of D. Produce to a mirrored partition is refused with POLICY_VIOLATION (a
 non-retriable error) whose message names the mirror, while other partitions of the
 same request go through; once the partition is sealed (STOPPED) the guard forwards
 it untouched. The destination fetcher is the stand-in of mirror_harness.
@@ -9,6 +10,9 @@ it untouched. The destination fetcher is the stand-in of mirror_harness.
 
 from __future__ import annotations
 
+import sys
+
+import pytest
 
 from confluent_kafka import KafkaError
 from kafka.record.default_records import DefaultRecordBatchBuilder
@@ -31,12 +35,19 @@ MIRROR = "a-to-d"
 POLICY_VIOLATION = 44
 
 
-def _with_guard(mg, upstream: str):
+@pytest.fixture(autouse=True)
+def _unique_topics(monkeypatch):
+    """The destination is shared by the session: each test guards topics of its own."""
+    monkeypatch.setattr(sys.modules[__name__], "TOPIC", harness.topic_name("guarded"))
+    monkeypatch.setattr(sys.modules[__name__], "LOCAL", harness.topic_name("local-only"))
+
+
+def _with_guard(mg, upstream: str, node_ids: list[int]):
     """Adds a [[guard]] listener in front of `upstream` to a not-yet-started MirrorGuard."""
     taken = {mg.admin_port} | {m.bootstrap_port for m in mg.mirrors.values()}
     mg.guard_port = harness.free_port(taken)
     taken.add(mg.guard_port)
-    base = harness.free_node_port_base(taken)
+    base = harness.free_node_port_base(taken, nodes=node_ids)
     with open(mg.config_path, "a") as f:
         f.write(
             f"""
@@ -52,14 +63,14 @@ upstream_bootstrap = ["{upstream}"]
     return f"{HOST}:{mg.guard_port}"
 
 
-def _setup(broker_factory, mirror_factory):
-    src = broker_factory()
-    dest = broker_factory()  # the destination, which also holds __mirror_state
+def _setup(kafka_factory, kafka1, mirror_factory):
+    src = kafka_factory()
+    dest = kafka1  # the destination, which also holds the state topic
     harness.create_topics(src.bootstrap, [TOPIC], partitions=2)
     harness.create_topics(dest.bootstrap, [TOPIC], partitions=2)
     harness.create_topics(dest.bootstrap, [LOCAL])
-    mg = mirror_factory(dest.bootstrap, [MirrorSpec(MIRROR, src.bootstrap)], start=False)
-    guard = _with_guard(mg, dest.bootstrap)
+    mg = mirror_factory(dest.bootstrap, [MirrorSpec.of(MIRROR, src)], start=False)
+    guard = _with_guard(mg, dest.bootstrap, dest.node_ids)
     mg.start()
     mg.wait_sources_known()
     return src, dest, mg, guard
@@ -124,8 +135,8 @@ def _seal(mg, src, partition: int) -> None:
     f.close()
 
 
-def test_guard_refuses_mirrored_partitions_then_forwards_once_stopped(broker_factory, mirror_factory):
-    src, dest, mg, guard = _setup(broker_factory, mirror_factory)
+def test_guard_refuses_mirrored_partitions_then_forwards_once_stopped(kafka_factory, kafka1, mirror_factory):
+    src, dest, mg, guard = _setup(kafka_factory, kafka1, mirror_factory)
     send(idempotent_producer(src.bootstrap), TOPIC, [b"m-%d" % i for i in range(3)], partition=0)
 
     # Both partitions of the mirrored topic are refused; the local topic in the same
@@ -159,8 +170,8 @@ def test_guard_refuses_mirrored_partitions_then_forwards_once_stopped(broker_fac
     assert {b.port for b in md.brokers.values()} != {int(dest.bootstrap.rsplit(":", 1)[1])}
 
 
-def test_guard_refused_partition_state_survives_restart(broker_factory, mirror_factory):
-    src, dest, mg, guard = _setup(broker_factory, mirror_factory)
+def test_guard_refused_partition_state_survives_restart(kafka_factory, kafka1, mirror_factory):
+    src, dest, mg, guard = _setup(kafka_factory, kafka1, mirror_factory)
     send(idempotent_producer(src.bootstrap), TOPIC, [b"m"], partition=0)
     _seal(mg, src, 0)
     mg.restart()
@@ -170,8 +181,8 @@ def test_guard_refused_partition_state_survives_restart(broker_factory, mirror_f
     assert errors == {(TOPIC, 0): None, (TOPIC, 1): KafkaError.POLICY_VIOLATION}, errors
 
 
-def test_guard_acks0_refused_records_are_dropped(broker_factory, mirror_factory):
-    src, dest, mg, guard = _setup(broker_factory, mirror_factory)
+def test_guard_acks0_refused_records_are_dropped(kafka_factory, kafka1, mirror_factory):
+    src, dest, mg, guard = _setup(kafka_factory, kafka1, mirror_factory)
     p = harness.new_producer(guard, **{"acks": 0, "enable.idempotence": False, "linger.ms": 10})
     for i in range(5):
         p.produce(TOPIC, value=b"a0-%d" % i, partition=0)

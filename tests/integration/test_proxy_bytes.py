@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import rawkafka
-from harness import HOST, create_topics, new_producer, produce, topic_name
+from harness import HOST, create_topics, new_producer, produce, topic_name, wait_txn_markers
 
 
 def _fill(bootstrap: str, topic: str) -> None:
@@ -28,6 +28,7 @@ def _fill(bootstrap: str, topic: str) -> None:
             p.produce(topic, value=f"txn-{outcome}-{i}".encode(), partition=0)
         p.flush(15)
         (p.abort_transaction if outcome == "abort" else p.commit_transaction)(15)
+    wait_txn_markers(bootstrap, topic)
 
 
 def test_fetched_batches_byte_identical(kafka):

@@ -14,7 +14,7 @@ from harness import HOST, create_topics, new_consumer, new_producer, produce, to
 
 def test_sigterm_with_requests_in_flight(broker, proxy_factory):
     grace_ms = 4000
-    proxy = proxy_factory([broker.bootstrap], shutdown_grace_ms=grace_ms)
+    proxy = proxy_factory([broker.bootstrap], shutdown_grace_ms=grace_ms, node_ids=broker.node_ids)
     topic = topic_name("term")
     parked = topic_name("parked")
     create_topics(proxy.bootstrap, [topic, parked])

@@ -1,0 +1,230 @@
+//! Start-up with destination topic ids not known yet (issue 13, item 3),
+//! against Apache Kafka (started through tests/integration/kafka_broker.py):
+//! salt and producer-snapshot records of a topic id the topic-id lookup
+//! cannot see at start-up are kept, and applied once the topic shows up,
+//! instead of being dropped for good.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use mirrorguard::metrics::Metrics;
+use mirrorguard::mirror::state_sync::StateSync;
+use mirrorguard::mirror::SaltStore;
+use mirrorguard::producer_state::{ClusterId, Origin, PartitionKey, ProducerStateRegistry};
+use mirrorguard::state_store::schema::{
+    MirrorPidCollisionKey, MirrorPidCollisionValue, MirrorProducerSnapshotKey,
+    MirrorProducerSnapshotValue, SnapshotProducer,
+};
+use mirrorguard::state_store::{StateStore, StateStoreConfig};
+use tokio::net::{TcpListener, TcpStream};
+
+const TOPIC: &str = "orders";
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A one-node Kafka cluster, stopped on drop.
+struct Kafka {
+    child: Child,
+    bootstrap: String,
+}
+
+impl Kafka {
+    fn start() -> Self {
+        let py = root().join(".tools/venv/bin/python");
+        assert!(py.is_file(), "run scripts/install-test-deps.sh first");
+        let dir = tempfile::tempdir().unwrap().keep();
+        let mut child = Command::new(py)
+            .arg(root().join("tests/integration/kafka_broker.py"))
+            .arg("--dir")
+            .arg(&dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let bootstrap = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("bootstrap="))
+            .unwrap_or_else(|| panic!("no bootstrap in {line:?}"))
+            .to_string();
+        Kafka { child, bootstrap }
+    }
+}
+
+impl Drop for Kafka {
+    fn drop(&mut self) {
+        // SIGINT: the script's `finally` stops its brokers (SIGTERM would
+        // end the script before that and leave the broker running).
+        let _ = Command::new("kill")
+            .args(["-INT", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+fn create_topic(bootstrap: &str) {
+    let out = Command::new(root().join(".tools/venv/bin/python"))
+        .args([
+            "-c",
+            "import sys\nfrom confluent_kafka.admin import AdminClient, NewTopic\n\
+             a = AdminClient({'bootstrap.servers': sys.argv[1]})\n\
+             [f.result() for f in a.create_topics([NewTopic(sys.argv[2], 1, 1)]).values()]",
+            bootstrap,
+            TOPIC,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn host_port(addr: &str) -> (String, u16) {
+    let (h, p) = addr.rsplit_once(':').unwrap();
+    (h.to_string(), p.parse().unwrap())
+}
+
+/// Forwards every connection on `listener` to `upstream`.
+async fn forward(listener: TcpListener, upstream: String) {
+    loop {
+        let Ok((mut a, _)) = listener.accept().await else {
+            return;
+        };
+        let upstream = upstream.clone();
+        tokio::spawn(async move {
+            if let Ok(mut b) = TcpStream::connect(&upstream).await {
+                let _ = tokio::io::copy_bidirectional(&mut a, &mut b).await;
+            }
+        });
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn records_of_unknown_topic_ids_are_applied_when_the_topic_appears() {
+    let kafka = Kafka::start();
+    create_topic(&kafka.bootstrap);
+    let view = mirrorguard::proxy::refresh::fetch_cluster_view(
+        &[host_port(&kafka.bootstrap)],
+        Duration::from_secs(10),
+        1 << 20,
+    )
+    .await
+    .unwrap();
+    let topic_id = view
+        .topics
+        .iter()
+        .find(|(n, _, _)| n == TOPIC)
+        .map(|(_, id, _)| *id)
+        .unwrap();
+
+    let store = Arc::new(
+        StateStore::open(StateStoreConfig {
+            topic: "__mirror_state_pending".into(),
+            request_timeout: Duration::from_secs(20),
+            ..StateStoreConfig::new(vec![kafka.bootstrap.clone()])
+        })
+        .await
+        .unwrap(),
+    );
+    // What an earlier instance made durable: a collision salt and a
+    // producer-state snapshot of orders-0.
+    let origin_cluster = [7u8; 16];
+    let salt_key = MirrorPidCollisionKey {
+        topic_id,
+        partition: 0,
+        source_cluster_id: ClusterId(origin_cluster).to_string(),
+        original_pid: 5,
+    };
+    let salt_value = MirrorPidCollisionValue {
+        salt: 3,
+        colliding_cluster_id: ClusterId([8; 16]).to_string(),
+        timestamp_ms: 1,
+        unknown_tagged_fields: Vec::new(),
+    };
+    store
+        .append(
+            salt_key.encode().unwrap(),
+            Some(salt_value.encode().unwrap()),
+        )
+        .await
+        .unwrap();
+    let snap = MirrorProducerSnapshotValue {
+        snapshot_offset: 42,
+        producers: vec![SnapshotProducer {
+            producer_id: 0x4000_0000_0000_0009,
+            origin_cluster_id: origin_cluster,
+            original_pid: 9,
+            producer_epoch: 0,
+            last_sequence: 3,
+            last_offset: 41,
+            coordinator_epoch: -1,
+            txn_first_offset: 40,
+            last_timestamp: 0,
+        }],
+        unknown_tagged_fields: Vec::new(),
+    };
+    store
+        .append(
+            MirrorProducerSnapshotKey {
+                topic_id,
+                partition: 0,
+            }
+            .encode(),
+            Some(snap.encode().unwrap()),
+        )
+        .await
+        .unwrap();
+
+    // A new instance whose topic-id lookup cannot reach the cluster yet.
+    let parked = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let lookup = parked.local_addr().unwrap();
+    drop(parked);
+    let registry = Arc::new(ProducerStateRegistry::default());
+    let sync = StateSync::new(
+        store.clone(),
+        registry.clone(),
+        Metrics::new(),
+        vec![("127.0.0.1".to_string(), lookup.port())],
+    );
+    sync.load().await.unwrap();
+    let key = PartitionKey::new([0; 16], TOPIC, 0);
+    let producers = |r: &ProducerStateRegistry| r.get(&key).map(|h| h.with(|s| s.producer_count()));
+    assert_eq!(sync.pending_records(), 2, "both records kept");
+    assert_eq!(producers(&registry), None, "nothing applied yet");
+
+    // The lookup comes back: the kept records are applied.
+    let listener = TcpListener::bind(lookup).await.unwrap();
+    tokio::spawn(forward(listener, kafka.bootstrap.clone()));
+    SaltStore::refresh_topic_ids(&*sync).await.unwrap();
+    assert_eq!(sync.pending_records(), 0);
+    assert_eq!(
+        producers(&registry),
+        Some(1),
+        "the snapshot's producer is restored"
+    );
+    let h = registry.get(&key).unwrap();
+    let origin = Origin {
+        source_cluster: ClusterId(origin_cluster),
+        original_pid: 5,
+    };
+    assert_eq!(
+        h.with(|s| s.salts().salt_for(&origin)),
+        Some(3),
+        "the salt is applied"
+    );
+    assert_eq!(
+        h.with(|s| s.open_transactions().count()),
+        1,
+        "its open transaction too"
+    );
+}
