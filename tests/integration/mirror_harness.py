@@ -20,6 +20,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 import signal
 import struct
 import time
@@ -827,4 +828,13 @@ def salt_candidates(seed: int, n: int) -> list[int]:
         z ^= z >> 31
         if z & 0x7FFFFFFF:
             out.append(z & 0x7FFFFFFF)
+    return out
+
+
+def with_state_topic(config_text: str, topic: str) -> str:
+    """A MirrorGuard config text with its [state] topic replaced by `topic` (the harness
+    always writes one `topic = ...` line, in [state])."""
+    out, n = re.subn(r'^topic = "[^"]*"$', f'topic = "{topic}"', config_text, count=1, flags=re.M)
+    if n != 1:
+        raise HarnessError("no [state] topic line in the config")
     return out

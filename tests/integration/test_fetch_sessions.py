@@ -18,6 +18,7 @@ import pytest
 
 import harness
 from mirror_harness import (  # noqa: F401 - mirror_factory is a fixture
+    with_state_topic,
     MirrorSpec,
     high_watermark,
     idempotent_producer,
@@ -33,7 +34,7 @@ MIRROR = "src-to-dst"
 def start_mirror(kafka, mirror_factory, topic: str, **kw):
     mg = mirror_factory(kafka.bootstrap, [MirrorSpec(MIRROR, kafka.bootstrap, node_ids=list(kafka.node_ids))],
                         start=False, **kw)
-    text = mg.config_path.read_text().replace("[state]\n", f'[state]\ntopic = "__mirror_state_{topic}"\n', 1)
+    text = with_state_topic(mg.config_path.read_text(), f"__mirror_state_{topic}")
     mg.config_path.write_text(text)
     mg.start()
     mg.wait_sources_known()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import harness
 from mirror_harness import (  # noqa: F401 - mirror_factory is a fixture
+    with_state_topic,
     MirrorSpec,
     StandInFetcher,
     high_watermark,
@@ -31,7 +32,7 @@ def start_with_fetcher_port(kafka, mirror_factory, topic: str):
     taken.add(fetcher_port)
     fetcher_base = harness.free_node_port_base(taken, nodes=spec.node_ids)
     text = mg.config_path.read_text()
-    text = text.replace("[state]\n", f'[state]\ntopic = "__mirror_state_{topic}"\n', 1)
+    text = with_state_topic(text, f"__mirror_state_{topic}")
     text = text.replace(f'name = "{MIRROR}"\n',
                         f'name = "{MIRROR}"\nfetcher_bootstrap = "{harness.HOST}:{fetcher_port}"\n'
                         f"fetcher_node_port_base = {fetcher_base}\n", 1)

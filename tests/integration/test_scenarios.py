@@ -382,7 +382,7 @@ def test_s6_same_region_collision_salt_survives_restart(kafka1, kafka_factory, k
         cid_a, cid_b, plain, salted, cols)
     salt = cols[0]["salt"]
     assert salted == map_pid(0, fl, salt, variant.layout)
-    recs = [r for r in read_state_records(kafka1.bootstrap) if r.type == 3 and r.key["source_cluster_id"] == cid_b]
+    recs = [r for r in read_state_records(kafka1.bootstrap, mg.state_topic) if r.type == 3 and r.key["source_cluster_id"] == cid_b]
     assert len(recs) == 1 and recs[0].value["salt"] == salt
     # Restart mirrorguard: the salt comes back from __mirror_state and is applied again.
     mg.restart()
@@ -390,7 +390,7 @@ def test_s6_same_region_collision_salt_survives_restart(kafka1, kafka_factory, k
     send_each(pa, T, [b"a-2"])
     _in_turn(c, addr, T, [("b", 2, 3), ("a", 2, 3)])
     assert [x["producer_id"] for x in c.batches(T)][4:] == [salted, plain]
-    assert len([r for r in read_state_records(kafka1.bootstrap)
+    assert len([r for r in read_state_records(kafka1.bootstrap, mg.state_topic)
                 if r.type == 3 and r.key["source_cluster_id"] == cid_b]) == 1
     st = c.state(T)
     if variant is HIGH:

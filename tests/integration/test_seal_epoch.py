@@ -14,6 +14,7 @@ import time
 
 import harness
 from mirror_harness import (  # noqa: F401 - mirror_factory is a fixture
+    with_state_topic,
     MirrorSpec,
     StandInFetcher,
     high_watermark,
@@ -51,7 +52,7 @@ def test_seal_without_last_fetched_epoch_and_state_after_stop(kafka_factory, mir
 
     mg = mirror_factory(k.bootstrap, [MirrorSpec(MIRROR, k.bootstrap, node_ids=list(k.node_ids))], start=False)
     mg.config_path.write_text(
-        mg.config_path.read_text().replace("[state]\n", f'[state]\ntopic = "__mirror_state_{topic}"\n', 1))
+        with_state_topic(mg.config_path.read_text(), f"__mirror_state_{topic}"))
     mg.start(timeout=60)
     mg.wait_sources_known()
 

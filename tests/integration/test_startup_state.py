@@ -9,7 +9,7 @@ from __future__ import annotations
 from confluent_kafka import Producer
 
 import harness
-from mirror_harness import MirrorSpec, mirror_factory  # noqa: F401 - mirror_factory is a fixture
+from mirror_harness import MirrorSpec, mirror_factory, with_state_topic  # noqa: F401 - mirror_factory is a fixture
 
 MIRROR = "src-to-dst"
 FILLER_RECORDS = 400
@@ -30,7 +30,7 @@ def test_slow_state_read_is_read_to_the_end(kafka1, mirror_factory):
 
     mg = mirror_factory(kafka1.bootstrap, [MirrorSpec(MIRROR, kafka1.bootstrap, node_ids=list(kafka1.node_ids))],
                         start=False)
-    text = mg.config_path.read_text().replace("[state]\n", f'[state]\ntopic = "{state_topic}"\n', 1)
+    text = with_state_topic(mg.config_path.read_text(), f"{state_topic}")
     mg.config_path.write_text(text)
     mg.start(timeout=60)
     mg.wait_sources_known()
@@ -60,7 +60,7 @@ def test_existing_state_topic_that_is_not_compacted_is_reported(kafka1, mirror_f
     mg = mirror_factory(kafka1.bootstrap, [MirrorSpec(MIRROR, kafka1.bootstrap, node_ids=list(kafka1.node_ids))],
                         start=False)
     mg.config_path.write_text(
-        mg.config_path.read_text().replace("[state]\n", f'[state]\ntopic = "{state_topic}"\n', 1))
+        with_state_topic(mg.config_path.read_text(), f"{state_topic}"))
     mg.start(timeout=60)
     lines = [line for line in mg.log_text().splitlines() if "cleanup.policy is not `compact`" in line]
     assert lines and "ERROR" in lines[0] and "cleanup_policy=delete" in lines[0], mg.log_text()[-2000:]
