@@ -390,6 +390,9 @@ def test_abort_open_when_destination_fetcher_is_gone(kafka_factory, kafka1, mirr
     tp.begin_transaction()
     tp.produce(topic, value=b"local", partition=0)
     tp.commit_transaction(20)
+    # Kafka writes the COMMIT marker asynchronously after commit_transaction returns.
+    wait_until(lambda: direct_batches(dest.bootstrap, topic)[-1].kind == "commit", 15, interval=0.2,
+               what="COMMIT marker of the local transaction")
     direct = direct_batches(dest.bootstrap, topic)
     local_pids = {b.producer_id for b in direct if b.kind == "data" and b.producer_id not in (-1, mapped)}
     assert local_pids and all(0 <= p < (1 << 62) for p in local_pids), local_pids
