@@ -74,7 +74,17 @@ pub struct FetchPlan {
     out_of_session: Vec<PartitionKey>,
     /// Whether the request came in on the destination fetcher's listener.
     fetcher: bool,
+    /// The request's MaxWaitMs: a local answer with no records is held this
+    /// long, as a broker holds a Fetch that finds nothing, so a fetcher of a
+    /// sealed partition polls at its own pace instead of spinning.
+    max_wait_ms: i32,
+    /// Set once the local answer has waited.
+    waited: bool,
 }
+
+/// The longest a local answer with no records is held (a hostile MaxWaitMs
+/// cannot park a request for longer).
+const MAX_LOCAL_WAIT_MS: i32 = 30_000;
 
 /// Controlled partitions known to be out of an upstream fetch session, by
 /// session id (KIP-227). A partition forgotten in a session is not sent to
@@ -281,6 +291,8 @@ pub fn plan_fetch(
             session_epoch: req.session_epoch,
             out_of_session: Vec::new(),
             fetcher,
+            max_wait_ms: req.max_wait_ms,
+            waited: false,
         });
         return Ok(Some(RequestAction::Answer(plan)));
     }
@@ -298,6 +310,8 @@ pub fn plan_fetch(
         session_epoch: req.session_epoch,
         out_of_session,
         fetcher,
+        max_wait_ms: req.max_wait_ms,
+        waited: false,
     };
     // Without a session nothing upstream needs to see the request.
     if all_controlled && !has_session {
@@ -519,7 +533,7 @@ pub fn answer_fetch(
     plan: &mut Plan,
 ) -> Result<Rewritten, RewriteError> {
     let plan = plan
-        .downcast_ref::<FetchPlan>()
+        .downcast_mut::<FetchPlan>()
         .ok_or_else(|| err(h.api_version, "wrong plan type".into()))?;
     let hv = handlers::response_header_version(h.api_key, h.api_version)
         .ok_or_else(|| err(h.api_version, "unknown response header version".into()))?;
@@ -532,6 +546,19 @@ pub fn answer_fetch(
         Ok(a) => a,
         Err(wait) => return Ok(wait),
     };
+    // Nothing to return: hold the answer for MaxWaitMs, as a broker does, then
+    // decide again (a seal may have become servable meanwhile).
+    if !plan.waited && plan.max_wait_ms > 0 && answers.iter().all(|a| a.records.is_empty()) {
+        plan.waited = true;
+        let wait = std::time::Duration::from_millis(plan.max_wait_ms.min(MAX_LOCAL_WAIT_MS) as u64);
+        return Ok(Rewritten::Blocked {
+            frame: None,
+            wait: Box::pin(async move {
+                tokio::time::sleep(wait).await;
+                Ok(())
+            }),
+        });
+    }
     let mut topics: Vec<(FetchTopic<'_>, Vec<FetchPartitionResponse<'_>>)> = Vec::new();
     for (c, a) in plan.controlled.iter().zip(&answers) {
         let entry = partition_response(c, a, plan.read_committed, 0);

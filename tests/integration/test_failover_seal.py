@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -126,6 +127,12 @@ def test_stop_seals_open_transaction_then_stopped(kafka_factory, kafka1, mirror_
         assert got == [] and not res.records, res
     e = mg.partition(TOPIC, 0)
     assert e["state"] == "STOPPED" and e["cut"] == cut, e
+    # A broker holds a Fetch that finds nothing for MaxWaitMs; so does the local answer of
+    # a STOPPED partition, so that its fetcher polls at its own pace instead of spinning.
+    t0 = time.monotonic()
+    res, got = f.fetch_once(max_wait_ms=500)
+    took = time.monotonic() - t0
+    assert got == [] and not res.records and 0.45 <= took < 5, took
     assert [b.kind for b in f.log[-2:]] == ["abort", "barrier"]
     assert not any(v and v.startswith(b"after-stop") for b in f.log for v in b.values)
     assert sum(1 for b in f.log if b.kind == "barrier") == 1
