@@ -19,8 +19,9 @@ use crate::pid::{self, Layout};
 use crate::producer_state::{self as ps, Origin, PartitionKey, ProducerStateRegistry, SaltRecord};
 use crate::state_store::schema::{
     decode, MirrorPartitionState, MirrorPartitionStateKey, MirrorPartitionStateValue,
-    MirrorPidCollisionKey, MirrorPidCollisionValue, MirrorProducerSnapshotKey,
-    MirrorProducerSnapshotValue, SnapshotProducer, StateRecord,
+    MirrorPidCollisionKey, MirrorPidCollisionValue, MirrorProducerClaimKey,
+    MirrorProducerClaimValue, MirrorProducerSnapshotKey, MirrorProducerSnapshotValue,
+    SnapshotProducer, StateRecord,
 };
 use crate::state_store::{StateStore, StoredRecord};
 
@@ -56,7 +57,34 @@ pub struct StateSync {
     snapshotted: std::sync::Mutex<std::collections::HashMap<PartitionKey, (i64, usize)>>,
     /// Where the next bounded snapshot round starts.
     snapshot_cursor: std::sync::atomic::AtomicUsize,
+    /// Live producer-claim records (type 6) per partition: mapped PID →
+    /// destination topic id. Tombstoned by the snapshot loop once a
+    /// snapshot holds the producer or the producer left the state.
+    claimed: std::sync::Mutex<std::collections::HashMap<PartitionKey, ClaimSet>>,
+    /// Claim records read by the start-up load, applied after it (a type-5
+    /// snapshot later in the topic replaces a partition's state, and must
+    /// not drop claims made after it was written).
+    deferred_claims: std::sync::Mutex<std::collections::HashMap<MirrorProducerClaimKey, KeptClaim>>,
+    /// Partitions whose snapshot was too large to write (one WARN each).
+    oversized: std::sync::Mutex<std::collections::HashSet<PartitionKey>>,
 }
+
+/// Mapped PIDs with a live claim record in one partition, and the
+/// partition's destination topic id.
+#[derive(Default)]
+struct ClaimSet {
+    topic_id: [u8; 16],
+    pids: std::collections::HashMap<i64, Origin>,
+}
+
+/// A claim read at start-up: its value and the record (kept if its topic
+/// id is not known yet).
+type KeptClaim = (MirrorProducerClaimValue, StoredRecord);
+
+/// Largest type-5 snapshot value written (bytes). Far below Kafka's default
+/// `message.max.bytes` (1 MiB): a partition with more producers (about
+/// 3,900) keeps its claims (type 6) as its durable record instead.
+pub const MAX_SNAPSHOT_BYTES: usize = 256 * 1024;
 
 /// A destination topic id and partition.
 type SnapshotKey = ([u8; 16], i32);
@@ -100,6 +128,9 @@ impl StateSync {
             loading: std::sync::atomic::AtomicBool::new(false),
             snapshotted: Default::default(),
             snapshot_cursor: Default::default(),
+            claimed: Default::default(),
+            deferred_claims: Default::default(),
+            oversized: Default::default(),
         })
     }
 
@@ -223,8 +254,10 @@ impl StateSync {
         }
         self.loading
             .store(false, std::sync::atomic::Ordering::SeqCst);
+        let claims = self.apply_deferred_claims();
         tracing::info!(
             records = records.len(),
+            claims,
             salts = applied,
             next_offset = *next,
             "__mirror_state loaded"
@@ -346,6 +379,20 @@ impl StateSync {
                 self.apply_snapshot(r, key, value, start_up);
                 return false;
             }
+            StateRecord::ProducerClaim { key, value } => {
+                self.apply_claim(r, key, value, start_up);
+                return false;
+            }
+            StateRecord::NewerVersion { version, .. } => {
+                // A newer release's value: skipped and counted, never fatal.
+                self.count("unknown_record_version");
+                tracing::debug!(
+                    offset = r.offset,
+                    version,
+                    "__mirror_state value of a newer version skipped"
+                );
+                return false;
+            }
             StateRecord::Unknown { record_type } => {
                 // A newer release's record: skipped and counted, never fatal.
                 self.count("unknown_record_type");
@@ -439,6 +486,218 @@ impl StateSync {
             tracing::warn!(partition = %pk, "producer-state snapshot of a topic that appeared after \
                 start-up not restored: the partition already has live state");
         }
+    }
+
+    /// A producer claim (type 6). Only claims read at start-up change the
+    /// state (later ones are this process's own or another instance's, as
+    /// with snapshots); the load defers them until every snapshot is in.
+    fn apply_claim(
+        &self,
+        r: &StoredRecord,
+        key: MirrorProducerClaimKey,
+        value: Option<MirrorProducerClaimValue>,
+        start_up: bool,
+    ) {
+        if !start_up {
+            return;
+        }
+        if self.loading.load(std::sync::atomic::Ordering::SeqCst) {
+            let mut d = self
+                .deferred_claims
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            match value {
+                Some(v) => d.insert(key, (v, r.clone())),
+                None => d.remove(&key),
+            };
+            return;
+        }
+        let Some(value) = value else { return };
+        let Some(topic) = self.destination_topic_name(&key.topic_id) else {
+            self.keep_pending(key.topic_id, r, start_up);
+            return;
+        };
+        let pk = PartitionKey::new([0; 16], topic, key.partition);
+        let origin = Origin {
+            source_cluster: ps::ClusterId(value.origin_cluster_id),
+            original_pid: value.original_pid,
+        };
+        let now = crate::lifecycle::now_ms();
+        self.registry.partition(&pk).with(|s| {
+            if s.holder_of(key.producer_id).is_none() {
+                s.claim(key.producer_id, origin, now);
+            }
+        });
+        let mut claimed = self.claimed.lock().unwrap_or_else(|p| p.into_inner());
+        let set = claimed.entry(pk).or_default();
+        set.topic_id = key.topic_id;
+        set.pids.insert(key.producer_id, origin);
+    }
+
+    /// Applies the claims the start-up load deferred; returns how many.
+    fn apply_deferred_claims(&self) -> usize {
+        let claims: Vec<(MirrorProducerClaimKey, KeptClaim)> = self
+            .deferred_claims
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain()
+            .collect();
+        let n = claims.len();
+        for (key, (value, r)) in claims {
+            self.apply_claim(&r, key, Some(value), true);
+        }
+        n
+    }
+
+    /// Writes one claim record per new producer (all of one Fetch response
+    /// in as few batches as fit the bound of `append_many`), then records
+    /// the claims in the state and as live claim records.
+    async fn persist_claim_records(
+        &self,
+        claims: Vec<(PartitionKey, Vec<(i64, Origin)>)>,
+    ) -> Result<(), String> {
+        let now = crate::lifecycle::now_ms();
+        let mut records = Vec::new();
+        let mut ids = Vec::with_capacity(claims.len());
+        for (pk, new) in &claims {
+            let topic_id = self.topic_id_for(&pk.topic).await?;
+            ids.push(topic_id);
+            for (mapped, origin) in new {
+                let k = MirrorProducerClaimKey {
+                    topic_id,
+                    partition: pk.partition,
+                    producer_id: *mapped,
+                }
+                .encode();
+                let v = MirrorProducerClaimValue {
+                    origin_cluster_id: origin.source_cluster.0,
+                    original_pid: origin.original_pid,
+                    timestamp_ms: now,
+                    unknown_tagged_fields: Vec::new(),
+                }
+                .encode()
+                .map_err(|e| e.to_string())?;
+                records.push((k, Some(v)));
+            }
+        }
+        let n = records.len();
+        self.append_claims(records).await?;
+        self.metrics
+            .state_store_ops
+            .get_or_create(&KindLabels {
+                listener: "__mirror_state".into(),
+                kind: "claim",
+            })
+            .inc_by(n as u64);
+        let mut claimed = self.claimed.lock().unwrap_or_else(|p| p.into_inner());
+        for ((pk, new), topic_id) in claims.into_iter().zip(ids) {
+            // In the state before it is a live claim record: the snapshot
+            // loop tombstones claim records whose producer left the state.
+            self.registry.partition(&pk).with(|s| {
+                for (mapped, origin) in &new {
+                    s.claim(*mapped, *origin, now);
+                }
+            });
+            let set = claimed.entry(pk).or_default();
+            set.topic_id = topic_id;
+            set.pids.extend(new);
+        }
+        Ok(())
+    }
+
+    /// Appends claim records or tombstones; a refusal as too large is
+    /// reported in Kafka's terms (ERROR line, `kind="message_too_large"`).
+    async fn append_claims(&self, records: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Result<(), String> {
+        match self.store.append_many(records).await {
+            Ok(_) => {
+                self.count("append");
+                Ok(())
+            }
+            Err(e) => {
+                self.count("append_error");
+                if e.is_too_large() {
+                    self.count("message_too_large");
+                    tracing::error!(error = %e, "the state cluster refuses a single __mirror_state \
+                        record as too large (MESSAGE_TOO_LARGE / RECORD_LIST_TOO_LARGE): raise the \
+                        topic's max.message.bytes or the broker's message.max.bytes");
+                }
+                Err(e.to_string())
+            }
+        }
+    }
+
+    /// Tombstones the claim records of `pk` no longer needed: producers a
+    /// snapshot just written holds (`in_snapshot`), and producers that left
+    /// the state (expired, reset by a barrier, sealed). A producer claimed
+    /// again meanwhile gets its claim written again after the tombstone.
+    async fn tombstone_claims(
+        &self,
+        pk: &PartitionKey,
+        in_snapshot: &std::collections::HashSet<i64>,
+    ) -> Result<usize, String> {
+        let handle = self.registry.get(pk);
+        let (topic_id, gone): (_, Vec<(i64, Origin)>) = {
+            let claimed = self.claimed.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(set) = claimed.get(pk) else {
+                return Ok(0);
+            };
+            let held = |pid: i64, o: &Origin| {
+                handle
+                    .as_ref()
+                    .is_some_and(|h| h.with(|s| s.holder_of(pid) == Some(*o)))
+            };
+            (
+                set.topic_id,
+                set.pids
+                    .iter()
+                    .filter(|(pid, o)| in_snapshot.contains(pid) || !held(**pid, o))
+                    .map(|(p, o)| (*p, *o))
+                    .collect(),
+            )
+        };
+        if gone.is_empty() {
+            return Ok(0);
+        }
+        let key = |pid: i64| {
+            MirrorProducerClaimKey {
+                topic_id,
+                partition: pk.partition,
+                producer_id: pid,
+            }
+            .encode()
+        };
+        self.append_claims(gone.iter().map(|(pid, _)| (key(*pid), None)).collect())
+            .await?;
+        self.count("claim_tombstone");
+        {
+            let mut claimed = self.claimed.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(set) = claimed.get_mut(pk) {
+                for (pid, o) in &gone {
+                    if set.pids.get(pid) == Some(o) {
+                        set.pids.remove(pid);
+                    }
+                }
+                if set.pids.is_empty() {
+                    claimed.remove(pk);
+                }
+            }
+        }
+        // Re-claimed since the pass looked (written before our tombstone):
+        // write the claim again so the log's last record for it is a claim.
+        let again: Vec<(i64, Origin)> = match &handle {
+            Some(h) => h.with(|s| {
+                gone.iter()
+                    .filter(|(pid, _)| !in_snapshot.contains(pid))
+                    .filter_map(|(pid, _)| s.producer(*pid).map(|e| (*pid, e.origin)))
+                    .collect()
+            }),
+            None => Vec::new(),
+        };
+        if !again.is_empty() {
+            self.persist_claim_records(vec![(pk.clone(), again)])
+                .await?;
+        }
+        Ok(gone.len())
     }
 
     /// Restores a partition's shadow producer state from a snapshot read at
@@ -553,22 +812,50 @@ impl StateSync {
                 }
                 None => continue,
             };
-            self.write_snapshot(topic_id, &snap)
+            if self
+                .write_snapshot(topic_id, &snap)
                 .await
-                .map_err(anyhow::Error::msg)?;
-            written += 1;
+                .map_err(anyhow::Error::msg)?
+            {
+                written += 1;
+                // The snapshot holds these producers: their claim records
+                // are superseded.
+                let held: std::collections::HashSet<i64> =
+                    snap.producers.iter().map(|p| p.mapped_pid).collect();
+                self.tombstone_claims(&key, &held)
+                    .await
+                    .map_err(anyhow::Error::msg)?;
+            }
         }
         self.snapshot_cursor
             .fetch_add(visited, std::sync::atomic::Ordering::Relaxed);
+        // Claims of producers that left the state (expired, reset by a
+        // barrier, sealed) are no longer needed anywhere.
+        let with_claims: Vec<PartitionKey> = self
+            .claimed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .cloned()
+            .collect();
+        let none = std::collections::HashSet::new();
+        for pk in with_claims {
+            self.tombstone_claims(&pk, &none)
+                .await
+                .map_err(anyhow::Error::msg)?;
+        }
         Ok(written)
     }
 
-    /// Appends one partition's producer-state snapshot (type 5) and notes it.
+    /// Appends one partition's producer-state snapshot (type 5) and notes
+    /// it; false (nothing written) when the value would exceed
+    /// [`MAX_SNAPSHOT_BYTES`]: the partition's claim records (type 6) stay
+    /// its durable record then, and an older snapshot stays as it is.
     async fn write_snapshot(
         &self,
         topic_id: [u8; 16],
         snap: &ps::PartitionSnapshot,
-    ) -> Result<(), String> {
+    ) -> Result<bool, String> {
         let value = MirrorProducerSnapshotValue {
             snapshot_offset: snap.next_offset,
             producers: snap
@@ -594,12 +881,27 @@ impl StateSync {
         }
         .encode();
         let v = value.encode().map_err(|e| e.to_string())?;
+        if v.len() > MAX_SNAPSHOT_BYTES {
+            self.count("snapshot_too_large");
+            if self
+                .oversized
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(snap.key.clone())
+            {
+                tracing::warn!(partition = %snap.key, producers = snap.producers.len(),
+                    bytes = v.len(), limit = MAX_SNAPSHOT_BYTES,
+                    "producer-state snapshot too large for one __mirror_state record; not written \
+                     (the partition's producer claims stay its durable record)");
+            }
+            return Ok(false);
+        }
         self.append_record(k, v).await?;
         self.snapshotted
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(snap.key.clone(), (snap.next_offset, snap.producers.len()));
-        Ok(())
+        Ok(true)
     }
 
     /// Runs forever: periodic producer-state snapshots and idle expiry.
@@ -838,15 +1140,14 @@ impl SaltStore for StateSync {
         true
     }
 
-    fn persist_snapshot(
+    fn persist_claims(
         &self,
-        snapshot: ps::PartitionSnapshot,
+        claims: Vec<(PartitionKey, Vec<(i64, Origin)>)>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
         let me = self.me.upgrade();
         Box::pin(async move {
             let me = me.ok_or("state store is shutting down")?;
-            let topic_id = me.topic_id_for(&snapshot.key.topic).await?;
-            me.write_snapshot(topic_id, &snapshot).await
+            me.persist_claim_records(claims).await
         })
     }
 

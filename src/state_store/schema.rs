@@ -81,6 +81,25 @@
 //! | &nbsp;&nbsp;(tags) | tagged fields | none defined |
 //! | (tags) | tagged fields | none defined |
 //!
+//! **Type 6: `MirrorProducerClaimKey` v0 (not flexible)**
+//!
+//! | field | type | meaning |
+//! |---|---|---|
+//! | (type) | int16 = 6 | record type |
+//! | TopicId | uuid | destination topic id |
+//! | Partition | int32 | partition index |
+//! | ProducerId | int64 | the (mapped) PID as the destination sees it |
+//!
+//! **`MirrorProducerClaimValue` v0 (flexible)**
+//!
+//! | field | type | meaning |
+//! |---|---|---|
+//! | (version) | int16 = 0 | value version |
+//! | OriginClusterId | uuid | source cluster of the producer |
+//! | OriginalPid | int64 | the PID on the source cluster |
+//! | TimestampMs | int64 | wall-clock time of the claim |
+//! | (tags) | tagged fields | none defined |
+//!
 //! Decoding never panics and never allocates from an unchecked length (all
 //! reads go through [`crate::wire::Reader`]). Unknown record types and value
 //! versions newer than this code are *not* errors: they decode as
@@ -95,7 +114,9 @@ pub const PID_COLLISION_TYPE: i16 = 3;
 pub const PARTITION_STATE_TYPE: i16 = 4;
 /// Record type of [`MirrorProducerSnapshotKey`].
 pub const PRODUCER_SNAPSHOT_TYPE: i16 = 5;
-/// Highest value version this code decodes (all three types).
+/// Record type of [`MirrorProducerClaimKey`].
+pub const PRODUCER_CLAIM_TYPE: i16 = 6;
+/// Highest value version this code decodes (all four types).
 pub const LATEST_VALUE_VERSION: i16 = 0;
 
 /// Why a record of a known type could not be decoded or encoded.
@@ -288,6 +309,30 @@ pub struct MirrorProducerSnapshotValue {
     pub unknown_tagged_fields: Vec<RawTaggedField>,
 }
 
+/// Key of one producer's claim on a mapped PID in a partition (type 6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MirrorProducerClaimKey {
+    /// Destination topic id.
+    pub topic_id: [u8; 16],
+    /// Partition index.
+    pub partition: i32,
+    /// The (mapped) PID as the destination sees it.
+    pub producer_id: i64,
+}
+
+/// Value of a producer claim (v0, flexible).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MirrorProducerClaimValue {
+    /// Source cluster of the producer.
+    pub origin_cluster_id: [u8; 16],
+    /// The PID on the source cluster.
+    pub original_pid: i64,
+    /// Wall-clock time of the claim (ms since the epoch).
+    pub timestamp_ms: i64,
+    /// Tagged fields not known to this version, kept verbatim.
+    pub unknown_tagged_fields: Vec<RawTaggedField>,
+}
+
 /// The key of any known record type.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum StateKey {
@@ -297,6 +342,8 @@ pub enum StateKey {
     PartitionState(MirrorPartitionStateKey),
     /// Type 5.
     ProducerSnapshot(MirrorProducerSnapshotKey),
+    /// Type 6.
+    ProducerClaim(MirrorProducerClaimKey),
 }
 
 /// An encoded record: key bytes and value bytes (`None` = tombstone).
@@ -325,6 +372,13 @@ pub enum StateRecord {
         key: MirrorProducerSnapshotKey,
         /// The value, `None` for a tombstone.
         value: Option<MirrorProducerSnapshotValue>,
+    },
+    /// Type 6; `value` `None` is a tombstone.
+    ProducerClaim {
+        /// The key.
+        key: MirrorProducerClaimKey,
+        /// The value, `None` for a tombstone.
+        value: Option<MirrorProducerClaimValue>,
     },
     /// A known key whose value has a version newer than this code: the value
     /// is opaque (written by a newer mirrorguard). Callers keep whatever they
@@ -361,6 +415,11 @@ pub fn decode(key: &[u8], value: Option<&[u8]>) -> Result<StateRecord, SchemaErr
             topic_id: kr.read_uuid("MirrorProducerSnapshotKey.TopicId")?,
             partition: kr.read_i32("MirrorProducerSnapshotKey.Partition")?,
         }),
+        PRODUCER_CLAIM_TYPE => StateKey::ProducerClaim(MirrorProducerClaimKey {
+            topic_id: kr.read_uuid("MirrorProducerClaimKey.TopicId")?,
+            partition: kr.read_i32("MirrorProducerClaimKey.Partition")?,
+            producer_id: kr.read_i64("MirrorProducerClaimKey.ProducerId")?,
+        }),
         _ => return Ok(StateRecord::Unknown { record_type }),
     };
     // A key is an identity for compaction: extra bytes would make two
@@ -377,6 +436,7 @@ pub fn decode(key: &[u8], value: Option<&[u8]>) -> Result<StateRecord, SchemaErr
             StateKey::PidCollision(key) => StateRecord::PidCollision { key, value: None },
             StateKey::PartitionState(key) => StateRecord::PartitionState { key, value: None },
             StateKey::ProducerSnapshot(key) => StateRecord::ProducerSnapshot { key, value: None },
+            StateKey::ProducerClaim(key) => StateRecord::ProducerClaim { key, value: None },
         });
     };
     let mut vr = Reader::new(value);
@@ -402,6 +462,10 @@ pub fn decode(key: &[u8], value: Option<&[u8]>) -> Result<StateRecord, SchemaErr
         StateKey::ProducerSnapshot(key) => StateRecord::ProducerSnapshot {
             key,
             value: Some(MirrorProducerSnapshotValue::read_fields(&mut vr)?),
+        },
+        StateKey::ProducerClaim(key) => StateRecord::ProducerClaim {
+            key,
+            value: Some(MirrorProducerClaimValue::read_fields(&mut vr)?),
         },
     };
     // Version 0 must be consumed exactly (later versions may append fields,
@@ -438,6 +502,9 @@ impl StateRecord {
             StateRecord::ProducerSnapshot { key, value } => {
                 pair(Ok(key.encode()), value.as_ref().map(|v| v.encode()))
             }
+            StateRecord::ProducerClaim { key, value } => {
+                pair(Ok(key.encode()), value.as_ref().map(|v| v.encode()))
+            }
             StateRecord::NewerVersion { .. } | StateRecord::Unknown { .. } => return None,
         })
     }
@@ -448,6 +515,7 @@ impl StateRecord {
             StateRecord::PidCollision { key, .. } => Some(StateKey::PidCollision(key.clone())),
             StateRecord::PartitionState { key, .. } => Some(StateKey::PartitionState(*key)),
             StateRecord::ProducerSnapshot { key, .. } => Some(StateKey::ProducerSnapshot(*key)),
+            StateRecord::ProducerClaim { key, .. } => Some(StateKey::ProducerClaim(*key)),
             StateRecord::NewerVersion { key, .. } => Some(key.clone()),
             StateRecord::Unknown { .. } => None,
         }
@@ -461,6 +529,7 @@ impl StateKey {
             StateKey::PidCollision(k) => k.encode(),
             StateKey::PartitionState(k) => Ok(k.encode()),
             StateKey::ProducerSnapshot(k) => Ok(k.encode()),
+            StateKey::ProducerClaim(k) => Ok(k.encode()),
         }
     }
 }
@@ -685,6 +754,41 @@ impl MirrorProducerSnapshotValue {
     }
 }
 
+impl MirrorProducerClaimKey {
+    /// Encodes the key (type 6): 30 bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut k = encode_topic_partition_key(PRODUCER_CLAIM_TYPE, &self.topic_id, self.partition);
+        k.extend_from_slice(&self.producer_id.to_be_bytes());
+        k
+    }
+}
+
+impl MirrorProducerClaimValue {
+    fn read_fields(r: &mut Reader<'_>) -> Result<Self, SchemaError> {
+        Ok(Self {
+            origin_cluster_id: r.read_uuid("MirrorProducerClaimValue.OriginClusterId")?,
+            original_pid: r.read_i64("MirrorProducerClaimValue.OriginalPid")?,
+            timestamp_ms: r.read_i64("MirrorProducerClaimValue.TimestampMs")?,
+            unknown_tagged_fields: read_tags(r, "MirrorProducerClaimValue._tagged_fields")?,
+        })
+    }
+
+    /// Encodes the value (version 0): 35 bytes without tagged fields.
+    pub fn encode(&self) -> Result<Vec<u8>, SchemaError> {
+        let mut w = Writer::new(Vec::with_capacity(35));
+        w.put_i16(0);
+        w.put_uuid(&self.origin_cluster_id);
+        w.put_i64(self.original_pid);
+        w.put_i64(self.timestamp_ms);
+        write_tags(
+            &mut w,
+            &self.unknown_tagged_fields,
+            "MirrorProducerClaimValue._tagged_fields",
+        )?;
+        Ok(w.into_inner())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -799,5 +903,42 @@ mod tests {
                 value: Some(v)
             }
         );
+    }
+
+    #[test]
+    fn claim_record_round_trips_and_is_small() {
+        let key = MirrorProducerClaimKey {
+            topic_id: tid(),
+            partition: 7,
+            producer_id: 0x1234_5678,
+        };
+        let value = MirrorProducerClaimValue {
+            origin_cluster_id: [9; 16],
+            original_pid: 42,
+            timestamp_ms: 1_700_000_000_000,
+            unknown_tagged_fields: Vec::new(),
+        };
+        let rec = StateRecord::ProducerClaim {
+            key,
+            value: Some(value.clone()),
+        };
+        let (k, v) = rec.encode().unwrap().unwrap();
+        assert_eq!(k.len(), 30);
+        assert_eq!(v.as_ref().unwrap().len(), 35);
+        assert_eq!(&k[..2], &[0, 6]);
+        assert_eq!(decode(&k, v.as_deref()).unwrap(), rec);
+        assert_eq!(
+            decode(&k, None).unwrap(),
+            StateRecord::ProducerClaim { key, value: None }
+        );
+        // Truncated or over-long records of a known type are errors, never panics.
+        assert!(decode(&k[..29], v.as_deref()).is_err());
+        assert!(decode(&k, Some(&v.as_ref().unwrap()[..20])).is_err());
+        let mut newer = v.unwrap();
+        newer[1] = 1;
+        assert!(matches!(
+            decode(&k, Some(&newer)).unwrap(),
+            StateRecord::NewerVersion { version: 1, .. }
+        ));
     }
 }

@@ -716,6 +716,13 @@ def _decode_state(key: bytes, value: bytes | None) -> tuple[int, dict, dict | No
                 v.tagged_fields()
             v.tagged_fields()
             assert v.remaining() == 0
+    elif rtype == 6:
+        kd = {"topic_id": k.uuid(), "partition": k.i32(), "producer_id": k.i64()}
+        if value is not None:
+            v = Reader(value)
+            vd = {"version": v.i16(), "origin": v.uuid(), "original_pid": v.i64(), "timestamp_ms": v.i64()}
+            v.tagged_fields()
+            assert v.remaining() == 0
     assert k.remaining() == 0, f"type {rtype}: trailing key bytes"
     return rtype, kd, vd
 
