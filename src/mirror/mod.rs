@@ -883,6 +883,9 @@ struct Scan {
     colliding: Vec<Origin>,
     /// (mapped PID, origin) pairs no one holds yet.
     claims: Vec<(i64, Origin)>,
+    /// Index of `claims` by mapped PID (a response may start thousands of
+    /// producers: a linear search per batch would be quadratic).
+    claimed: std::collections::HashMap<i64, Origin>,
 }
 
 /// Scans `records` against `state`. Allocates only when it finds something
@@ -928,11 +931,14 @@ fn scan_partition(
             && h.last_offset() >= state.next_offset()
             && state.holder_of(mapped).is_none()
         {
-            match scan.claims.iter().find(|(m, _)| *m == mapped) {
-                None => scan.claims.push((mapped, origin)),
+            match scan.claimed.get(&mapped) {
+                None => {
+                    scan.claimed.insert(mapped, origin);
+                    scan.claims.push((mapped, origin));
+                }
                 // Two origins on one PID within this response (an already
                 // mapped PID that a source PID maps onto): a collision too.
-                Some((_, first)) if *first != origin => {
+                Some(first) if *first != origin => {
                     if !scan.colliding.contains(&origin) {
                         scan.colliding.push(origin);
                     }

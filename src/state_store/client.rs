@@ -1252,7 +1252,10 @@ mod tests {
             assert!(size <= MAX_APPEND_BYTES, "{size}");
         }
         // A record above the bound on its own still gets a chunk.
-        let big = chunk_records(vec![(vec![0; 10], Some(vec![0; 300_000]))], MAX_APPEND_BYTES);
+        let big = chunk_records(
+            vec![(vec![0; 10], Some(vec![0; 300_000]))],
+            MAX_APPEND_BYTES,
+        );
         assert_eq!(big.len(), 1);
     }
 
