@@ -20,8 +20,8 @@ use crate::producer_state::{self as ps, Origin, PartitionKey, ProducerStateRegis
 use crate::state_store::schema::{
     decode, MirrorPartitionState, MirrorPartitionStateKey, MirrorPartitionStateValue,
     MirrorPidCollisionKey, MirrorPidCollisionValue, MirrorProducerClaimKey,
-    MirrorProducerClaimValue, MirrorProducerSnapshotKey, MirrorProducerSnapshotValue,
-    SnapshotProducer, StateRecord,
+    MirrorProducerClaimValue, MirrorProducerSnapshotChunkKey, MirrorProducerSnapshotChunkValue,
+    MirrorProducerSnapshotKey, MirrorProducerSnapshotValue, SnapshotProducer, StateRecord,
 };
 use crate::state_store::{StateStore, StoredRecord};
 
@@ -65,9 +65,31 @@ pub struct StateSync {
     /// snapshot later in the topic replaces a partition's state, and must
     /// not drop claims made after it was written).
     deferred_claims: std::sync::Mutex<std::collections::HashMap<MirrorProducerClaimKey, KeptClaim>>,
-    /// Partitions whose snapshot was too large to write (one WARN each).
-    oversized: std::sync::Mutex<std::collections::HashSet<PartitionKey>>,
+    /// Live chunk records (type 7) per partition, tombstoned when a newer
+    /// snapshot of the partition is written.
+    live_chunks: std::sync::Mutex<
+        std::collections::HashMap<PartitionKey, Vec<MirrorProducerSnapshotChunkKey>>,
+    >,
+    /// Last chunked-snapshot generation written or read.
+    chunk_generation: std::sync::atomic::AtomicI64,
+    /// Chunks read at start-up, assembled per partition and generation.
+    loaded_chunks: std::sync::Mutex<std::collections::HashMap<SnapshotKey, ChunkGenerations>>,
+    /// Offset of the type-5 snapshot restored by the start-up load, per
+    /// partition: a chunked snapshot restores only if it is later.
+    type5_restored_at: std::sync::Mutex<std::collections::HashMap<SnapshotKey, i64>>,
 }
+
+/// The chunks of one generation read back: (snapshot offset, chunk count)
+/// as each chunk says, and chunk index → (its value, its record).
+type ChunkGeneration =
+    std::collections::HashMap<i32, (MirrorProducerSnapshotChunkValue, StoredRecord)>;
+
+/// Chunk generations of one partition, by generation.
+type ChunkGenerations = std::collections::BTreeMap<i64, ChunkGeneration>;
+
+/// Producers per chunk of a chunked snapshot (type 7): 3,000 entries of 67
+/// bytes are ~196 KiB, below [`MAX_SNAPSHOT_BYTES`].
+pub const CHUNK_PRODUCERS: usize = 3_000;
 
 /// Mapped PIDs with a live claim record in one partition, and the
 /// partition's destination topic id.
@@ -83,7 +105,7 @@ type KeptClaim = (MirrorProducerClaimValue, StoredRecord);
 
 /// Largest type-5 snapshot value written (bytes). Far below Kafka's default
 /// `message.max.bytes` (1 MiB): a partition with more producers (about
-/// 3,900) keeps its claims (type 6) as its durable record instead.
+/// 3,900) is snapshotted in chunks (type 7) instead.
 pub const MAX_SNAPSHOT_BYTES: usize = 256 * 1024;
 
 /// A destination topic id and partition.
@@ -130,7 +152,10 @@ impl StateSync {
             snapshot_cursor: Default::default(),
             claimed: Default::default(),
             deferred_claims: Default::default(),
-            oversized: Default::default(),
+            live_chunks: Default::default(),
+            chunk_generation: std::sync::atomic::AtomicI64::new(0),
+            loaded_chunks: Default::default(),
+            type5_restored_at: Default::default(),
         })
     }
 
@@ -254,9 +279,11 @@ impl StateSync {
         }
         self.loading
             .store(false, std::sync::atomic::Ordering::SeqCst);
+        let chunked = self.restore_loaded_chunks();
         let claims = self.apply_deferred_claims();
         tracing::info!(
             records = records.len(),
+            chunked_snapshots = chunked,
             claims,
             salts = applied,
             next_offset = *next,
@@ -383,6 +410,10 @@ impl StateSync {
                 self.apply_claim(r, key, value, start_up);
                 return false;
             }
+            StateRecord::ProducerSnapshotChunk { key, value } => {
+                self.apply_chunk(r, key, value, start_up);
+                return false;
+            }
             StateRecord::NewerVersion { version, .. } => {
                 // A newer release's value: skipped and counted, never fatal.
                 self.count("unknown_record_version");
@@ -468,6 +499,12 @@ impl StateSync {
         if !start_up {
             return;
         }
+        if self.loading.load(std::sync::atomic::Ordering::SeqCst) {
+            self.type5_restored_at
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert((key.topic_id, key.partition), r.offset);
+        }
         let Some(topic) = self.destination_topic_name(&key.topic_id) else {
             self.keep_pending(key.topic_id, r, start_up);
             return;
@@ -486,6 +523,154 @@ impl StateSync {
             tracing::warn!(partition = %pk, "producer-state snapshot of a topic that appeared after \
                 start-up not restored: the partition already has live state");
         }
+    }
+
+    /// A chunk of a chunked snapshot (type 7). Only chunks read at start-up
+    /// count (as for type 5); the load assembles them and restores the
+    /// latest complete generation at its end.
+    fn apply_chunk(
+        &self,
+        r: &StoredRecord,
+        key: MirrorProducerSnapshotChunkKey,
+        value: Option<MirrorProducerSnapshotChunkValue>,
+        start_up: bool,
+    ) {
+        if !start_up {
+            return;
+        }
+        self.chunk_generation
+            .fetch_max(key.generation, std::sync::atomic::Ordering::Relaxed);
+        {
+            let mut loaded = self.loaded_chunks.lock().unwrap_or_else(|p| p.into_inner());
+            let gens = loaded.entry((key.topic_id, key.partition)).or_default();
+            match value {
+                Some(v) => {
+                    gens.entry(key.generation)
+                        .or_default()
+                        .insert(key.chunk, (v, r.clone()));
+                }
+                None => {
+                    if let Some(g) = gens.get_mut(&key.generation) {
+                        g.remove(&key.chunk);
+                        if g.is_empty() {
+                            gens.remove(&key.generation);
+                        }
+                    }
+                }
+            }
+        }
+        if !self.loading.load(std::sync::atomic::Ordering::SeqCst) {
+            // Kept while its topic was unknown: restore once complete.
+            self.restore_chunks((key.topic_id, key.partition), false);
+        }
+    }
+
+    /// Restores every partition whose chunks the start-up load read;
+    /// returns how many were restored.
+    fn restore_loaded_chunks(&self) -> usize {
+        let keys: Vec<SnapshotKey> = self
+            .loaded_chunks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .copied()
+            .collect();
+        keys.into_iter()
+            .filter(|k| self.restore_chunks(*k, true))
+            .count()
+    }
+
+    /// Restores the latest complete chunk generation of one partition (all
+    /// chunks `0..ChunkCount` present, one snapshot offset), unless a type-5
+    /// snapshot later in the topic was restored. A generation whose topic is
+    /// not known yet is kept (its records) until the topic appears. True if
+    /// the partition was restored. `at_load`: the end of the start-up load
+    /// (otherwise only a partition that has seen nothing is restored).
+    fn restore_chunks(&self, key: SnapshotKey, at_load: bool) -> bool {
+        let (gens, complete) = {
+            let mut loaded = self.loaded_chunks.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(gens) = loaded.get(&key) else {
+                return false;
+            };
+            let complete = gens.iter().rev().find_map(|(generation, chunks)| {
+                let first = chunks.values().next()?;
+                let (offset, count) = (first.0.snapshot_offset, first.0.chunk_count);
+                let whole = usize::try_from(count).ok() == Some(chunks.len())
+                    && (0..count).all(|i| {
+                        chunks.get(&i).is_some_and(|(v, _)| {
+                            v.snapshot_offset == offset && v.chunk_count == count
+                        })
+                    });
+                whole.then_some(*generation)
+            });
+            let Some(generation) = complete else {
+                return false;
+            };
+            let Some(gens) = loaded.remove(&key) else {
+                return false;
+            };
+            (gens, generation)
+        };
+        let chosen = &gens[&complete];
+        let last_record = chosen.values().map(|(_, r)| r.offset).max().unwrap_or(-1);
+        let Some(topic) = self.destination_topic_name(&key.0) else {
+            for (_, r) in chosen.values() {
+                self.keep_pending(key.0, r, true);
+            }
+            return false;
+        };
+        let pk = PartitionKey::new([0; 16], topic, key.1);
+        // Every generation read is live: tombstoned by the next snapshot.
+        self.live_chunks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(
+                pk.clone(),
+                gens.iter()
+                    .flat_map(|(generation, chunks)| {
+                        chunks
+                            .keys()
+                            .map(move |chunk| MirrorProducerSnapshotChunkKey {
+                                topic_id: key.0,
+                                partition: key.1,
+                                generation: *generation,
+                                chunk: *chunk,
+                            })
+                    })
+                    .collect(),
+            );
+        let later_type5 = self
+            .type5_restored_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+            .is_some_and(|o| *o > last_record);
+        if later_type5 {
+            return false;
+        }
+        let fresh = at_load
+            || self
+                .registry
+                .get(&pk)
+                .is_none_or(|h| h.with(|s| s.producer_count() == 0 && s.next_offset() == 0));
+        if !fresh {
+            tracing::warn!(partition = %pk, "chunked producer-state snapshot of a topic that \
+                appeared after start-up not restored: the partition already has live state");
+            return false;
+        }
+        let mut chunks: Vec<(i32, &MirrorProducerSnapshotChunkValue)> =
+            chosen.iter().map(|(i, (v, _))| (*i, v)).collect();
+        chunks.sort_unstable_by_key(|(i, _)| *i);
+        let value = MirrorProducerSnapshotValue {
+            snapshot_offset: chunks.first().map_or(0, |(_, v)| v.snapshot_offset),
+            producers: chunks
+                .iter()
+                .flat_map(|(_, v)| v.producers.iter().copied())
+                .collect(),
+            unknown_tagged_fields: Vec::new(),
+        };
+        self.restore_producers(&pk, &value);
+        true
     }
 
     /// A producer claim (type 6). Only claims read at start-up change the
@@ -847,10 +1032,9 @@ impl StateSync {
         Ok(written)
     }
 
-    /// Appends one partition's producer-state snapshot (type 5) and notes
-    /// it; false (nothing written) when the value would exceed
-    /// [`MAX_SNAPSHOT_BYTES`]: the partition's claim records (type 6) stay
-    /// its durable record then, and an older snapshot stays as it is.
+    /// Appends one partition's producer-state snapshot and notes it: one
+    /// type-5 record, or chunks (type 7) when that record would exceed
+    /// [`MAX_SNAPSHOT_BYTES`]. True when written.
     async fn write_snapshot(
         &self,
         topic_id: [u8; 16],
@@ -882,26 +1066,94 @@ impl StateSync {
         .encode();
         let v = value.encode().map_err(|e| e.to_string())?;
         if v.len() > MAX_SNAPSHOT_BYTES {
-            self.count("snapshot_too_large");
-            if self
-                .oversized
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert(snap.key.clone())
-            {
-                tracing::warn!(partition = %snap.key, producers = snap.producers.len(),
-                    bytes = v.len(), limit = MAX_SNAPSHOT_BYTES,
-                    "producer-state snapshot too large for one __mirror_state record; not written \
-                     (the partition's producer claims stay its durable record)");
-            }
-            return Ok(false);
+            return self.write_chunked_snapshot(topic_id, snap, value).await;
         }
         self.append_record(k, v).await?;
         self.snapshotted
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(snap.key.clone(), (snap.next_offset, snap.producers.len()));
+        self.tombstone_old_chunks(&snap.key, Vec::new()).await?;
         Ok(true)
+    }
+
+    /// Writes a snapshot too large for one record as a new generation of
+    /// chunks (type 7, [`CHUNK_PRODUCERS`] producers each, every record
+    /// below [`MAX_SNAPSHOT_BYTES`]), then tombstones the partition's older
+    /// generations. A crash in between leaves the older generation whole
+    /// and the newer one incomplete: start-up restores the latest complete
+    /// one, and claims are tombstoned only after this returns.
+    async fn write_chunked_snapshot(
+        &self,
+        topic_id: [u8; 16],
+        snap: &ps::PartitionSnapshot,
+        value: MirrorProducerSnapshotValue,
+    ) -> Result<bool, String> {
+        let now = crate::lifecycle::now_ms();
+        let generation = self
+            .chunk_generation
+            .fetch_update(
+                std::sync::atomic::Ordering::Relaxed,
+                std::sync::atomic::Ordering::Relaxed,
+                |last| Some(now.max(last.saturating_add(1))),
+            )
+            .map_or(now, |last| now.max(last.saturating_add(1)));
+        let chunks: Vec<&[SnapshotProducer]> = value.producers.chunks(CHUNK_PRODUCERS).collect();
+        let count = i32::try_from(chunks.len()).map_err(|_| "too many snapshot chunks")?;
+        let mut keys = Vec::with_capacity(chunks.len());
+        let mut records = Vec::with_capacity(chunks.len());
+        for (chunk, producers) in (0..count).zip(&chunks) {
+            let key = MirrorProducerSnapshotChunkKey {
+                topic_id,
+                partition: snap.key.partition,
+                generation,
+                chunk,
+            };
+            let v = MirrorProducerSnapshotChunkValue {
+                snapshot_offset: value.snapshot_offset,
+                chunk_count: count,
+                producers: producers.to_vec(),
+                unknown_tagged_fields: Vec::new(),
+            }
+            .encode()
+            .map_err(|e| e.to_string())?;
+            records.push((key.encode(), Some(v)));
+            keys.push(key);
+        }
+        self.append_claims(records).await?;
+        self.count("snapshot_chunked");
+        tracing::debug!(partition = %snap.key, producers = value.producers.len(), chunks = count,
+            generation, "chunked producer-state snapshot written");
+        self.snapshotted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(snap.key.clone(), (snap.next_offset, snap.producers.len()));
+        self.tombstone_old_chunks(&snap.key, keys).await?;
+        Ok(true)
+    }
+
+    /// Makes `current` the partition's live chunks and tombstones the ones
+    /// it replaces (a newer snapshot, chunked or not, supersedes them).
+    async fn tombstone_old_chunks(
+        &self,
+        pk: &PartitionKey,
+        current: Vec<MirrorProducerSnapshotChunkKey>,
+    ) -> Result<(), String> {
+        let old = {
+            let mut live = self.live_chunks.lock().unwrap_or_else(|p| p.into_inner());
+            if current.is_empty() {
+                live.remove(pk)
+            } else {
+                live.insert(pk.clone(), current)
+            }
+        };
+        let Some(old) = old.filter(|o| !o.is_empty()) else {
+            return Ok(());
+        };
+        self.append_claims(old.iter().map(|k| (k.encode(), None)).collect())
+            .await?;
+        self.count("snapshot_chunk_tombstone");
+        Ok(())
     }
 
     /// Runs forever: periodic producer-state snapshots and idle expiry.

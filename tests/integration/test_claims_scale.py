@@ -1,29 +1,49 @@
 """Producer claims scale (issue 13 item 5): 20,000 producers in one partition of an
 Apache Kafka source are mirrored (past the ~15,000 at which one whole-partition
-snapshot record exceeded Kafka's default message.max.bytes), each claim is one small
-__mirror_state record, no record approaches message.max.bytes, and after kill -9 the
-restart restores every claim. The 100,000-producer run is bench/claims_scale.py."""
+snapshot record exceeded Kafka's default message.max.bytes: the base of this change
+closed the fetcher's connection with MESSAGE_TOO_LARGE on every retry). Each claim is
+one small __mirror_state record; kill -9 right after restores every claim; a snapshot
+round then writes the partition as chunks (no record near message.max.bytes) and
+tombstones the claims it supersedes; kill -9 again restores every producer from the
+chunks, and a later collision (another source, same fold, one of the same PIDs) still
+gets a salt. The 100,000-producer run is bench/claims_scale.py."""
 
 from __future__ import annotations
 
 import re
 
 import harness
-from claims_scale import mirror_all, produce_synthetic, producers_tracked, read_state_records
-from mirror_harness import MirrorSpec, high_watermark, mirror_factory  # noqa: F401 - fixture
+from claims_scale import PID_BASE, mirror_all, produce_synthetic, producers_tracked, read_state_records
+from mirror_harness import (  # noqa: F401 - mirror_factory is a fixture
+    MirrorSpec,
+    StandInFetcher,
+    fold,
+    high_watermark,
+    map_pid,
+    mirror_factory,
+    same_fold_pair,
+)
 
 N = 20_000
 
 
+def _loaded(mg) -> str:
+    lines = re.findall(r"__mirror_state loaded.*", mg.log_text())
+    assert lines, "no start-up line"
+    return lines[-1].replace('"', "")
+
+
 def test_twenty_thousand_producers_in_one_partition_then_kill9(kafka_factory, kafka1, mirror_factory):
-    src = kafka_factory()
+    cid_a, cid_b = same_fold_pair()
+    src = kafka_factory(cluster_id=cid_a)
     topic = harness.topic_name("claims")
     harness.create_topics(src.bootstrap, [topic])
     harness.create_topics(kafka1.bootstrap, [topic])  # issue 13 item 6: destination topic id lookup
     produce_synthetic(src.bootstrap, topic, N)
     assert high_watermark(src.bootstrap, topic) == N
 
-    mg = mirror_factory(kafka1.bootstrap, [MirrorSpec.of("m", src)])
+    # A long snapshot interval: the first restart finds claims only.
+    mg = mirror_factory(kafka1.bootstrap, [MirrorSpec.of("m", src)], snapshot_interval_ms=600_000)
     f, _secs = mirror_all(mg, topic, src.bootstrap, timeout=120)
     assert len({b.producer_id for b in f.log}) == N
     f.close()
@@ -31,16 +51,49 @@ def test_twenty_thousand_producers_in_one_partition_then_kill9(kafka_factory, ka
     records = read_state_records(kafka1.bootstrap, mg.state_topic, timeout=60)
     claims = [r for r in records if r.type == 6]
     assert len({r.key["producer_id"] for r in claims if r.value}) == N, "one claim record per producer"
-    # No snapshot of the whole partition was written (it would be ~1.3 MB).
-    assert all(r.type != 5 or r.value is None or len(r.value["producers"]) < 4000 for r in records)
+    assert not [r for r in records if r.type == 5 and r.value and len(r.value["producers"]) > 3900]
     m = mg.metrics()
     assert m.counter("mirrorguard_state_store_ops_total", kind="claim") >= N
     assert m.counter("mirrorguard_state_store_ops_total", kind="append_error") == 0
     assert "MESSAGE_TOO_LARGE" not in mg.log_text()
 
-    # kill -9 and restart: every claim is read back before listeners serve.
+    # kill -9: every claim is read back before the listeners serve.
     mg.kill9()
     mg.start()
     assert producers_tracked(mg) == N
-    loaded = re.findall(r"__mirror_state loaded.*", mg.log_text())
-    assert loaded and f"claims={N}" in loaded[-1].replace('"', ""), loaded[-1:]
+    assert f"claims={N}" in _loaded(mg)
+
+    # Another instance on the same state topic, with a snapshot round every 500 ms:
+    # chunks (type 7), then the superseded claims are tombstoned.
+    mg.kill9()
+    mg2 = mirror_factory(kafka1.bootstrap, [MirrorSpec.of("m", src)], snapshot_interval_ms=500)
+    assert f"claims={N}" in _loaded(mg2)
+
+    def chunked_and_tombstoned():
+        rs = read_state_records(kafka1.bootstrap, mg2.state_topic, timeout=60)
+        chunks = [r for r in rs if r.type == 7 and r.value]
+        dead = {r.key["producer_id"] for r in rs if r.type == 6 and r.value is None}
+        return sum(len(c.value["producers"]) for c in chunks) >= N and len(dead) >= N
+
+    harness.wait_until(chunked_and_tombstoned, 60, interval=1, what="chunked snapshot and claim tombstones")
+    rs = read_state_records(kafka1.bootstrap, mg2.state_topic, timeout=60)
+    assert max(len(r.value["producers"]) for r in rs if r.type == 7 and r.value) <= 3000
+    mg2.kill9()
+    mg2.start()
+    assert producers_tracked(mg2) == N
+    line = _loaded(mg2)
+    assert "chunked_snapshots=1" in line and "claims=0" in line, line
+    mg2.kill9()
+
+    # A later collision is still seen: source B (same fold) writes one of A's PIDs.
+    b = kafka_factory(cluster_id=cid_b)
+    harness.create_topics(b.bootstrap, [topic])
+    produce_synthetic(b.bootstrap, topic, 1, pid_base=PID_BASE + 7)
+    mg3 = mirror_factory(kafka1.bootstrap, [MirrorSpec.of("m", src), MirrorSpec.of("b", b)])
+    assert producers_tracked(mg3) == N
+    g = StandInFetcher(topic)
+    g.connect(mg3.mirrors["b"].bootstrap, rebase=True)
+    g.catch_up(high_watermark(b.bootstrap, topic))
+    g.close()
+    got = {x.producer_id for x in g.log}
+    assert len(got) == 1 and got != {map_pid(PID_BASE + 7, fold(cid_a))}, got
