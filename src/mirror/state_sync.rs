@@ -72,6 +72,8 @@ pub struct StateSync {
     >,
     /// Last chunked-snapshot generation written or read.
     chunk_generation: std::sync::atomic::AtomicI64,
+    /// Wall-clock ms of the last chunked snapshot written per partition.
+    chunked_at: std::sync::Mutex<std::collections::HashMap<PartitionKey, i64>>,
     /// Chunks read at start-up, assembled per partition and generation.
     loaded_chunks: std::sync::Mutex<std::collections::HashMap<SnapshotKey, ChunkGenerations>>,
     /// Offset of the type-5 snapshot restored by the start-up load, per
@@ -86,6 +88,26 @@ type ChunkGeneration =
 
 /// Chunk generations of one partition, by generation.
 type ChunkGenerations = std::collections::BTreeMap<i64, ChunkGeneration>;
+
+/// The keys of every chunk of `gens` (a partition's generations).
+fn chunk_keys(key: SnapshotKey, gens: &ChunkGenerations) -> Vec<MirrorProducerSnapshotChunkKey> {
+    gens.iter()
+        .flat_map(|(generation, chunks)| {
+            chunks
+                .keys()
+                .map(move |chunk| MirrorProducerSnapshotChunkKey {
+                    topic_id: key.0,
+                    partition: key.1,
+                    generation: *generation,
+                    chunk: *chunk,
+                })
+        })
+        .collect()
+}
+
+/// A partition snapshotted in chunks is snapshotted again without new
+/// claims to supersede only after this long (5 minutes).
+pub const CHUNKED_SNAPSHOT_MIN_AGE_MS: i64 = 300_000;
 
 /// Producers per chunk of a chunked snapshot (type 7): 3,000 entries of 67
 /// bytes are ~196 KiB, below [`MAX_SNAPSHOT_BYTES`].
@@ -154,6 +176,7 @@ impl StateSync {
             deferred_claims: Default::default(),
             live_chunks: Default::default(),
             chunk_generation: std::sync::atomic::AtomicI64::new(0),
+            chunked_at: Default::default(),
             loaded_chunks: Default::default(),
             type5_restored_at: Default::default(),
         })
@@ -604,6 +627,19 @@ impl StateSync {
                 whole.then_some(*generation)
             });
             let Some(generation) = complete else {
+                // Only incomplete generations (a crash while writing the
+                // first): known as live so the next snapshot tombstones them.
+                if at_load {
+                    if let Some(topic) = self.destination_topic_name(&key.0) {
+                        let pk = PartitionKey::new([0; 16], topic, key.1);
+                        let keys = chunk_keys(key, gens);
+                        loaded.remove(&key);
+                        self.live_chunks
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .insert(pk, keys);
+                    }
+                }
                 return false;
             };
             let Some(gens) = loaded.remove(&key) else {
@@ -624,21 +660,7 @@ impl StateSync {
         self.live_chunks
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(
-                pk.clone(),
-                gens.iter()
-                    .flat_map(|(generation, chunks)| {
-                        chunks
-                            .keys()
-                            .map(move |chunk| MirrorProducerSnapshotChunkKey {
-                                topic_id: key.0,
-                                partition: key.1,
-                                generation: *generation,
-                                chunk: *chunk,
-                            })
-                    })
-                    .collect(),
-            );
+            .insert(pk.clone(), chunk_keys(key, &gens));
         let later_type5 = self
             .type5_restored_at
             .lock()
@@ -1040,6 +1062,29 @@ impl StateSync {
         topic_id: [u8; 16],
         snap: &ps::PartitionSnapshot,
     ) -> Result<bool, String> {
+        // A chunked snapshot rewrites every producer of the partition: write
+        // one only when it supersedes claim records, or when the last one is
+        // older than CHUNKED_SNAPSHOT_MIN_AGE_MS, so a busy partition of
+        // 100,000 producers does not rewrite ~7 MB every round.
+        let chunked = 16 + snap.producers.len().saturating_mul(67) > MAX_SNAPSHOT_BYTES;
+        if chunked {
+            let has_claims = self
+                .claimed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&snap.key)
+                .is_some_and(|c| !c.pids.is_empty());
+            let now = crate::lifecycle::now_ms();
+            let recent = self
+                .chunked_at
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&snap.key)
+                .is_some_and(|t| now.saturating_sub(*t) < CHUNKED_SNAPSHOT_MIN_AGE_MS);
+            if !has_claims && recent {
+                return Ok(false);
+            }
+        }
         let value = MirrorProducerSnapshotValue {
             snapshot_offset: snap.next_offset,
             producers: snap
@@ -1064,10 +1109,10 @@ impl StateSync {
             partition: snap.key.partition,
         }
         .encode();
-        let v = value.encode().map_err(|e| e.to_string())?;
-        if v.len() > MAX_SNAPSHOT_BYTES {
+        if chunked {
             return self.write_chunked_snapshot(topic_id, snap, value).await;
         }
+        let v = value.encode().map_err(|e| e.to_string())?;
         self.append_record(k, v).await?;
         self.snapshotted
             .lock()
@@ -1122,6 +1167,10 @@ impl StateSync {
         }
         self.append_claims(records).await?;
         self.count("snapshot_chunked");
+        self.chunked_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(snap.key.clone(), now);
         tracing::debug!(partition = %snap.key, producers = value.producers.len(), chunks = count,
             generation, "chunked producer-state snapshot written");
         self.snapshotted
