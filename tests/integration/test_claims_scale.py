@@ -75,7 +75,7 @@ def test_twenty_thousand_producers_in_one_partition_then_kill9(kafka_factory, ka
         dead = {r.key["producer_id"] for r in rs if r.type == 6 and r.value is None}
         return sum(len(c.value["producers"]) for c in chunks) >= N and len(dead) >= N
 
-    harness.wait_until(chunked_and_tombstoned, 60, interval=1, what="chunked snapshot and claim tombstones")
+    harness.wait_until(chunked_and_tombstoned, 120, interval=1, what="chunked snapshot and claim tombstones")
     rs = read_state_records(kafka1.bootstrap, mg2.state_topic, timeout=60)
     assert max(len(r.value["producers"]) for r in rs if r.type == 7 and r.value) <= 3000
     mg2.kill9()
