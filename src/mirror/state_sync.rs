@@ -369,10 +369,7 @@ impl StateSync {
             .store
             .append(key.clone(), Some(value))
             .await
-            .map_err(|e| {
-                self.count("append_error");
-                e.to_string()
-            })?;
+            .map_err(|e| self.append_failed(&e))?;
         self.advance(&key, offset);
         self.count("append");
         Ok(offset)
@@ -820,17 +817,21 @@ impl StateSync {
                 self.count("append");
                 Ok(())
             }
-            Err(e) => {
-                self.count("append_error");
-                if e.is_too_large() {
-                    self.count("message_too_large");
-                    tracing::error!(error = %e, "the state cluster refuses a single __mirror_state \
-                        record as too large (MESSAGE_TOO_LARGE / RECORD_LIST_TOO_LARGE): raise the \
-                        topic's max.message.bytes or the broker's message.max.bytes");
-                }
-                Err(e.to_string())
-            }
+            Err(e) => Err(self.append_failed(&e)),
         }
+    }
+
+    /// Counts a failed append; a refusal as too large is reported in
+    /// Kafka's terms (ERROR line, `kind="message_too_large"`).
+    fn append_failed(&self, e: &crate::state_store::StateStoreError) -> String {
+        self.count("append_error");
+        if e.is_too_large() {
+            self.count("message_too_large");
+            tracing::error!(error = %e, "the state cluster refuses a single __mirror_state \
+                record as too large (MESSAGE_TOO_LARGE / RECORD_LIST_TOO_LARGE): raise the \
+                topic's max.message.bytes or the broker's message.max.bytes");
+        }
+        e.to_string()
     }
 
     /// Tombstones the claim records of `pk` no longer needed: producers a

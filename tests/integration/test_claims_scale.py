@@ -11,6 +11,7 @@ gets a salt. The 100,000-producer run is bench/claims_scale.py."""
 from __future__ import annotations
 
 import re
+import time
 
 import harness
 from claims_scale import PID_BASE, mirror_all, produce_synthetic, producers_tracked, read_state_records
@@ -97,3 +98,36 @@ def test_twenty_thousand_producers_in_one_partition_then_kill9(kafka_factory, ka
     g.close()
     got = {x.producer_id for x in g.log}
     assert len(got) == 1 and got != {map_pid(PID_BASE + 7, fold(cid_a))}, got
+
+
+def test_state_topic_refusing_large_batches(kafka1, mirror_factory):
+    """A state topic whose max.message.bytes (4,000) is below the 256 KiB claim batches:
+    the batches Kafka refuses (MESSAGE_TOO_LARGE) are split and sent again, every claim
+    is written and the fetcher is served; a single record above the limit (the type-5
+    snapshot of 300 producers, ~20 KB) is reported in Kafka's terms (ERROR line, metric)
+    once per snapshot round, never in a loop of closed connections."""
+    topic = harness.topic_name("small")
+    state_topic = f"__mirror_state_{topic}"
+    harness.create_topics(kafka1.bootstrap, [topic])
+    harness.create_topics(kafka1.bootstrap, [state_topic],
+                          config={"cleanup.policy": "compact", "max.message.bytes": "4000"})
+    produce_synthetic(kafka1.bootstrap, topic, 300)
+    mg = mirror_factory(kafka1.bootstrap, [MirrorSpec.of("m", kafka1)], state_topic=state_topic,
+                        snapshot_interval_ms=500)
+    f, _ = mirror_all(mg, topic, kafka1.bootstrap, timeout=60)
+    f.close()
+    assert len({b.producer_id for b in f.log}) == 300
+    claims = {r.key["producer_id"] for r in read_state_records(kafka1.bootstrap, state_topic) if r.type == 6 and r.value}
+    assert len(claims) == 300
+    assert "refused as too large" in mg.log_text()
+
+    def reported():
+        return mg.metrics().counter("mirrorguard_state_store_ops_total", kind="message_too_large") >= 1
+
+    harness.wait_until(reported, 20, interval=0.2, what="MESSAGE_TOO_LARGE reported")
+    errors = [line for line in mg.log_text().splitlines() if "refuses a single __mirror_state record" in line]
+    assert errors and "ERROR" in errors[0] and "MESSAGE_TOO_LARGE" in errors[0], errors[:1]
+    n0 = mg.metrics().counter("mirrorguard_state_store_ops_total", kind="message_too_large")
+    time.sleep(3)
+    n1 = mg.metrics().counter("mirrorguard_state_store_ops_total", kind="message_too_large")
+    assert n1 - n0 <= 8, f"{n1 - n0} refusals in 3 s: a retry loop"
