@@ -1064,9 +1064,11 @@ impl StateSync {
         snap: &ps::PartitionSnapshot,
     ) -> Result<bool, String> {
         // A chunked snapshot rewrites every producer of the partition: write
-        // one only when it supersedes claim records, or when the last one is
-        // older than CHUNKED_SNAPSHOT_MIN_AGE_MS, so a busy partition of
-        // 100,000 producers does not rewrite ~7 MB every round.
+        // one only when it supersedes claim records of at least a tenth of
+        // the partition's producers (a trickle of new producers then costs
+        // at most ~10x their own claims in snapshot bytes), or when the last
+        // one is older than CHUNKED_SNAPSHOT_MIN_AGE_MS, so a busy partition
+        // of 100,000 producers does not rewrite ~7 MB every round.
         let chunked = 16 + snap.producers.len().saturating_mul(67) > MAX_SNAPSHOT_BYTES;
         if chunked {
             let has_claims = self
@@ -1074,7 +1076,7 @@ impl StateSync {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .get(&snap.key)
-                .is_some_and(|c| !c.pids.is_empty());
+                .is_some_and(|c| c.pids.len().saturating_mul(10) >= snap.producers.len());
             let now = crate::lifecycle::now_ms();
             let recent = self
                 .chunked_at
