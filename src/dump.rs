@@ -13,7 +13,7 @@
 //!   ` MirrorPidReset {"version":0,"sourceClusterId":"…"}` for the barrier
 //!   (shaped like Kafka's ` SnapshotHeader {json}` lines), or the fallback
 //!   ` controlType: NAME(id)`, e.g. `UNKNOWN(9)`;
-//! - `__mirror_state` records (type 3 of SPEC 2.2; types 4 and 5 as laid out
+//! - `__mirror_state` records (type 3 of SPEC 2.2; types 4 to 7 as laid out
 //!   in `state_store::schema`) get ` key: {json} payload: {json}`
 //!   in the shape of Kafka's `--offsets-decoder`, when the file's directory
 //!   is `__mirror_state-N` (with `--deep-iteration`) or `--mirror-state` is
@@ -502,13 +502,23 @@ const MIRROR_STATE_TYPES: &[MirrorStateType] = &[
         key: mirror_name_key,
         value: source_topology_value,
     },
+    MirrorStateType {
+        record_type: crate::state_store::schema::PRODUCER_CLAIM_TYPE,
+        key: producer_claim_key,
+        value: producer_claim_value,
+    },
+    MirrorStateType {
+        record_type: crate::state_store::schema::PRODUCER_SNAPSHOT_CHUNK_TYPE,
+        key: snapshot_chunk_key,
+        value: snapshot_chunk_value,
+    },
 ];
 
 fn mirror_name_key(c: &mut Cursor<'_>) -> Result<Fields, &'static str> {
     Ok(Fields(vec![("mirror", json!(string16(c)?))]))
 }
 
-/// Type 6 (decoded by `mirror::offline`, which owns the schema).
+/// Type 8 (decoded by `mirror::offline`, which owns the schema).
 fn source_topology_value(c: &mut Cursor<'_>, version: i16) -> Result<Fields, &'static str> {
     let rest = c.bytes(c.remaining()).ok_or("truncated")?;
     let mut with_version = version.to_be_bytes().to_vec();
@@ -686,10 +696,65 @@ fn partition_state_value(c: &mut Cursor<'_>, _version: i16) -> Result<Fields, &'
     ]))
 }
 
+/// Key of type 6 (`MirrorProducerClaimKey`): TopicId, Partition, ProducerId.
+fn producer_claim_key(c: &mut Cursor<'_>) -> Result<Fields, &'static str> {
+    let mut f = topic_partition_key(c)?;
+    let pid = c.i64().ok_or("truncated ProducerId")?;
+    f.0.push(("producerId", json!(pid)));
+    Ok(f)
+}
+
+/// `MirrorProducerClaimValue` (version 0, flexible).
+fn producer_claim_value(c: &mut Cursor<'_>, _version: i16) -> Result<Fields, &'static str> {
+    let origin = uuid_b64(c).ok_or("truncated OriginClusterId")?;
+    let original = c.i64().ok_or("truncated OriginalPid")?;
+    let ts = c.i64().ok_or("truncated TimestampMs")?;
+    c.skip_tagged_fields().ok_or("bad tagged fields")?;
+    Ok(Fields(vec![
+        ("originClusterId", json!(origin)),
+        ("originalPid", json!(original)),
+        ("timestampMs", json!(ts)),
+    ]))
+}
+
+/// Key of type 7 (`MirrorProducerSnapshotChunkKey`): TopicId, Partition,
+/// Generation, Chunk.
+fn snapshot_chunk_key(c: &mut Cursor<'_>) -> Result<Fields, &'static str> {
+    let mut f = topic_partition_key(c)?;
+    let generation = c.i64().ok_or("truncated Generation")?;
+    let chunk = c.i32().ok_or("truncated Chunk")?;
+    f.0.push(("generation", json!(generation)));
+    f.0.push(("chunk", json!(chunk)));
+    Ok(f)
+}
+
+/// `MirrorProducerSnapshotChunkValue` (version 0, flexible).
+fn snapshot_chunk_value(c: &mut Cursor<'_>, _version: i16) -> Result<Fields, &'static str> {
+    let snapshot_offset = c.i64().ok_or("truncated SnapshotOffset")?;
+    let count = c.i32().ok_or("truncated ChunkCount")?;
+    let producers = producer_entries(c)?;
+    c.skip_tagged_fields().ok_or("bad tagged fields")?;
+    Ok(Fields(vec![
+        ("snapshotOffset", json!(snapshot_offset)),
+        ("chunkCount", json!(count)),
+        ("producers", Value::Array(producers)),
+    ]))
+}
+
 /// `MirrorProducerSnapshotValue` (version 0, flexible). The producer array
 /// is read entry by entry; nothing is sized from the wire count.
 fn producer_snapshot_value(c: &mut Cursor<'_>, _version: i16) -> Result<Fields, &'static str> {
     let snapshot_offset = c.i64().ok_or("truncated SnapshotOffset")?;
+    let producers = producer_entries(c)?;
+    c.skip_tagged_fields().ok_or("bad tagged fields")?;
+    Ok(Fields(vec![
+        ("snapshotOffset", json!(snapshot_offset)),
+        ("producers", Value::Array(producers)),
+    ]))
+}
+
+/// The producer array of types 5 and 7, entry by entry.
+fn producer_entries(c: &mut Cursor<'_>) -> Result<Vec<Value>, &'static str> {
     let n = c.uvarint().ok_or("bad Producers length")?;
     let count = n.checked_sub(1).ok_or("null Producers array")?;
     let mut producers = Vec::new();
@@ -717,11 +782,7 @@ fn producer_snapshot_value(c: &mut Cursor<'_>, _version: i16) -> Result<Fields, 
             "lastTimestamp": last_ts,
         }));
     }
-    c.skip_tagged_fields().ok_or("bad tagged fields")?;
-    Ok(Fields(vec![
-        ("snapshotOffset", json!(snapshot_offset)),
-        ("producers", Value::Array(producers)),
-    ]))
+    Ok(producers)
 }
 
 fn decode_mirror_state(key: Option<&[u8]>, value: Option<&[u8]>) -> Result<MirrorState, String> {

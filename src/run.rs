@@ -32,9 +32,12 @@ impl SaltStore for NoStateCluster {
         false
     }
 
-    fn persist_snapshot(
+    fn persist_claims(
         &self,
-        _snapshot: crate::producer_state::PartitionSnapshot,
+        _claims: Vec<(
+            crate::producer_state::PartitionKey,
+            Vec<(i64, crate::producer_state::Origin)>,
+        )>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
         Box::pin(async { Err("no [state] cluster is configured".to_string()) })
     }

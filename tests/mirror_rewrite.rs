@@ -32,9 +32,12 @@ impl SaltStore for NoCollisionsExpected {
     fn durable(&self) -> bool {
         false
     }
-    fn persist_snapshot(
+    fn persist_claims(
         &self,
-        _snapshot: mirrorguard::producer_state::PartitionSnapshot,
+        _claims: Vec<(
+            mirrorguard::producer_state::PartitionKey,
+            Vec<(i64, mirrorguard::producer_state::Origin)>,
+        )>,
     ) -> Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
         panic!("no claim expected without a durable store");
     }

@@ -22,7 +22,7 @@
 //! source range a partition's state has not seen since start-up (replayed),
 //! collisions (two origins on one mapped PID: a salt is persisted), and
 //! producers seen for the first time (their claim on the mapped PID is
-//! persisted as a producer-state snapshot). The response is held meanwhile;
+//! persisted as one small type-6 record each, all of a response together). The response is held meanwhile;
 //! only then is it rewritten.
 
 pub mod offline;
@@ -112,16 +112,19 @@ pub enum Pending {
 pub trait SaltStore: Send + Sync {
     /// Whether producer claims are made durable (a `[state]` cluster). A
     /// store that says so must implement
-    /// [`persist_snapshot`](Self::persist_snapshot).
+    /// [`persist_claims`](Self::persist_claims).
     fn durable(&self) -> bool {
         false
     }
-    /// Persists a producer-state snapshot of one partition (record type 5).
-    fn persist_snapshot(
+    /// Persists the claims of new producers (mapped PID → origin, per
+    /// partition), one small record each (type 6), all of one Fetch
+    /// response together, and returns once the state cluster acknowledged
+    /// them.
+    fn persist_claims(
         &self,
-        _snapshot: ps::PartitionSnapshot,
+        _claims: Vec<(PartitionKey, Vec<(i64, Origin)>)>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
-        Box::pin(async { Err("this store keeps no producer-state snapshots".to_string()) })
+        Box::pin(async { Err("this store keeps no producer claims".to_string()) })
     }
     /// The destination topic id of `topic`, if known (it seeds the salt
     /// sequence and keys the record).
@@ -136,7 +139,7 @@ pub trait SaltStore: Send + Sync {
         &self,
         salts: Vec<PendingSalt>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;
-    /// Persists a mirror's source topology (record type 6).
+    /// Persists a mirror's source topology (record type 8).
     fn persist_topology(
         &self,
         _mirror: &str,
@@ -1060,6 +1063,9 @@ struct Scan {
     colliding: Vec<Origin>,
     /// (mapped PID, origin) pairs no one holds yet.
     claims: Vec<(i64, Origin)>,
+    /// Index of `claims` by mapped PID (a response may start thousands of
+    /// producers: a linear search per batch would be quadratic).
+    claimed: std::collections::HashMap<i64, Origin>,
 }
 
 /// Scans `records` against `state`. Allocates only when it finds something
@@ -1105,11 +1111,14 @@ fn scan_partition(
             && h.last_offset() >= state.next_offset()
             && state.holder_of(mapped).is_none()
         {
-            match scan.claims.iter().find(|(m, _)| *m == mapped) {
-                None => scan.claims.push((mapped, origin)),
+            match scan.claimed.get(&mapped) {
+                None => {
+                    scan.claimed.insert(mapped, origin);
+                    scan.claims.push((mapped, origin));
+                }
                 // Two origins on one PID within this response (an already
                 // mapped PID that a source PID maps onto): a collision too.
-                Some((_, first)) if *first != origin => {
+                Some(first) if *first != origin => {
                     if !scan.colliding.contains(&origin) {
                         scan.colliding.push(origin);
                     }
@@ -1121,22 +1130,21 @@ fn scan_partition(
     scan
 }
 
-/// Makes claims durable (a snapshot of the partition with them), then
-/// records them in the shadow producer state.
+/// Makes claims durable (one type-6 record per new producer, all of the
+/// response in as few Produce requests as fit), then records them in the
+/// shadow producer state. The cost is one ~75-byte record per producer,
+/// whatever the partition already holds.
 async fn persist_claims(
     salts: Arc<dyn SaltStore>,
     claims: Vec<(PartitionHandle, Vec<(i64, Origin)>)>,
 ) -> Result<(), String> {
     let now = now_ms();
+    let records = claims
+        .iter()
+        .map(|(handle, new)| (handle.key().clone(), new.clone()))
+        .collect();
+    salts.persist_claims(records).await?;
     for (handle, new) in claims {
-        let snapshot = handle.with(|s| {
-            let mut with_claims = s.clone();
-            for (mapped, origin) in &new {
-                with_claims.claim(*mapped, *origin, now);
-            }
-            with_claims.snapshot()
-        });
-        salts.persist_snapshot(snapshot).await?;
         handle.with(|s| {
             for (mapped, origin) in &new {
                 s.claim(*mapped, *origin, now);
@@ -1437,9 +1445,9 @@ mod handle_cache_tests {
         fn durable(&self) -> bool {
             false
         }
-        fn persist_snapshot(
+        fn persist_claims(
             &self,
-            _snapshot: ps::PartitionSnapshot,
+            _claims: Vec<(PartitionKey, Vec<(i64, Origin)>)>,
         ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>
         {
             Box::pin(async { Ok(()) })

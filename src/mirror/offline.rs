@@ -4,7 +4,7 @@
 //! Every successful source Metadata refresh yields a [`Topology`] (cluster
 //! id, brokers, topics with ids, partition leaders and leader epochs). When
 //! it differs from the last one persisted, it is written to `__mirror_state`
-//! as record type 6, keyed by mirror name; a restart reads it back, so the
+//! as record type 8, keyed by mirror name; a restart reads it back, so the
 //! mirror knows its topics, its source cluster id and its source nodes (their
 //! proxy ports are bound at once) with the source down.
 //!
@@ -29,7 +29,7 @@ use crate::proxy::connection::{OfflineAnswer, RewriteError};
 use crate::wire::{Reader, WireError, WireResult, Writer};
 
 /// Record type of the source-topology record in `__mirror_state`.
-pub const SOURCE_TOPOLOGY_TYPE: i16 = 6;
+pub const SOURCE_TOPOLOGY_TYPE: i16 = 8;
 /// Value version this code writes and reads.
 pub const SOURCE_TOPOLOGY_VERSION: i16 = 0;
 
@@ -101,7 +101,7 @@ impl Topology {
         }
     }
 
-    /// The record key (type 6 + mirror name; never flexible).
+    /// The record key (type 8 + mirror name; never flexible).
     pub fn encode_key(mirror: &str) -> WireResult<Vec<u8>> {
         let mut w = Writer::new(Vec::with_capacity(4 + mirror.len()));
         w.put_i16(SOURCE_TOPOLOGY_TYPE);
@@ -109,7 +109,7 @@ impl Topology {
         Ok(w.into_inner())
     }
 
-    /// Decodes a key of type 6: the mirror name.
+    /// Decodes a key of type 8: the mirror name.
     pub fn decode_key(key: &[u8]) -> WireResult<String> {
         let mut r = Reader::new(key);
         let t = r.read_i16("MirrorSourceTopologyKey.type")?;

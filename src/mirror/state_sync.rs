@@ -19,8 +19,9 @@ use crate::pid::{self, Layout};
 use crate::producer_state::{self as ps, Origin, PartitionKey, ProducerStateRegistry, SaltRecord};
 use crate::state_store::schema::{
     decode, MirrorPartitionState, MirrorPartitionStateKey, MirrorPartitionStateValue,
-    MirrorPidCollisionKey, MirrorPidCollisionValue, MirrorProducerSnapshotKey,
-    MirrorProducerSnapshotValue, SnapshotProducer, StateRecord,
+    MirrorPidCollisionKey, MirrorPidCollisionValue, MirrorProducerClaimKey,
+    MirrorProducerClaimValue, MirrorProducerSnapshotChunkKey, MirrorProducerSnapshotChunkValue,
+    MirrorProducerSnapshotKey, MirrorProducerSnapshotValue, SnapshotProducer, StateRecord,
 };
 use crate::state_store::{StateStore, StoredRecord};
 
@@ -57,7 +58,78 @@ pub struct StateSync {
     snapshotted: std::sync::Mutex<std::collections::HashMap<PartitionKey, (i64, usize)>>,
     /// Where the next bounded snapshot round starts.
     snapshot_cursor: std::sync::atomic::AtomicUsize,
+    /// Live producer-claim records (type 6) per partition: mapped PID →
+    /// destination topic id. Tombstoned by the snapshot loop once a
+    /// snapshot holds the producer or the producer left the state.
+    claimed: std::sync::Mutex<std::collections::HashMap<PartitionKey, ClaimSet>>,
+    /// Claim records read by the start-up load, applied after it (a type-5
+    /// snapshot later in the topic replaces a partition's state, and must
+    /// not drop claims made after it was written).
+    deferred_claims: std::sync::Mutex<std::collections::HashMap<MirrorProducerClaimKey, KeptClaim>>,
+    /// Live chunk records (type 7) per partition, tombstoned when a newer
+    /// snapshot of the partition is written.
+    live_chunks: std::sync::Mutex<
+        std::collections::HashMap<PartitionKey, Vec<MirrorProducerSnapshotChunkKey>>,
+    >,
+    /// Last chunked-snapshot generation written or read.
+    chunk_generation: std::sync::atomic::AtomicI64,
+    /// Wall-clock ms of the last chunked snapshot written per partition.
+    chunked_at: std::sync::Mutex<std::collections::HashMap<PartitionKey, i64>>,
+    /// Chunks read at start-up, assembled per partition and generation.
+    loaded_chunks: std::sync::Mutex<std::collections::HashMap<SnapshotKey, ChunkGenerations>>,
+    /// Offset of the type-5 snapshot restored by the start-up load, per
+    /// partition: a chunked snapshot restores only if it is later.
+    type5_restored_at: std::sync::Mutex<std::collections::HashMap<SnapshotKey, i64>>,
 }
+
+/// The chunks of one generation read back: (snapshot offset, chunk count)
+/// as each chunk says, and chunk index → (its value, its record).
+type ChunkGeneration =
+    std::collections::HashMap<i32, (MirrorProducerSnapshotChunkValue, StoredRecord)>;
+
+/// Chunk generations of one partition, by generation.
+type ChunkGenerations = std::collections::BTreeMap<i64, ChunkGeneration>;
+
+/// The keys of every chunk of `gens` (a partition's generations).
+fn chunk_keys(key: SnapshotKey, gens: &ChunkGenerations) -> Vec<MirrorProducerSnapshotChunkKey> {
+    gens.iter()
+        .flat_map(|(generation, chunks)| {
+            chunks
+                .keys()
+                .map(move |chunk| MirrorProducerSnapshotChunkKey {
+                    topic_id: key.0,
+                    partition: key.1,
+                    generation: *generation,
+                    chunk: *chunk,
+                })
+        })
+        .collect()
+}
+
+/// A partition snapshotted in chunks is snapshotted again without new
+/// claims to supersede only after this long (5 minutes).
+pub const CHUNKED_SNAPSHOT_MIN_AGE_MS: i64 = 300_000;
+
+/// Producers per chunk of a chunked snapshot (type 7): 3,000 entries of 67
+/// bytes are ~196 KiB, below [`MAX_SNAPSHOT_BYTES`].
+pub const CHUNK_PRODUCERS: usize = 3_000;
+
+/// Mapped PIDs with a live claim record in one partition, and the
+/// partition's destination topic id.
+#[derive(Default)]
+struct ClaimSet {
+    topic_id: [u8; 16],
+    pids: std::collections::HashMap<i64, Origin>,
+}
+
+/// A claim read at start-up: its value and the record (kept if its topic
+/// id is not known yet).
+type KeptClaim = (MirrorProducerClaimValue, StoredRecord);
+
+/// Largest type-5 snapshot value written (bytes). Far below Kafka's default
+/// `message.max.bytes` (1 MiB): a partition with more producers (about
+/// 3,900) is snapshotted in chunks (type 7) instead.
+pub const MAX_SNAPSHOT_BYTES: usize = 256 * 1024;
 
 /// A destination topic id and partition.
 type SnapshotKey = ([u8; 16], i32);
@@ -102,6 +174,13 @@ impl StateSync {
             loading: std::sync::atomic::AtomicBool::new(false),
             snapshotted: Default::default(),
             snapshot_cursor: Default::default(),
+            claimed: Default::default(),
+            deferred_claims: Default::default(),
+            live_chunks: Default::default(),
+            chunk_generation: std::sync::atomic::AtomicI64::new(0),
+            chunked_at: Default::default(),
+            loaded_chunks: Default::default(),
+            type5_restored_at: Default::default(),
         })
     }
 
@@ -225,8 +304,12 @@ impl StateSync {
         }
         self.loading
             .store(false, std::sync::atomic::Ordering::SeqCst);
+        let chunked = self.restore_loaded_chunks();
+        let claims = self.apply_deferred_claims();
         tracing::info!(
             records = records.len(),
+            chunked_snapshots = chunked,
+            claims,
             salts = applied,
             next_offset = *next,
             "__mirror_state loaded"
@@ -288,10 +371,7 @@ impl StateSync {
             .store
             .append(key.clone(), Some(value))
             .await
-            .map_err(|e| {
-                self.count("append_error");
-                e.to_string()
-            })?;
+            .map_err(|e| self.append_failed(&e))?;
         self.advance(&key, offset);
         self.count("append");
         Ok(offset)
@@ -352,6 +432,24 @@ impl StateSync {
                 self.apply_snapshot(r, key, value, start_up);
                 return false;
             }
+            StateRecord::ProducerClaim { key, value } => {
+                self.apply_claim(r, key, value, start_up);
+                return false;
+            }
+            StateRecord::ProducerSnapshotChunk { key, value } => {
+                self.apply_chunk(r, key, value, start_up);
+                return false;
+            }
+            StateRecord::NewerVersion { version, .. } => {
+                // A newer release's value: skipped and counted, never fatal.
+                self.count("unknown_record_version");
+                tracing::debug!(
+                    offset = r.offset,
+                    version,
+                    "__mirror_state value of a newer version skipped"
+                );
+                return false;
+            }
             StateRecord::Unknown { record_type } => {
                 // A newer release's record: skipped and counted, never fatal.
                 self.count("unknown_record_type");
@@ -407,7 +505,7 @@ impl StateSync {
         true
     }
 
-    /// Applies a source-topology record (type 6) to its mirror.
+    /// Applies a source-topology record (type 8) to its mirror.
     fn apply_topology(&self, r: &StoredRecord) {
         use crate::mirror::offline::Topology;
         let Some(value) = r.value.as_deref() else {
@@ -432,7 +530,7 @@ impl StateSync {
         }
     }
 
-    /// Appends a mirror's source topology (type 6).
+    /// Appends a mirror's source topology (type 8).
     async fn write_topology(
         &self,
         mirror: String,
@@ -475,6 +573,12 @@ impl StateSync {
         if !start_up {
             return;
         }
+        if self.loading.load(std::sync::atomic::Ordering::SeqCst) {
+            self.type5_restored_at
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert((key.topic_id, key.partition), r.offset);
+        }
         let Some(topic) = self.destination_topic_name(&key.topic_id) else {
             self.keep_pending(key.topic_id, r, start_up);
             return;
@@ -493,6 +597,369 @@ impl StateSync {
             tracing::warn!(partition = %pk, "producer-state snapshot of a topic that appeared after \
                 start-up not restored: the partition already has live state");
         }
+    }
+
+    /// A chunk of a chunked snapshot (type 7). Only chunks read at start-up
+    /// count (as for type 5); the load assembles them and restores the
+    /// latest complete generation at its end.
+    fn apply_chunk(
+        &self,
+        r: &StoredRecord,
+        key: MirrorProducerSnapshotChunkKey,
+        value: Option<MirrorProducerSnapshotChunkValue>,
+        start_up: bool,
+    ) {
+        if !start_up {
+            return;
+        }
+        self.chunk_generation
+            .fetch_max(key.generation, std::sync::atomic::Ordering::Relaxed);
+        {
+            let mut loaded = self.loaded_chunks.lock().unwrap_or_else(|p| p.into_inner());
+            let gens = loaded.entry((key.topic_id, key.partition)).or_default();
+            match value {
+                Some(v) => {
+                    gens.entry(key.generation)
+                        .or_default()
+                        .insert(key.chunk, (v, r.clone()));
+                }
+                None => {
+                    if let Some(g) = gens.get_mut(&key.generation) {
+                        g.remove(&key.chunk);
+                        if g.is_empty() {
+                            gens.remove(&key.generation);
+                        }
+                    }
+                }
+            }
+        }
+        if !self.loading.load(std::sync::atomic::Ordering::SeqCst) {
+            // Kept while its topic was unknown: restore once complete.
+            self.restore_chunks((key.topic_id, key.partition), false);
+        }
+    }
+
+    /// Restores every partition whose chunks the start-up load read;
+    /// returns how many were restored.
+    fn restore_loaded_chunks(&self) -> usize {
+        let keys: Vec<SnapshotKey> = self
+            .loaded_chunks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .copied()
+            .collect();
+        keys.into_iter()
+            .filter(|k| self.restore_chunks(*k, true))
+            .count()
+    }
+
+    /// Restores the latest complete chunk generation of one partition (all
+    /// chunks `0..ChunkCount` present, one snapshot offset), unless a type-5
+    /// snapshot later in the topic was restored. A generation whose topic is
+    /// not known yet is kept (its records) until the topic appears. True if
+    /// the partition was restored. `at_load`: the end of the start-up load
+    /// (otherwise only a partition that has seen nothing is restored).
+    fn restore_chunks(&self, key: SnapshotKey, at_load: bool) -> bool {
+        let (gens, complete) = {
+            let mut loaded = self.loaded_chunks.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(gens) = loaded.get(&key) else {
+                return false;
+            };
+            let complete = gens.iter().rev().find_map(|(generation, chunks)| {
+                let first = chunks.values().next()?;
+                let (offset, count) = (first.0.snapshot_offset, first.0.chunk_count);
+                let whole = usize::try_from(count).ok() == Some(chunks.len())
+                    && (0..count).all(|i| {
+                        chunks.get(&i).is_some_and(|(v, _)| {
+                            v.snapshot_offset == offset && v.chunk_count == count
+                        })
+                    });
+                whole.then_some(*generation)
+            });
+            let Some(generation) = complete else {
+                // Only incomplete generations (a crash while writing the
+                // first): known as live so the next snapshot tombstones them.
+                if at_load {
+                    if let Some(topic) = self.destination_topic_name(&key.0) {
+                        let pk = PartitionKey::new([0; 16], topic, key.1);
+                        let keys = chunk_keys(key, gens);
+                        loaded.remove(&key);
+                        self.live_chunks
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .insert(pk, keys);
+                    }
+                }
+                return false;
+            };
+            let Some(gens) = loaded.remove(&key) else {
+                return false;
+            };
+            (gens, generation)
+        };
+        let chosen = &gens[&complete];
+        let last_record = chosen.values().map(|(_, r)| r.offset).max().unwrap_or(-1);
+        let Some(topic) = self.destination_topic_name(&key.0) else {
+            for (_, r) in chosen.values() {
+                self.keep_pending(key.0, r, true);
+            }
+            return false;
+        };
+        let pk = PartitionKey::new([0; 16], topic, key.1);
+        // Every generation read is live: tombstoned by the next snapshot.
+        self.live_chunks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(pk.clone(), chunk_keys(key, &gens));
+        let later_type5 = self
+            .type5_restored_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+            .is_some_and(|o| *o > last_record);
+        if later_type5 {
+            return false;
+        }
+        let fresh = at_load
+            || self
+                .registry
+                .get(&pk)
+                .is_none_or(|h| h.with(|s| s.producer_count() == 0 && s.next_offset() == 0));
+        if !fresh {
+            tracing::warn!(partition = %pk, "chunked producer-state snapshot of a topic that \
+                appeared after start-up not restored: the partition already has live state");
+            return false;
+        }
+        let mut chunks: Vec<(i32, &MirrorProducerSnapshotChunkValue)> =
+            chosen.iter().map(|(i, (v, _))| (*i, v)).collect();
+        chunks.sort_unstable_by_key(|(i, _)| *i);
+        let value = MirrorProducerSnapshotValue {
+            snapshot_offset: chunks.first().map_or(0, |(_, v)| v.snapshot_offset),
+            producers: chunks
+                .iter()
+                .flat_map(|(_, v)| v.producers.iter().copied())
+                .collect(),
+            unknown_tagged_fields: Vec::new(),
+        };
+        self.restore_producers(&pk, &value);
+        true
+    }
+
+    /// A producer claim (type 6). Only claims read at start-up change the
+    /// state (later ones are this process's own or another instance's, as
+    /// with snapshots); the load defers them until every snapshot is in.
+    fn apply_claim(
+        &self,
+        r: &StoredRecord,
+        key: MirrorProducerClaimKey,
+        value: Option<MirrorProducerClaimValue>,
+        start_up: bool,
+    ) {
+        if !start_up {
+            return;
+        }
+        if self.loading.load(std::sync::atomic::Ordering::SeqCst) {
+            let mut d = self
+                .deferred_claims
+                .lock()
+                .unwrap_or_else(|p| p.into_inner());
+            match value {
+                Some(v) => d.insert(key, (v, r.clone())),
+                None => d.remove(&key),
+            };
+            return;
+        }
+        let Some(value) = value else { return };
+        let Some(topic) = self.destination_topic_name(&key.topic_id) else {
+            self.keep_pending(key.topic_id, r, start_up);
+            return;
+        };
+        let pk = PartitionKey::new([0; 16], topic, key.partition);
+        let origin = Origin {
+            source_cluster: ps::ClusterId(value.origin_cluster_id),
+            original_pid: value.original_pid,
+        };
+        let now = crate::lifecycle::now_ms();
+        self.registry.partition(&pk).with(|s| {
+            if s.holder_of(key.producer_id).is_none() {
+                s.claim(key.producer_id, origin, now);
+            }
+        });
+        let mut claimed = self.claimed.lock().unwrap_or_else(|p| p.into_inner());
+        let set = claimed.entry(pk).or_default();
+        set.topic_id = key.topic_id;
+        set.pids.insert(key.producer_id, origin);
+    }
+
+    /// Applies the claims the start-up load deferred; returns how many.
+    fn apply_deferred_claims(&self) -> usize {
+        let claims: Vec<(MirrorProducerClaimKey, KeptClaim)> = self
+            .deferred_claims
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .drain()
+            .collect();
+        let n = claims.len();
+        for (key, (value, r)) in claims {
+            self.apply_claim(&r, key, Some(value), true);
+        }
+        n
+    }
+
+    /// Writes one claim record per new producer (all of one Fetch response
+    /// in as few batches as fit the bound of `append_many`), then records
+    /// the claims in the state and as live claim records.
+    async fn persist_claim_records(
+        &self,
+        claims: Vec<(PartitionKey, Vec<(i64, Origin)>)>,
+    ) -> Result<(), String> {
+        let now = crate::lifecycle::now_ms();
+        let mut records = Vec::new();
+        let mut ids = Vec::with_capacity(claims.len());
+        for (pk, new) in &claims {
+            let topic_id = self.topic_id_for(&pk.topic).await?;
+            ids.push(topic_id);
+            for (mapped, origin) in new {
+                let k = MirrorProducerClaimKey {
+                    topic_id,
+                    partition: pk.partition,
+                    producer_id: *mapped,
+                }
+                .encode();
+                let v = MirrorProducerClaimValue {
+                    origin_cluster_id: origin.source_cluster.0,
+                    original_pid: origin.original_pid,
+                    timestamp_ms: now,
+                    unknown_tagged_fields: Vec::new(),
+                }
+                .encode()
+                .map_err(|e| e.to_string())?;
+                records.push((k, Some(v)));
+            }
+        }
+        let n = records.len();
+        self.append_claims(records).await?;
+        self.metrics
+            .state_store_ops
+            .get_or_create(&KindLabels {
+                listener: "__mirror_state".into(),
+                kind: "claim",
+            })
+            .inc_by(n as u64);
+        let mut claimed = self.claimed.lock().unwrap_or_else(|p| p.into_inner());
+        for ((pk, new), topic_id) in claims.into_iter().zip(ids) {
+            // In the state before it is a live claim record: the snapshot
+            // loop tombstones claim records whose producer left the state.
+            self.registry.partition(&pk).with(|s| {
+                for (mapped, origin) in &new {
+                    s.claim(*mapped, *origin, now);
+                }
+            });
+            let set = claimed.entry(pk).or_default();
+            set.topic_id = topic_id;
+            set.pids.extend(new);
+        }
+        Ok(())
+    }
+
+    /// Appends claim records or tombstones; a refusal as too large is
+    /// reported in Kafka's terms (ERROR line, `kind="message_too_large"`).
+    async fn append_claims(&self, records: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Result<(), String> {
+        match self.store.append_many(records).await {
+            Ok(_) => {
+                self.count("append");
+                Ok(())
+            }
+            Err(e) => Err(self.append_failed(&e)),
+        }
+    }
+
+    /// Counts a failed append; a refusal as too large is reported in
+    /// Kafka's terms (ERROR line, `kind="message_too_large"`).
+    fn append_failed(&self, e: &crate::state_store::StateStoreError) -> String {
+        self.count("append_error");
+        if e.is_too_large() {
+            self.count("message_too_large");
+            tracing::error!(error = %e, "the state cluster refuses a single __mirror_state \
+                record as too large (MESSAGE_TOO_LARGE / RECORD_LIST_TOO_LARGE): raise the \
+                topic's max.message.bytes or the broker's message.max.bytes");
+        }
+        e.to_string()
+    }
+
+    /// Tombstones the claim records of `pk` no longer needed: producers a
+    /// snapshot just written holds (`in_snapshot`), and producers that left
+    /// the state (expired, reset by a barrier, sealed). A producer claimed
+    /// again meanwhile gets its claim written again after the tombstone.
+    async fn tombstone_claims(
+        &self,
+        pk: &PartitionKey,
+        in_snapshot: &std::collections::HashSet<i64>,
+    ) -> Result<usize, String> {
+        let handle = self.registry.get(pk);
+        let (topic_id, gone): (_, Vec<(i64, Origin)>) = {
+            let claimed = self.claimed.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(set) = claimed.get(pk) else {
+                return Ok(0);
+            };
+            let held = |pid: i64, o: &Origin| {
+                handle
+                    .as_ref()
+                    .is_some_and(|h| h.with(|s| s.holder_of(pid) == Some(*o)))
+            };
+            (
+                set.topic_id,
+                set.pids
+                    .iter()
+                    .filter(|(pid, o)| in_snapshot.contains(pid) || !held(**pid, o))
+                    .map(|(p, o)| (*p, *o))
+                    .collect(),
+            )
+        };
+        if gone.is_empty() {
+            return Ok(0);
+        }
+        let key = |pid: i64| {
+            MirrorProducerClaimKey {
+                topic_id,
+                partition: pk.partition,
+                producer_id: pid,
+            }
+            .encode()
+        };
+        self.append_claims(gone.iter().map(|(pid, _)| (key(*pid), None)).collect())
+            .await?;
+        self.count("claim_tombstone");
+        {
+            let mut claimed = self.claimed.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(set) = claimed.get_mut(pk) {
+                for (pid, o) in &gone {
+                    if set.pids.get(pid) == Some(o) {
+                        set.pids.remove(pid);
+                    }
+                }
+                if set.pids.is_empty() {
+                    claimed.remove(pk);
+                }
+            }
+        }
+        // Re-claimed since the pass looked (written before our tombstone):
+        // write the claim again so the log's last record for it is a claim.
+        let again: Vec<(i64, Origin)> = match &handle {
+            Some(h) => h.with(|s| {
+                gone.iter()
+                    .filter(|(pid, _)| !in_snapshot.contains(pid))
+                    .filter_map(|(pid, _)| s.producer(*pid).map(|e| (*pid, e.origin)))
+                    .collect()
+            }),
+            None => Vec::new(),
+        };
+        if !again.is_empty() {
+            self.persist_claim_records(vec![(pk.clone(), again)])
+                .await?;
+        }
+        Ok(gone.len())
     }
 
     /// Restores a partition's shadow producer state from a snapshot read at
@@ -607,22 +1074,74 @@ impl StateSync {
                 }
                 None => continue,
             };
-            self.write_snapshot(topic_id, &snap)
+            if self
+                .write_snapshot(topic_id, &snap)
                 .await
-                .map_err(anyhow::Error::msg)?;
-            written += 1;
+                .map_err(anyhow::Error::msg)?
+            {
+                written += 1;
+                // The snapshot holds these producers: their claim records
+                // are superseded.
+                let held: std::collections::HashSet<i64> =
+                    snap.producers.iter().map(|p| p.mapped_pid).collect();
+                self.tombstone_claims(&key, &held)
+                    .await
+                    .map_err(anyhow::Error::msg)?;
+            }
         }
         self.snapshot_cursor
             .fetch_add(visited, std::sync::atomic::Ordering::Relaxed);
+        // Claims of producers that left the state (expired, reset by a
+        // barrier, sealed) are no longer needed anywhere.
+        let with_claims: Vec<PartitionKey> = self
+            .claimed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .cloned()
+            .collect();
+        let none = std::collections::HashSet::new();
+        for pk in with_claims {
+            self.tombstone_claims(&pk, &none)
+                .await
+                .map_err(anyhow::Error::msg)?;
+        }
         Ok(written)
     }
 
-    /// Appends one partition's producer-state snapshot (type 5) and notes it.
+    /// Appends one partition's producer-state snapshot and notes it: one
+    /// type-5 record, or chunks (type 7) when that record would exceed
+    /// [`MAX_SNAPSHOT_BYTES`]. True when written.
     async fn write_snapshot(
         &self,
         topic_id: [u8; 16],
         snap: &ps::PartitionSnapshot,
-    ) -> Result<(), String> {
+    ) -> Result<bool, String> {
+        // A chunked snapshot rewrites every producer of the partition: write
+        // one only when it supersedes claim records of at least a tenth of
+        // the partition's producers (a trickle of new producers then costs
+        // at most ~10x their own claims in snapshot bytes), or when the last
+        // one is older than CHUNKED_SNAPSHOT_MIN_AGE_MS, so a busy partition
+        // of 100,000 producers does not rewrite ~7 MB every round.
+        let chunked = 16 + snap.producers.len().saturating_mul(67) > MAX_SNAPSHOT_BYTES;
+        if chunked {
+            let has_claims = self
+                .claimed
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&snap.key)
+                .is_some_and(|c| c.pids.len().saturating_mul(10) >= snap.producers.len());
+            let now = crate::lifecycle::now_ms();
+            let recent = self
+                .chunked_at
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&snap.key)
+                .is_some_and(|t| now.saturating_sub(*t) < CHUNKED_SNAPSHOT_MIN_AGE_MS);
+            if !has_claims && recent {
+                return Ok(false);
+            }
+        }
         let value = MirrorProducerSnapshotValue {
             snapshot_offset: snap.next_offset,
             producers: snap
@@ -647,12 +1166,99 @@ impl StateSync {
             partition: snap.key.partition,
         }
         .encode();
+        if chunked {
+            return self.write_chunked_snapshot(topic_id, snap, value).await;
+        }
         let v = value.encode().map_err(|e| e.to_string())?;
         self.append_record(k, v).await?;
         self.snapshotted
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .insert(snap.key.clone(), (snap.next_offset, snap.producers.len()));
+        self.tombstone_old_chunks(&snap.key, Vec::new()).await?;
+        Ok(true)
+    }
+
+    /// Writes a snapshot too large for one record as a new generation of
+    /// chunks (type 7, [`CHUNK_PRODUCERS`] producers each, every record
+    /// below [`MAX_SNAPSHOT_BYTES`]), then tombstones the partition's older
+    /// generations. A crash in between leaves the older generation whole
+    /// and the newer one incomplete: start-up restores the latest complete
+    /// one, and claims are tombstoned only after this returns.
+    async fn write_chunked_snapshot(
+        &self,
+        topic_id: [u8; 16],
+        snap: &ps::PartitionSnapshot,
+        value: MirrorProducerSnapshotValue,
+    ) -> Result<bool, String> {
+        let now = crate::lifecycle::now_ms();
+        let generation = self
+            .chunk_generation
+            .fetch_update(
+                std::sync::atomic::Ordering::Relaxed,
+                std::sync::atomic::Ordering::Relaxed,
+                |last| Some(now.max(last.saturating_add(1))),
+            )
+            .map_or(now, |last| now.max(last.saturating_add(1)));
+        let chunks: Vec<&[SnapshotProducer]> = value.producers.chunks(CHUNK_PRODUCERS).collect();
+        let count = i32::try_from(chunks.len()).map_err(|_| "too many snapshot chunks")?;
+        let mut keys = Vec::with_capacity(chunks.len());
+        let mut records = Vec::with_capacity(chunks.len());
+        for (chunk, producers) in (0..count).zip(&chunks) {
+            let key = MirrorProducerSnapshotChunkKey {
+                topic_id,
+                partition: snap.key.partition,
+                generation,
+                chunk,
+            };
+            let v = MirrorProducerSnapshotChunkValue {
+                snapshot_offset: value.snapshot_offset,
+                chunk_count: count,
+                producers: producers.to_vec(),
+                unknown_tagged_fields: Vec::new(),
+            }
+            .encode()
+            .map_err(|e| e.to_string())?;
+            records.push((key.encode(), Some(v)));
+            keys.push(key);
+        }
+        self.append_claims(records).await?;
+        self.count("snapshot_chunked");
+        self.chunked_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(snap.key.clone(), now);
+        tracing::debug!(partition = %snap.key, producers = value.producers.len(), chunks = count,
+            generation, "chunked producer-state snapshot written");
+        self.snapshotted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(snap.key.clone(), (snap.next_offset, snap.producers.len()));
+        self.tombstone_old_chunks(&snap.key, keys).await?;
+        Ok(true)
+    }
+
+    /// Makes `current` the partition's live chunks and tombstones the ones
+    /// it replaces (a newer snapshot, chunked or not, supersedes them).
+    async fn tombstone_old_chunks(
+        &self,
+        pk: &PartitionKey,
+        current: Vec<MirrorProducerSnapshotChunkKey>,
+    ) -> Result<(), String> {
+        let old = {
+            let mut live = self.live_chunks.lock().unwrap_or_else(|p| p.into_inner());
+            if current.is_empty() {
+                live.remove(pk)
+            } else {
+                live.insert(pk.clone(), current)
+            }
+        };
+        let Some(old) = old.filter(|o| !o.is_empty()) else {
+            return Ok(());
+        };
+        self.append_claims(old.iter().map(|k| (k.encode(), None)).collect())
+            .await?;
+        self.count("snapshot_chunk_tombstone");
         Ok(())
     }
 
@@ -892,15 +1498,14 @@ impl SaltStore for StateSync {
         true
     }
 
-    fn persist_snapshot(
+    fn persist_claims(
         &self,
-        snapshot: ps::PartitionSnapshot,
+        claims: Vec<(PartitionKey, Vec<(i64, Origin)>)>,
     ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
         let me = self.me.upgrade();
         Box::pin(async move {
             let me = me.ok_or("state store is shutting down")?;
-            let topic_id = me.topic_id_for(&snapshot.key.topic).await?;
-            me.write_snapshot(topic_id, &snapshot).await
+            me.persist_claim_records(claims).await
         })
     }
 

@@ -196,6 +196,13 @@ impl StateStoreError {
         }
     }
 
+    /// Whether the broker refused a batch as too large (MESSAGE_TOO_LARGE
+    /// or RECORD_LIST_TOO_LARGE): retrying the same batch cannot succeed.
+    pub fn is_too_large(&self) -> bool {
+        matches!(self, Self::Broker { code, .. }
+            if *code == code::MESSAGE_TOO_LARGE || *code == code::RECORD_LIST_TOO_LARGE)
+    }
+
     /// Whether a retry (after reconnecting) may succeed.
     pub fn is_retriable(&self) -> bool {
         match self {
@@ -268,12 +275,48 @@ enum Command {
         value: Option<Vec<u8>>,
         reply: oneshot::Sender<Result<i64>>,
     },
+    /// Several records in one batch (one Produce request).
+    AppendMany {
+        records: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+        reply: oneshot::Sender<Result<i64>>,
+    },
     Read {
         from: i64,
         /// Records, next offset, and whether the read reached the high
         /// watermark.
         reply: oneshot::Sender<Result<(Vec<StoredRecord>, i64, bool)>>,
     },
+}
+
+/// A record to append: key and value (`None` = tombstone).
+pub type KeyValue = (Vec<u8>, Option<Vec<u8>>);
+
+/// Upper bound of one batch written by [`StateStore::append_many`]: far
+/// below Kafka's default `message.max.bytes` (1 MiB + 12), so no default
+/// broker refuses a state-topic batch as too large.
+pub const MAX_APPEND_BYTES: usize = 256 * 1024;
+
+/// Splits `records` into runs whose estimated batch size stays within
+/// `limit` (each record costs its key and value plus a generous 24 bytes
+/// of framing; a batch header is 61 bytes). A record above the limit on
+/// its own gets a run of its own.
+fn chunk_records(records: Vec<KeyValue>, limit: usize) -> Vec<Vec<KeyValue>> {
+    let mut out = Vec::new();
+    let mut run = Vec::new();
+    let mut size = 61;
+    for r in records {
+        let cost = r.0.len() + r.1.as_ref().map_or(0, Vec::len) + 24;
+        if !run.is_empty() && size + cost > limit {
+            out.push(std::mem::take(&mut run));
+            size = 61;
+        }
+        size += cost;
+        run.push(r);
+    }
+    if !run.is_empty() {
+        out.push(run);
+    }
+    out
 }
 
 /// Rounds of [`StateStore::read_all`] in a row that may bring no record
@@ -347,6 +390,46 @@ impl StateStore {
             .await
             .map_err(|_| StateStoreError::Closed)?;
         rx.await.map_err(|_| StateStoreError::Closed)?
+    }
+
+    /// Appends `records` in as few batches as fit [`MAX_APPEND_BYTES`] each
+    /// (one Produce request per batch, acks=all, idempotent) and returns
+    /// the offset of the last one. A batch the broker refuses as too large
+    /// (MESSAGE_TOO_LARGE, RECORD_LIST_TOO_LARGE: a `message.max.bytes` or
+    /// topic `max.message.bytes` below the bound) is split in halves and
+    /// sent again, so only a single record larger than the broker's limit
+    /// fails, with [`StateStoreError::is_too_large`] true.
+    pub async fn append_many(&self, records: Vec<KeyValue>) -> Result<i64> {
+        let mut last = -1;
+        let mut queue: std::collections::VecDeque<Vec<KeyValue>> =
+            chunk_records(records, MAX_APPEND_BYTES).into();
+        while let Some(chunk) = queue.pop_front() {
+            let (reply, rx) = oneshot::channel();
+            let n = chunk.len();
+            // Kept to split again if the broker refuses the batch as too large.
+            let copy = (n > 1).then(|| chunk.clone());
+            self.tx
+                .send(Command::AppendMany {
+                    records: chunk,
+                    reply,
+                })
+                .await
+                .map_err(|_| StateStoreError::Closed)?;
+            match rx.await.map_err(|_| StateStoreError::Closed)? {
+                Ok(off) => last = last.max(off),
+                Err(e) if e.is_too_large() && copy.is_some() => {
+                    let mut first = copy.unwrap_or_default();
+                    let second = first.split_off(n / 2);
+                    tracing::warn!(records = n, error = %e,
+                        "state store: batch refused as too large by the state cluster; \
+                         sending it again in two halves (check message.max.bytes / max.message.bytes)");
+                    queue.push_front(second);
+                    queue.push_front(first);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(last)
     }
 
     /// Reads every record from offset 0 up to the high watermark. A read
@@ -503,7 +586,11 @@ impl<C: Connector> Actor<C> {
         while let Some(cmd) = rx.recv().await {
             match cmd {
                 Command::Append { key, value, reply } => {
-                    let r = self.append(key, value).await;
+                    let r = self.append(vec![(key, value)]).await;
+                    let _ = reply.send(r);
+                }
+                Command::AppendMany { records, reply } => {
+                    let r = self.append(records).await;
                     let _ = reply.send(r);
                 }
                 Command::Read { from, reply } => {
@@ -811,13 +898,13 @@ impl<C: Connector> Actor<C> {
             .ok_or_else(|| StateStoreError::Io("not connected".into()))
     }
 
-    async fn append(&mut self, key: Vec<u8>, value: Option<Vec<u8>>) -> Result<i64> {
+    async fn append(&mut self, records: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Result<i64> {
         let ts = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
         let mut retry = Retry::new(self.cfg.request_timeout);
         loop {
-            match self.try_append(&key, value.as_deref(), ts).await {
+            match self.try_append(&records, ts).await {
                 Ok(off) => return Ok(off),
                 Err(e) => {
                     if !self.backoff(&mut retry, &e).await {
@@ -833,12 +920,26 @@ impl<C: Connector> Actor<C> {
         }
     }
 
-    async fn try_append(&mut self, key: &[u8], value: Option<&[u8]>, ts: i64) -> Result<i64> {
+    /// One attempt at writing `records` as one batch; returns the offset
+    /// of the last record.
+    async fn try_append(&mut self, records: &[(Vec<u8>, Option<Vec<u8>>)], ts: i64) -> Result<i64> {
         self.ensure_ready().await?;
         let (pid, epoch) = self
             .producer
             .ok_or_else(|| StateStoreError::Io("no producer id".into()))?;
         let seq = self.next_seq;
+        let n = i32::try_from(records.len())
+            .map_err(|_| StateStoreError::Config("too many records in one append".into()))?;
+        let specs: Vec<RecordSpec<'_>> = records
+            .iter()
+            .zip(0..n)
+            .map(|((key, value), delta)| RecordSpec {
+                key: Some(key.as_slice()),
+                value: value.as_deref(),
+                offset_delta: delta,
+                ..RecordSpec::default()
+            })
+            .collect();
         let batch = build_batch(
             &BatchSpec {
                 base_timestamp: ts,
@@ -848,11 +949,7 @@ impl<C: Connector> Actor<C> {
                 base_sequence: seq,
                 ..BatchSpec::default()
             },
-            &[RecordSpec {
-                key: Some(key),
-                value,
-                ..RecordSpec::default()
-            }],
+            &specs,
         );
         let topic = self.cfg.topic.clone();
         let limit = self.cfg.request_timeout;
@@ -875,8 +972,8 @@ impl<C: Connector> Actor<C> {
             code::NONE | code::DUPLICATE_SEQUENCE_NUMBER => {
                 // DUPLICATE: an earlier attempt of this very batch was
                 // written; it counts as acknowledged.
-                self.next_seq = increment_sequence(seq, 1);
-                Ok(p.base_offset)
+                self.next_seq = increment_sequence(seq, n);
+                Ok(p.base_offset + i64::from(n) - 1)
             }
             code::OUT_OF_ORDER_SEQUENCE_NUMBER
             | code::UNKNOWN_PRODUCER_ID
@@ -1139,6 +1236,27 @@ mod tests {
                 (6, 1000, &b"c"[..], Some(&b"v"[..]))
             ]
         );
+    }
+
+    #[test]
+    fn claims_are_chunked_below_the_bound() {
+        // 20,000 claim-sized records (30-byte key, 35-byte value).
+        let records: Vec<KeyValue> = (0..20_000)
+            .map(|_| (vec![0u8; 30], Some(vec![0u8; 35])))
+            .collect();
+        let chunks = chunk_records(records, MAX_APPEND_BYTES);
+        assert_eq!(chunks.iter().map(Vec::len).sum::<usize>(), 20_000);
+        assert!(chunks.len() >= 6, "{} chunks", chunks.len());
+        for c in &chunks {
+            let size: usize = 61 + c.len() * (30 + 35 + 24);
+            assert!(size <= MAX_APPEND_BYTES, "{size}");
+        }
+        // A record above the bound on its own still gets a chunk.
+        let big = chunk_records(
+            vec![(vec![0; 10], Some(vec![0; 300_000]))],
+            MAX_APPEND_BYTES,
+        );
+        assert_eq!(big.len(), 1);
     }
 
     #[test]

@@ -64,6 +64,8 @@ pub(crate) mod code {
     pub const LEADER_NOT_AVAILABLE: i16 = 5;
     pub const NOT_LEADER_OR_FOLLOWER: i16 = 6;
     pub const REQUEST_TIMED_OUT: i16 = 7;
+    pub const MESSAGE_TOO_LARGE: i16 = 10;
+    pub const RECORD_LIST_TOO_LARGE: i16 = 18;
     pub const NETWORK_EXCEPTION: i16 = 13;
     pub const COORDINATOR_LOAD_IN_PROGRESS: i16 = 14;
     pub const COORDINATOR_NOT_AVAILABLE: i16 = 15;
@@ -98,6 +100,7 @@ pub(crate) fn error_name(c: i16) -> &'static str {
         14 => "COORDINATOR_LOAD_IN_PROGRESS",
         15 => "COORDINATOR_NOT_AVAILABLE",
         17 => "INVALID_TOPIC_EXCEPTION",
+        18 => "RECORD_LIST_TOO_LARGE",
         19 => "NOT_ENOUGH_REPLICAS",
         20 => "NOT_ENOUGH_REPLICAS_AFTER_APPEND",
         29 => "TOPIC_AUTHORIZATION_FAILED",

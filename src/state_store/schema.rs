@@ -81,6 +81,45 @@
 //! | &nbsp;&nbsp;(tags) | tagged fields | none defined |
 //! | (tags) | tagged fields | none defined |
 //!
+//! **Type 6: `MirrorProducerClaimKey` v0 (not flexible)**
+//!
+//! | field | type | meaning |
+//! |---|---|---|
+//! | (type) | int16 = 6 | record type |
+//! | TopicId | uuid | destination topic id |
+//! | Partition | int32 | partition index |
+//! | ProducerId | int64 | the (mapped) PID as the destination sees it |
+//!
+//! **`MirrorProducerClaimValue` v0 (flexible)**
+//!
+//! | field | type | meaning |
+//! |---|---|---|
+//! | (version) | int16 = 0 | value version |
+//! | OriginClusterId | uuid | source cluster of the producer |
+//! | OriginalPid | int64 | the PID on the source cluster |
+//! | TimestampMs | int64 | wall-clock time of the claim |
+//! | (tags) | tagged fields | none defined |
+//!
+//! **Type 7: `MirrorProducerSnapshotChunkKey` v0 (not flexible)**
+//!
+//! | field | type | meaning |
+//! |---|---|---|
+//! | (type) | int16 = 7 | record type |
+//! | TopicId | uuid | destination topic id |
+//! | Partition | int32 | partition index |
+//! | Generation | int64 | the snapshot this chunk belongs to (increasing) |
+//! | Chunk | int32 | chunk index, 0-based |
+//!
+//! **`MirrorProducerSnapshotChunkValue` v0 (flexible)**
+//!
+//! | field | type | meaning |
+//! |---|---|---|
+//! | (version) | int16 = 0 | value version |
+//! | SnapshotOffset | int64 | destination offset the snapshot is valid up to |
+//! | ChunkCount | int32 | number of chunks of this generation |
+//! | Producers | compact array | entries as in type 5 |
+//! | (tags) | tagged fields | none defined |
+//!
 //! Decoding never panics and never allocates from an unchecked length (all
 //! reads go through [`crate::wire::Reader`]). Unknown record types and value
 //! versions newer than this code are *not* errors: they decode as
@@ -95,7 +134,11 @@ pub const PID_COLLISION_TYPE: i16 = 3;
 pub const PARTITION_STATE_TYPE: i16 = 4;
 /// Record type of [`MirrorProducerSnapshotKey`].
 pub const PRODUCER_SNAPSHOT_TYPE: i16 = 5;
-/// Highest value version this code decodes (all three types).
+/// Record type of [`MirrorProducerClaimKey`].
+pub const PRODUCER_CLAIM_TYPE: i16 = 6;
+/// Record type of [`MirrorProducerSnapshotChunkKey`].
+pub const PRODUCER_SNAPSHOT_CHUNK_TYPE: i16 = 7;
+/// Highest value version this code decodes (all types).
 pub const LATEST_VALUE_VERSION: i16 = 0;
 
 /// Why a record of a known type could not be decoded or encoded.
@@ -288,6 +331,56 @@ pub struct MirrorProducerSnapshotValue {
     pub unknown_tagged_fields: Vec<RawTaggedField>,
 }
 
+/// Key of one producer's claim on a mapped PID in a partition (type 6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MirrorProducerClaimKey {
+    /// Destination topic id.
+    pub topic_id: [u8; 16],
+    /// Partition index.
+    pub partition: i32,
+    /// The (mapped) PID as the destination sees it.
+    pub producer_id: i64,
+}
+
+/// Value of a producer claim (v0, flexible).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MirrorProducerClaimValue {
+    /// Source cluster of the producer.
+    pub origin_cluster_id: [u8; 16],
+    /// The PID on the source cluster.
+    pub original_pid: i64,
+    /// Wall-clock time of the claim (ms since the epoch).
+    pub timestamp_ms: i64,
+    /// Tagged fields not known to this version, kept verbatim.
+    pub unknown_tagged_fields: Vec<RawTaggedField>,
+}
+
+/// Key of one chunk of a partition's chunked producer-state snapshot (type 7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct MirrorProducerSnapshotChunkKey {
+    /// Destination topic id.
+    pub topic_id: [u8; 16],
+    /// Partition index.
+    pub partition: i32,
+    /// The snapshot this chunk belongs to (increasing per partition).
+    pub generation: i64,
+    /// Chunk index, 0-based.
+    pub chunk: i32,
+}
+
+/// Value of a snapshot chunk (v0, flexible).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MirrorProducerSnapshotChunkValue {
+    /// Destination offset the snapshot is valid up to.
+    pub snapshot_offset: i64,
+    /// Number of chunks of this generation.
+    pub chunk_count: i32,
+    /// The producers of this chunk.
+    pub producers: Vec<SnapshotProducer>,
+    /// Tagged fields not known to this version, kept verbatim.
+    pub unknown_tagged_fields: Vec<RawTaggedField>,
+}
+
 /// The key of any known record type.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum StateKey {
@@ -297,6 +390,10 @@ pub enum StateKey {
     PartitionState(MirrorPartitionStateKey),
     /// Type 5.
     ProducerSnapshot(MirrorProducerSnapshotKey),
+    /// Type 6.
+    ProducerClaim(MirrorProducerClaimKey),
+    /// Type 7.
+    ProducerSnapshotChunk(MirrorProducerSnapshotChunkKey),
 }
 
 /// An encoded record: key bytes and value bytes (`None` = tombstone).
@@ -325,6 +422,20 @@ pub enum StateRecord {
         key: MirrorProducerSnapshotKey,
         /// The value, `None` for a tombstone.
         value: Option<MirrorProducerSnapshotValue>,
+    },
+    /// Type 6; `value` `None` is a tombstone.
+    ProducerClaim {
+        /// The key.
+        key: MirrorProducerClaimKey,
+        /// The value, `None` for a tombstone.
+        value: Option<MirrorProducerClaimValue>,
+    },
+    /// Type 7; `value` `None` is a tombstone.
+    ProducerSnapshotChunk {
+        /// The key.
+        key: MirrorProducerSnapshotChunkKey,
+        /// The value, `None` for a tombstone.
+        value: Option<MirrorProducerSnapshotChunkValue>,
     },
     /// A known key whose value has a version newer than this code: the value
     /// is opaque (written by a newer mirrorguard). Callers keep whatever they
@@ -361,6 +472,19 @@ pub fn decode(key: &[u8], value: Option<&[u8]>) -> Result<StateRecord, SchemaErr
             topic_id: kr.read_uuid("MirrorProducerSnapshotKey.TopicId")?,
             partition: kr.read_i32("MirrorProducerSnapshotKey.Partition")?,
         }),
+        PRODUCER_CLAIM_TYPE => StateKey::ProducerClaim(MirrorProducerClaimKey {
+            topic_id: kr.read_uuid("MirrorProducerClaimKey.TopicId")?,
+            partition: kr.read_i32("MirrorProducerClaimKey.Partition")?,
+            producer_id: kr.read_i64("MirrorProducerClaimKey.ProducerId")?,
+        }),
+        PRODUCER_SNAPSHOT_CHUNK_TYPE => {
+            StateKey::ProducerSnapshotChunk(MirrorProducerSnapshotChunkKey {
+                topic_id: kr.read_uuid("MirrorProducerSnapshotChunkKey.TopicId")?,
+                partition: kr.read_i32("MirrorProducerSnapshotChunkKey.Partition")?,
+                generation: kr.read_i64("MirrorProducerSnapshotChunkKey.Generation")?,
+                chunk: kr.read_i32("MirrorProducerSnapshotChunkKey.Chunk")?,
+            })
+        }
         _ => return Ok(StateRecord::Unknown { record_type }),
     };
     // A key is an identity for compaction: extra bytes would make two
@@ -377,6 +501,10 @@ pub fn decode(key: &[u8], value: Option<&[u8]>) -> Result<StateRecord, SchemaErr
             StateKey::PidCollision(key) => StateRecord::PidCollision { key, value: None },
             StateKey::PartitionState(key) => StateRecord::PartitionState { key, value: None },
             StateKey::ProducerSnapshot(key) => StateRecord::ProducerSnapshot { key, value: None },
+            StateKey::ProducerClaim(key) => StateRecord::ProducerClaim { key, value: None },
+            StateKey::ProducerSnapshotChunk(key) => {
+                StateRecord::ProducerSnapshotChunk { key, value: None }
+            }
         });
     };
     let mut vr = Reader::new(value);
@@ -402,6 +530,14 @@ pub fn decode(key: &[u8], value: Option<&[u8]>) -> Result<StateRecord, SchemaErr
         StateKey::ProducerSnapshot(key) => StateRecord::ProducerSnapshot {
             key,
             value: Some(MirrorProducerSnapshotValue::read_fields(&mut vr)?),
+        },
+        StateKey::ProducerClaim(key) => StateRecord::ProducerClaim {
+            key,
+            value: Some(MirrorProducerClaimValue::read_fields(&mut vr)?),
+        },
+        StateKey::ProducerSnapshotChunk(key) => StateRecord::ProducerSnapshotChunk {
+            key,
+            value: Some(MirrorProducerSnapshotChunkValue::read_fields(&mut vr)?),
         },
     };
     // Version 0 must be consumed exactly (later versions may append fields,
@@ -438,6 +574,12 @@ impl StateRecord {
             StateRecord::ProducerSnapshot { key, value } => {
                 pair(Ok(key.encode()), value.as_ref().map(|v| v.encode()))
             }
+            StateRecord::ProducerClaim { key, value } => {
+                pair(Ok(key.encode()), value.as_ref().map(|v| v.encode()))
+            }
+            StateRecord::ProducerSnapshotChunk { key, value } => {
+                pair(Ok(key.encode()), value.as_ref().map(|v| v.encode()))
+            }
             StateRecord::NewerVersion { .. } | StateRecord::Unknown { .. } => return None,
         })
     }
@@ -448,6 +590,10 @@ impl StateRecord {
             StateRecord::PidCollision { key, .. } => Some(StateKey::PidCollision(key.clone())),
             StateRecord::PartitionState { key, .. } => Some(StateKey::PartitionState(*key)),
             StateRecord::ProducerSnapshot { key, .. } => Some(StateKey::ProducerSnapshot(*key)),
+            StateRecord::ProducerClaim { key, .. } => Some(StateKey::ProducerClaim(*key)),
+            StateRecord::ProducerSnapshotChunk { key, .. } => {
+                Some(StateKey::ProducerSnapshotChunk(*key))
+            }
             StateRecord::NewerVersion { key, .. } => Some(key.clone()),
             StateRecord::Unknown { .. } => None,
         }
@@ -461,6 +607,8 @@ impl StateKey {
             StateKey::PidCollision(k) => k.encode(),
             StateKey::PartitionState(k) => Ok(k.encode()),
             StateKey::ProducerSnapshot(k) => Ok(k.encode()),
+            StateKey::ProducerClaim(k) => Ok(k.encode()),
+            StateKey::ProducerSnapshotChunk(k) => Ok(k.encode()),
         }
     }
 }
@@ -619,9 +767,8 @@ impl MirrorProducerSnapshotKey {
 /// empty tagged-field section. Bounds the array count before any allocation.
 const MIN_PRODUCER_ENTRY: usize = 67;
 
-impl MirrorProducerSnapshotValue {
-    fn read_fields(r: &mut Reader<'_>) -> Result<Self, SchemaError> {
-        let snapshot_offset = r.read_i64("MirrorProducerSnapshotValue.SnapshotOffset")?;
+fn read_producers(r: &mut Reader<'_>) -> Result<Vec<SnapshotProducer>, SchemaError> {
+    {
         let n = r.read_array_len_v(
             true,
             MIN_PRODUCER_ENTRY,
@@ -646,6 +793,37 @@ impl MirrorProducerSnapshotValue {
             // adding one would bump the value version).
             r.read_tagged_fields("SnapshotProducer._tagged_fields")?;
         }
+        Ok(producers)
+    }
+}
+
+fn write_producers(
+    w: &mut Writer<Vec<u8>>,
+    producers: &[SnapshotProducer],
+) -> Result<(), SchemaError> {
+    w.put_compact_array_len(
+        Some(producers.len()),
+        "MirrorProducerSnapshotValue.Producers",
+    )?;
+    for p in producers {
+        w.put_i64(p.producer_id);
+        w.put_uuid(&p.origin_cluster_id);
+        w.put_i64(p.original_pid);
+        w.put_i16(p.producer_epoch);
+        w.put_i32(p.last_sequence);
+        w.put_i64(p.last_offset);
+        w.put_i32(p.coordinator_epoch);
+        w.put_i64(p.txn_first_offset);
+        w.put_i64(p.last_timestamp);
+        w.put_uvarint(0);
+    }
+    Ok(())
+}
+
+impl MirrorProducerSnapshotValue {
+    fn read_fields(r: &mut Reader<'_>) -> Result<Self, SchemaError> {
+        let snapshot_offset = r.read_i64("MirrorProducerSnapshotValue.SnapshotOffset")?;
+        let producers = read_producers(r)?;
         Ok(Self {
             snapshot_offset,
             producers,
@@ -660,26 +838,91 @@ impl MirrorProducerSnapshotValue {
         ));
         w.put_i16(0);
         w.put_i64(self.snapshot_offset);
-        w.put_compact_array_len(
-            Some(self.producers.len()),
-            "MirrorProducerSnapshotValue.Producers",
-        )?;
-        for p in &self.producers {
-            w.put_i64(p.producer_id);
-            w.put_uuid(&p.origin_cluster_id);
-            w.put_i64(p.original_pid);
-            w.put_i16(p.producer_epoch);
-            w.put_i32(p.last_sequence);
-            w.put_i64(p.last_offset);
-            w.put_i32(p.coordinator_epoch);
-            w.put_i64(p.txn_first_offset);
-            w.put_i64(p.last_timestamp);
-            w.put_uvarint(0);
-        }
+        write_producers(&mut w, &self.producers)?;
         write_tags(
             &mut w,
             &self.unknown_tagged_fields,
             "MirrorProducerSnapshotValue._tagged_fields",
+        )?;
+        Ok(w.into_inner())
+    }
+}
+
+impl MirrorProducerClaimKey {
+    /// Encodes the key (type 6): 30 bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut k = encode_topic_partition_key(PRODUCER_CLAIM_TYPE, &self.topic_id, self.partition);
+        k.extend_from_slice(&self.producer_id.to_be_bytes());
+        k
+    }
+}
+
+impl MirrorProducerClaimValue {
+    fn read_fields(r: &mut Reader<'_>) -> Result<Self, SchemaError> {
+        Ok(Self {
+            origin_cluster_id: r.read_uuid("MirrorProducerClaimValue.OriginClusterId")?,
+            original_pid: r.read_i64("MirrorProducerClaimValue.OriginalPid")?,
+            timestamp_ms: r.read_i64("MirrorProducerClaimValue.TimestampMs")?,
+            unknown_tagged_fields: read_tags(r, "MirrorProducerClaimValue._tagged_fields")?,
+        })
+    }
+
+    /// Encodes the value (version 0): 35 bytes without tagged fields.
+    pub fn encode(&self) -> Result<Vec<u8>, SchemaError> {
+        let mut w = Writer::new(Vec::with_capacity(35));
+        w.put_i16(0);
+        w.put_uuid(&self.origin_cluster_id);
+        w.put_i64(self.original_pid);
+        w.put_i64(self.timestamp_ms);
+        write_tags(
+            &mut w,
+            &self.unknown_tagged_fields,
+            "MirrorProducerClaimValue._tagged_fields",
+        )?;
+        Ok(w.into_inner())
+    }
+}
+
+impl MirrorProducerSnapshotChunkKey {
+    /// Encodes the key (type 7): 34 bytes.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut k = encode_topic_partition_key(
+            PRODUCER_SNAPSHOT_CHUNK_TYPE,
+            &self.topic_id,
+            self.partition,
+        );
+        k.extend_from_slice(&self.generation.to_be_bytes());
+        k.extend_from_slice(&self.chunk.to_be_bytes());
+        k
+    }
+}
+
+impl MirrorProducerSnapshotChunkValue {
+    fn read_fields(r: &mut Reader<'_>) -> Result<Self, SchemaError> {
+        let snapshot_offset = r.read_i64("MirrorProducerSnapshotChunkValue.SnapshotOffset")?;
+        let chunk_count = r.read_i32("MirrorProducerSnapshotChunkValue.ChunkCount")?;
+        let producers = read_producers(r)?;
+        Ok(Self {
+            snapshot_offset,
+            chunk_count,
+            producers,
+            unknown_tagged_fields: read_tags(r, "MirrorProducerSnapshotChunkValue._tagged_fields")?,
+        })
+    }
+
+    /// Encodes the value (version 0).
+    pub fn encode(&self) -> Result<Vec<u8>, SchemaError> {
+        let mut w = Writer::new(Vec::with_capacity(
+            16 + self.producers.len().saturating_mul(MIN_PRODUCER_ENTRY),
+        ));
+        w.put_i16(0);
+        w.put_i64(self.snapshot_offset);
+        w.put_i32(self.chunk_count);
+        write_producers(&mut w, &self.producers)?;
+        write_tags(
+            &mut w,
+            &self.unknown_tagged_fields,
+            "MirrorProducerSnapshotChunkValue._tagged_fields",
         )?;
         Ok(w.into_inner())
     }
@@ -799,5 +1042,80 @@ mod tests {
                 value: Some(v)
             }
         );
+    }
+
+    #[test]
+    fn claim_record_round_trips_and_is_small() {
+        let key = MirrorProducerClaimKey {
+            topic_id: tid(),
+            partition: 7,
+            producer_id: 0x1234_5678,
+        };
+        let value = MirrorProducerClaimValue {
+            origin_cluster_id: [9; 16],
+            original_pid: 42,
+            timestamp_ms: 1_700_000_000_000,
+            unknown_tagged_fields: Vec::new(),
+        };
+        let rec = StateRecord::ProducerClaim {
+            key,
+            value: Some(value.clone()),
+        };
+        let (k, v) = rec.encode().unwrap().unwrap();
+        assert_eq!(k.len(), 30);
+        assert_eq!(v.as_ref().unwrap().len(), 35);
+        assert_eq!(&k[..2], &[0, 6]);
+        assert_eq!(decode(&k, v.as_deref()).unwrap(), rec);
+        assert_eq!(
+            decode(&k, None).unwrap(),
+            StateRecord::ProducerClaim { key, value: None }
+        );
+        // Truncated or over-long records of a known type are errors, never panics.
+        assert!(decode(&k[..29], v.as_deref()).is_err());
+        assert!(decode(&k, Some(&v.as_ref().unwrap()[..20])).is_err());
+        let mut newer = v.unwrap();
+        newer[1] = 1;
+        assert!(matches!(
+            decode(&k, Some(&newer)).unwrap(),
+            StateRecord::NewerVersion { version: 1, .. }
+        ));
+    }
+
+    #[test]
+    fn snapshot_chunk_round_trips() {
+        let key = MirrorProducerSnapshotChunkKey {
+            topic_id: tid(),
+            partition: 3,
+            generation: 1_700_000_000_000,
+            chunk: 2,
+        };
+        let p = SnapshotProducer {
+            producer_id: 5,
+            origin_cluster_id: [1; 16],
+            original_pid: 6,
+            producer_epoch: 0,
+            last_sequence: 9,
+            last_offset: 100,
+            coordinator_epoch: -1,
+            txn_first_offset: -1,
+            last_timestamp: 7,
+        };
+        let rec = StateRecord::ProducerSnapshotChunk {
+            key,
+            value: Some(MirrorProducerSnapshotChunkValue {
+                snapshot_offset: 101,
+                chunk_count: 4,
+                producers: vec![p; 3],
+                unknown_tagged_fields: Vec::new(),
+            }),
+        };
+        let (k, v) = rec.encode().unwrap().unwrap();
+        assert_eq!(k.len(), 34);
+        assert_eq!(
+            v.as_ref().unwrap().len(),
+            2 + 8 + 4 + 1 + 3 * MIN_PRODUCER_ENTRY + 1
+        );
+        assert_eq!(decode(&k, v.as_deref()).unwrap(), rec);
+        assert!(decode(&k[..33], v.as_deref()).is_err());
     }
 }

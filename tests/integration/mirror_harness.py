@@ -721,6 +721,8 @@ class StateRecord:
 def _decode_state(key: bytes, value: bytes | None) -> tuple[int, dict, dict | None]:
     k = Reader(key)
     rtype = k.i16()
+    if rtype not in (3, 4, 5, 6, 7):
+        return rtype, {}, None  # a type this reader does not know (mirrorguard skips it too)
     kd: dict = {}
     vd: dict | None = None
     if rtype == 3:
@@ -751,7 +753,7 @@ def _decode_state(key: bytes, value: bytes | None) -> tuple[int, dict, dict | No
                 v.tagged_fields()
             v.tagged_fields()
             assert v.remaining() == 0
-    elif rtype == 6:  # source topology, keyed by mirror name
+    elif rtype == 8:  # source topology, keyed by mirror name
         kd = {"mirror": k.string()}
         if value is not None:
             v = Reader(value)
@@ -767,6 +769,26 @@ def _decode_state(key: bytes, value: bytes | None) -> tuple[int, dict, dict | No
                     v.tagged_fields()
                 v.tagged_fields()
                 vd["topics"].append(t)
+            v.tagged_fields()
+            assert v.remaining() == 0
+    elif rtype == 7:
+        kd = {"topic_id": k.uuid(), "partition": k.i32(), "generation": k.i64(), "chunk": k.i32()}
+        if value is not None:
+            v = Reader(value)
+            vd = {"version": v.i16(), "snapshot_offset": v.i64(), "chunk_count": v.i32(), "producers": []}
+            for _ in range(v.compact_count()):
+                vd["producers"].append({"producer_id": v.i64(), "origin": v.uuid(), "original_pid": v.i64(),
+                                        "epoch": v.i16(), "last_sequence": v.i32(), "last_offset": v.i64(),
+                                        "coordinator_epoch": v.i32(), "txn_first_offset": v.i64(),
+                                        "last_timestamp": v.i64()})
+                v.tagged_fields()
+            v.tagged_fields()
+            assert v.remaining() == 0
+    elif rtype == 6:
+        kd = {"topic_id": k.uuid(), "partition": k.i32(), "producer_id": k.i64()}
+        if value is not None:
+            v = Reader(value)
+            vd = {"version": v.i16(), "origin": v.uuid(), "original_pid": v.i64(), "timestamp_ms": v.i64()}
             v.tagged_fields()
             assert v.remaining() == 0
     else:

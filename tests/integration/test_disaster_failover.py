@@ -143,7 +143,7 @@ def _wait_topology(state_bootstrap: str, mirror: str, topic: str, state_topic: s
 
     def persisted():
         for r in read_state_records(state_bootstrap, topic=state_topic):
-            if r.type == 6 and r.key["mirror"] == mirror and r.value:
+            if r.type == 8 and r.key["mirror"] == mirror and r.value:
                 if any(t["name"] == topic for t in r.value["topics"]):
                     found["v"] = r.value
         return "v" in found

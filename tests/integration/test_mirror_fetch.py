@@ -395,7 +395,7 @@ def test_collision_still_detected_after_graceful_restart(kafka_factory, kafka1, 
 
 def test_collision_still_detected_after_kill9_before_any_snapshot(kafka_factory, kafka1, mirror_factory):
     """Default snapshot interval (10 s); kill -9 right after mirroring A. A's first batch
-    could only leave mirrorguard after its claim (a type-5 snapshot holding A's mapped PID)
+    could only leave mirrorguard after its claim (a type-6 claim record of A's mapped PID)
     was acknowledged by __mirror_state, so B's PID 1 still gets a salt after the restart."""
     a_pid, b_pids = _restart_then_second_origin(kafka_factory, kafka1, mirror_factory, kill=True)
     assert len(b_pids) == 1
