@@ -460,15 +460,6 @@ impl StateSync {
                 );
                 return false;
             }
-            StateRecord::NewerVersion { version, .. } => {
-                self.count("unknown_record_version");
-                tracing::debug!(
-                    offset = r.offset,
-                    version,
-                    "__mirror_state value version newer than this code skipped"
-                );
-                return false;
-            }
             _ => return false,
         };
         let Ok(cluster) = pid::ClusterId::parse(&key.source_cluster_id) else {
