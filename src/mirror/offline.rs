@@ -519,7 +519,7 @@ mod tests {
         let v = t.encode_value(42).unwrap();
         assert_eq!(Topology::decode_value(&v).unwrap(), Some((t.clone(), 42)));
         let k = Topology::encode_key("a-to-b").unwrap();
-        assert_eq!(&k[..2], &[0, 6]);
+        assert_eq!(&k[..2], &[0, 8]);
         assert_eq!(Topology::decode_key(&k).unwrap(), "a-to-b");
         // A newer version is skipped, not an error.
         let mut newer = v.clone();
