@@ -175,7 +175,7 @@ fn source_topology_record_decodes_in_dump() {
     let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
     assert_eq!(
         v["records"][0]["mirrorState"],
-        json!({"key": {"type": "6", "data": {"mirror": "east"}},
+        json!({"key": {"type": "8", "data": {"mirror": "east"}},
                "payload": {"version": "0", "data": {"sourceClusterId": "MkU3OEVBNTcwNTJENDM2Qg",
                    "timestampMs": 1_700_000_000_003i64,
                    "brokers": [{"nodeId": 1, "host": "src-1", "port": 9092}],
