@@ -721,7 +721,7 @@ class StateRecord:
 def _decode_state(key: bytes, value: bytes | None) -> tuple[int, dict, dict | None]:
     k = Reader(key)
     rtype = k.i16()
-    if rtype not in (3, 4, 5, 6, 7):
+    if rtype not in (3, 4, 5, 6, 7, 8):
         return rtype, {}, None  # a type this reader does not know (mirrorguard skips it too)
     kd: dict = {}
     vd: dict | None = None

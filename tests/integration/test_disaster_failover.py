@@ -30,6 +30,7 @@ from mirror_harness import (  # noqa: F401 - mirror_factory is a fixture
     send,
 )
 from harness import wait_until
+from kafka_dest import kafka_dest_factory  # noqa: F401 - fixture
 
 
 def _topic_ids(bootstrap: str, topics: list[str]) -> dict[str, bytes]:
@@ -70,10 +71,10 @@ def test_state_cluster_apart_from_destination(kafka_factory, mirror_factory):
     assert mapped == map_pid(src_pids.pop(), fold(src.cluster_id)), "region mapping"
     assert topic not in _topic_names(state.bootstrap), "the test must not create the topic on the state cluster"
     dest_id = _topic_ids(dest.bootstrap, [topic])[topic]
-    snaps = [r for r in read_state_records(state.bootstrap, mg.state_topic) if r.type == 5]
-    assert snaps, "no producer claim recorded"
-    assert all(r.key["topic_id"] == dest_id for r in snaps), "claims must be keyed by the destination topic id"
-    assert any(pr["producer_id"] == mapped for r in snaps for pr in r.value["producers"])
+    claims = [r for r in read_state_records(state.bootstrap, mg.state_topic) if r.type == 6]  # producer claims
+    assert claims, "no producer claim recorded"
+    assert all(r.key["topic_id"] == dest_id for r in claims), "claims must be keyed by the destination topic id"
+    assert any(r.key["producer_id"] == mapped for r in claims)
     assert "does not exist on the" not in mg.log_text()
 
 
@@ -231,6 +232,41 @@ def test_restart_with_source_dead_then_stop_second_partition(kafka_factory, kafk
     assert tail[0].producer_id == open_pid
     assert (mg.partition(topic, 0) or {}).get("state") == "STOPPED"
     f1.close()
+
+
+def test_restart_with_source_unresolvable_then_stop(kafka_factory, kafka1, mirror_factory):
+    """The source's name stops resolving (a deleted DNS record, a dead region's resolver):
+    after a restart mirrorguard is ready from the persisted topology, serves the fetcher
+    locally and seals from persisted state."""
+    src, topic = _mirrored_source(kafka_factory, kafka1)
+    spec = MirrorSpec("a-to-b", src.bootstrap, node_ids=src.node_ids, extra=FAST)
+    mg = mirror_factory(kafka1.bootstrap, [spec], snapshot_interval_ms=500)
+    _open_transaction(src.bootstrap, topic)
+    hw = high_watermark(src.bootstrap, topic)
+    f = StandInFetcher(topic, version=13).connect(spec.bootstrap)
+    f.catch_up(hw)
+    open_pid = [b for b in f.log if b.kind == "data"][-1].producer_id
+    _wait_topology(kafka1.bootstrap, "a-to-b", topic, mg.state_topic)
+    time.sleep(1.5)  # a periodic producer-state snapshot (500 ms) has the open transaction
+
+    assert mg.terminate() == 0
+    f.close()
+    unresolvable = f"no-such-source.invalid:{src.port}"
+    text = mg.config_path.read_text()
+    assert f'"{src.bootstrap}"' in text
+    mg.config_path.write_text(text.replace(f'"{src.bootstrap}"', f'"{unresolvable}"'))
+    mg.start()  # ready from the persisted topology
+    f.connect(spec.bootstrap)  # bootstrap Metadata and the node port, answered locally
+    t0 = time.monotonic()
+    res, got = f.fetch_once(max_wait_ms=300)
+    assert got == [] and res.error_code == 0 and res.top_error == 0 and time.monotonic() - t0 < 5
+    status, body = mg.post("stop", "a-to-b", topic, [0])
+    assert status == 200, body
+    log = _seal(f, mg, topic)
+    tail = [b for b in log if b.kind in ("abort", "barrier")]
+    assert [b.kind for b in tail] == ["abort", "barrier"], [b.kind for b in log]
+    assert tail[0].producer_id == open_pid and tail[0].base_offset == hw
+    f.close()
 
 
 def test_source_hanging_then_stop(kafka_factory, kafka1, mirror_factory):
@@ -440,3 +476,58 @@ def test_guard_fails_closed_until_mirrored_partitions_known(kafka_factory, kafka
     assert status == 200, body
     stopped = {p["topic"] for p in body["applied"]}
     assert topic in stopped and internal not in stopped, stopped
+
+
+# --------------------------------------------------------------------------
+# abort-open on the reference destination (Kafka's engine) promoted to a real broker
+
+
+def test_abort_open_after_fetcher_gone_on_promoted_kafka_engine_destination(kafka_factory, kafka1, mirror_factory,
+                                                                            kafka_dest_factory):
+    """The mirrored transaction reaches the destination the way a mirror fetcher writes it
+    (Kafka's UnifiedLog, appendAsFollower, through mirrorguard), the fetcher stops before any
+    seal, the log is handed to a real Kafka broker, and `abort-open` closes the transaction
+    there: the LSO reaches the log end and read_committed consumers get past it."""
+    from kafka_dest import prepare_promotion, promote
+    from scenario_support import end_offset, idem, read_all, send_each, txn, txn_producer, values
+
+    a = kafka_factory(name="A")
+    b = kafka_factory(name="B")
+    topic = harness.topic_name("abort-engine")
+    harness.create_topics(a.bootstrap, [topic])
+    send_each(idem(a.bootstrap), topic, [b"a-0", b"a-1"])  # @0, @1
+    tp = txn_producer(a.bootstrap, f"open-{topic}")
+    txn(tp, topic, [b"c-0"], commit=True)  # @2, COMMIT @3
+    txn(tp, topic, [b"open-0"], commit=None)  # @4, open when the fetcher goes away
+    wait_until(lambda: end_offset(a.bootstrap, topic) == 5, 15, interval=0.1, what="A's end offset 5")
+
+    topic_id = prepare_promotion(b, topic)
+    dest = kafka_dest_factory("B")
+    dest.open(topic, topic_id=topic_id)
+    spec = MirrorSpec("a-to-b", a.bootstrap, node_ids=a.node_ids, destination_bootstrap=b.bootstrap)
+    mg = mirror_factory(kafka1.bootstrap, [spec])
+    mg.wait_sources_known()
+    f = dest.mirror("a-to-b", mg.mirrors["a-to-b"].bootstrap, [(topic, 0)])
+    f.catch_up(topic, 5)
+    f.stop()  # the destination's fetcher is gone before any seal
+    open_pid = map_pid(direct_batches(a.bootstrap, topic)[-1].producer_id, fold(a.cluster_id))
+    st = dest.state(topic)
+    assert st["producers"][open_pid]["open_txn_first_offset"] == 4 and st["last_stable_offset"] == 4, st
+
+    status, body = mg.post("stop", "a-to-b", topic, [0])
+    assert status == 200, body
+    promote(dest, b, topic)
+    assert _lso(b.bootstrap, topic) == 4, "the open mirrored transaction holds the promoted broker's LSO"
+
+    status, body = mg.post("abort-open", "a-to-b", topic, [0])
+    assert status == 200, body
+    aborted = body["partitions"][0]["aborted"]
+    assert [t["producer_id"] for t in aborted] == [open_pid] and aborted[0]["first_offset"] == 4, body
+    wait_until(lambda: _lso(b.bootstrap, topic) == high_watermark(b.bootstrap, topic) == 6, 15, interval=0.2,
+               what="LSO past the ABORT marker")
+    kinds = [x.kind for x in direct_batches(b.bootstrap, topic)]
+    assert kinds == ["data", "data", "data", "commit", "data", "abort"], kinds
+    assert values(read_all(b.bootstrap, topic, "read_committed")) == [b"a-0", b"a-1", b"c-0"]
+    # Idempotent.
+    status, body = mg.post("abort-open", "a-to-b", topic, [0])
+    assert status == 200 and body["partitions"][0]["aborted"] == [], body
