@@ -452,7 +452,9 @@ impl StateStore {
                 stalled += 1;
                 if stalled >= READ_ALL_STALLED_ROUNDS {
                     return Err(StateStoreError::Timeout(format!(
-                        "reading the state topic stopped at offset {pos} before its high                          watermark ({stalled} rounds without progress); refusing to start from                          a partial read"
+                        "reading the state topic stopped at offset {pos} before its high \
+                         watermark ({stalled} rounds without progress); refusing to start from \
+                         a partial read"
                     )));
                 }
                 sleep(BACKOFF_MIN).await;
@@ -775,7 +777,9 @@ impl<C: Connector> Actor<C> {
                     tracing::debug!(topic, policy, "state store: topic is compacted");
                 } else {
                     tracing::error!(topic, cleanup_policy = %policy,
-                        "state store: the existing state topic's cleanup.policy is not `compact`:                          the broker deletes durable decisions (salts, seals, claims) as they age;                          set cleanup.policy=compact on it");
+                        "state store: the existing state topic's cleanup.policy is not `compact`: \
+                         the broker deletes durable decisions (salts, seals, claims) as they age; \
+                         set cleanup.policy=compact on it");
                 }
             }
             Ok((c, _)) => tracing::warn!(
