@@ -245,6 +245,34 @@ async fn resume(
     mutate(s, headers, body, Operation::Resume).await
 }
 
+/// Checks the shape of a selection body as the OpenAPI `Selection` schema
+/// does: `Ok(None)` for `all: true`, `Ok(Some(topics))` for a non-empty topic
+/// list whose `partitions`, when given, are non-empty; 400 otherwise.
+fn selection_shape(body: &SelectionBody) -> Result<Option<&Vec<TopicSelection>>, Box<Response>> {
+    let bad = |m: String| Box::new(error(StatusCode::BAD_REQUEST, "bad_request", m));
+    let selection = match (body.all, &body.topics) {
+        (true, Some(_)) => return Err(bad("give either `all: true` or `topics`, not both".into())),
+        (true, None) => None,
+        (false, Some(t)) if !t.is_empty() => Some(t),
+        (false, _) => {
+            return Err(bad(
+                "name a non-empty `topics` list or set `all: true`".into()
+            ))
+        }
+    };
+    if let Some(empty) = selection
+        .into_iter()
+        .flatten()
+        .find(|sel| sel.partitions.as_ref().is_some_and(|p| p.is_empty()))
+    {
+        return Err(bad(format!(
+            "`partitions` of {:?} is empty: leave it out for every partition",
+            empty.topic
+        )));
+    }
+    Ok(selection)
+}
+
 async fn mutate(
     s: Arc<ApiState>,
     headers: HeaderMap,
@@ -259,39 +287,10 @@ async fn mutate(
         Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", e.body_text()),
     };
     // The shape of the selection first (400), then what it names (404).
-    let all = body.all;
-    let selection = match (all, &body.topics) {
-        (true, Some(_)) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "bad_request",
-                "give either `all: true` or `topics`, not both",
-            )
-        }
-        (true, None) => None,
-        (false, Some(t)) if !t.is_empty() => Some(t),
-        (false, _) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "bad_request",
-                "name a non-empty `topics` list or set `all: true`",
-            )
-        }
+    let selection = match selection_shape(&body) {
+        Ok(sel) => sel,
+        Err(r) => return *r,
     };
-    if let Some(bad) = selection
-        .into_iter()
-        .flatten()
-        .find(|sel| sel.partitions.as_ref().is_some_and(|p| p.is_empty()))
-    {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "bad_request",
-            format!(
-                "`partitions` of {:?} is empty: leave it out for every partition",
-                bad.topic
-            ),
-        );
-    }
     let Some(mirror) = s.mirrors.get(&body.mirror) else {
         return error(
             StatusCode::NOT_FOUND,
@@ -447,15 +446,16 @@ async fn abort_open(
              prevent collisions with local producers; use kafka-transactions.sh abort knowingly",
         );
     }
-    let selected = match (&body.topics, body.all) {
-        (Some(t), false) if !t.is_empty() => t,
-        _ => {
+    let selected = match selection_shape(&body) {
+        Ok(Some(t)) => t,
+        Ok(None) => {
             return error(
                 StatusCode::BAD_REQUEST,
                 "bad_request",
                 "name `topics` (abort-open does not take `all`)",
             )
         }
+        Err(r) => return *r,
     };
     if s.destination_bootstrap.is_empty() {
         return error(
@@ -470,7 +470,16 @@ async fn abort_open(
     let mut targets: Vec<(String, Option<Vec<i32>>)> = Vec::new();
     for sel in selected {
         let parts: Vec<i32> = match (&sel.partitions, known.get(&sel.topic)) {
-            (Some(ps), _) => ps.clone(),
+            (Some(ps), n) => {
+                if let Some(p) = ps.iter().find(|&&p| p < 0 || n.is_some_and(|n| p >= *n)) {
+                    return error(
+                        StatusCode::NOT_FOUND,
+                        "unknown_partition",
+                        format!("{}-{p} does not exist", sel.topic),
+                    );
+                }
+                ps.clone()
+            }
             (None, Some(n)) => (0..*n).collect(),
             (None, None) => {
                 return error(
