@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import socket
 import struct
-import sys
 import time
 from dataclasses import dataclass, field
 
@@ -24,8 +23,7 @@ import harness
 import rawkafka
 from mirror_harness import StandInFetcher, high_watermark, read_state_records
 from rawkafka import array, i16, i32, string
-sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
-from refdest import build_batch  # noqa: E402
+from kafka_dest import data_batch
 
 PID_BASE = 1_000_000
 
@@ -60,8 +58,7 @@ def produce_synthetic(bootstrap: str, topic: str, n: int, pid_base: int = PID_BA
 
     in_flight = 0
     for i in range(n):
-        batch = build_batch([b"v"], producer_id=pid_base + i, producer_epoch=0, base_sequence=0,
-                            timestamp_ms=int(time.time() * 1000))
+        batch = data_batch([b"v"], pid=pid_base + i, epoch=0, seq=0, ts=int(time.time() * 1000))
         body = string(None) + i16(1) + i32(30000) + array([string(topic) + array([i32(0) + i32(len(batch)) + batch])])
         frame = i16(0) + i16(3) + i32(i) + string("claims-scale") + body
         sock.sendall(i32(len(frame)) + frame)
