@@ -33,6 +33,14 @@ def produce_synthetic(bootstrap: str, topic: str, n: int, pid_base: int = PID_BA
     pipelined `window` deep on one connection). Returns the seconds it took; raises if
     any batch is refused."""
     host, port = bootstrap.rsplit(":", 1)
+
+    # Right after CreateTopics the broker may not lead the partition yet
+    # (NOT_LEADER_OR_FOLLOWER): wait until a Fetch of it is served, without writing.
+    def led() -> bool:
+        with rawkafka.Connection(host, int(port), timeout=5) as c:
+            return rawkafka.fetch_v4(c, topic, 0, 0, max_wait_ms=0).error_code == 0
+
+    harness.wait_until(led, 30, interval=0.1, what=f"{topic}-0 led by {bootstrap}")
     sock = socket.create_connection((host, int(port)), timeout=30)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     t0 = time.monotonic()
