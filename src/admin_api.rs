@@ -245,6 +245,18 @@ async fn resume(
     mutate(s, headers, body, Operation::Resume).await
 }
 
+/// The token first (401/403), then the body (400): the prologue of every
+/// mutating call.
+fn authorized_body(
+    s: &ApiState,
+    headers: &HeaderMap,
+    body: Result<Json<SelectionBody>, JsonRejection>,
+) -> Result<SelectionBody, Box<Response>> {
+    authorized(s, headers)?;
+    body.map(|Json(b)| b)
+        .map_err(|e| Box::new(error(StatusCode::BAD_REQUEST, "bad_request", e.body_text())))
+}
+
 /// Checks the shape of a selection body as the OpenAPI `Selection` schema
 /// does: `Ok(None)` for `all: true`, `Ok(Some(topics))` for a non-empty topic
 /// list whose `partitions`, when given, are non-empty; 400 otherwise.
@@ -279,12 +291,9 @@ async fn mutate(
     body: Result<Json<SelectionBody>, JsonRejection>,
     op: Operation,
 ) -> Response {
-    if let Err(r) = authorized(&s, &headers) {
-        return *r;
-    }
-    let body = match body {
-        Ok(Json(b)) => b,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", e.body_text()),
+    let body = match authorized_body(&s, &headers, body) {
+        Ok(b) => b,
+        Err(r) => return *r,
     };
     // The shape of the selection first (400), then what it names (404).
     let selection = match selection_shape(&body) {
@@ -423,12 +432,9 @@ async fn abort_open(
     headers: HeaderMap,
     body: Result<Json<SelectionBody>, JsonRejection>,
 ) -> Response {
-    if let Err(r) = authorized(&s, &headers) {
-        return *r;
-    }
-    let body = match body {
-        Ok(Json(b)) => b,
-        Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", e.body_text()),
+    let body = match authorized_body(&s, &headers, body) {
+        Ok(b) => b,
+        Err(r) => return *r,
     };
     let Some(mirror) = s.mirrors.get(&body.mirror) else {
         return error(

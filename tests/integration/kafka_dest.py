@@ -41,6 +41,7 @@ import pytest
 
 import harness
 from harness import HarnessError
+from rawkafka import uvarint
 
 ROOT = harness.ROOT
 JAR = Path(os.environ.get("KAFKA_DEST_JAR", ROOT / ".tools" / "kafka-dest" / "build" / "kafka-dest.jar"))
@@ -340,20 +341,8 @@ def kafka_dest_factory(tmp_path, request):
 # raw batches for engine-level checks (what a client or a coordinator would write)
 
 
-def _uvarint(v: int) -> bytes:
-    out = bytearray()
-    while True:
-        b = v & 0x7F
-        v >>= 7
-        if v:
-            out.append(b | 0x80)
-        else:
-            out.append(b)
-            return bytes(out)
-
-
 def _varint(v: int) -> bytes:
-    return _uvarint((v << 1) ^ (v >> 63))
+    return uvarint((v << 1) ^ (v >> 63))
 
 
 def _record(i: int, key: bytes | None, value: bytes | None) -> bytes:
@@ -396,7 +385,7 @@ def barrier_batch(source_cluster_id: str, base_offset: int = 0, leader_epoch: in
     SourceClusterId + no tags."""
     key = struct.pack(">hh", 0, 7)
     cid = source_cluster_id.encode()
-    value = struct.pack(">h", 0) + _uvarint(len(cid) + 1) + cid + _uvarint(0)
+    value = struct.pack(">h", 0) + uvarint(len(cid) + 1) + cid + uvarint(0)
     ts = int(time.time() * 1000) if ts is None else ts
     return _batch(_record(0, key, value), 1, 0x20, -1, -1, -1, base_offset, leader_epoch, ts)
 
