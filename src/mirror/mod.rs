@@ -240,6 +240,12 @@ struct SealMetrics {
     /// Upstream entries of controlled partitions the request did not list,
     /// dropped from responses (a session that still held them).
     strays: Counter,
+    /// Transactions aborted by a seal though the shadow state saw them
+    /// closed past the cut (a marker the fetcher did not append).
+    closed_past_cut: Counter,
+    /// Seals whose open transactions may be incomplete (closings past the
+    /// fetcher's position dropped at their bound).
+    open_at_cut_incomplete: Counter,
 }
 
 impl SealMetrics {
@@ -259,6 +265,8 @@ impl SealMetrics {
             completed: m("seal_completed"),
             session_resets: m("fetch_session_reset"),
             strays: m("stray_partition_dropped"),
+            closed_past_cut: m("txn_closed_past_cut_aborted"),
+            open_at_cut_incomplete: m("open_at_cut_incomplete"),
         }
     }
 }
@@ -1235,6 +1243,11 @@ fn rewrite_partition_records(
         let start = pos;
         let end = pos + header.range.end;
         pos = end;
+        if observe && forwarding && last_epoch.is_none() {
+            // The destination fetcher asked for an offset within this first
+            // batch: it appended everything below it.
+            handle.with(|s| s.note_fetcher_position(header.base_offset));
+        }
         last_epoch = Some(header.partition_leader_epoch);
         mirror.metrics.batches.inc();
         let batch = &mut records[start..end];

@@ -413,30 +413,45 @@ fn decide_all(
         let registry = mirror.registry.clone();
         let key = c.key.clone();
         let cut = c.fetch_offset;
+        let closed_past_cut = mirror.seal_metrics.closed_past_cut.clone();
+        let incomplete = mirror.seal_metrics.open_at_cut_incomplete.clone();
+        // The transactions open AT THE CUT: the shadow state may be ahead of
+        // it (a response the fetcher lost was walked), so a transaction
+        // closed past the cut is still open there, and one opened past it
+        // is not.
         let open = move || -> Vec<OpenTxn> {
             registry
                 .get(&key)
                 .map(|h| {
                     h.with(|s| {
+                        // The cut is the fetcher's fetch offset: it appended
+                        // everything below it.
+                        s.note_fetcher_position(cut);
+                        let at = s.open_at(cut);
                         if s.next_offset() > cut {
-                            // The shadow state saw source batches past the cut
-                            // (a response the fetcher did not append): those
-                            // opened there are not open at the cut.
                             tracing::warn!(partition = %key, cut, state_offset = s.next_offset(),
-                                "producer state is ahead of the cut; transactions opened past the cut are left out of the seal");
+                                closed_past_cut = at.closed_past_cut,
+                                "producer state is ahead of the cut (a response the fetcher did not append): \
+                                 open transactions are taken as they are at the cut");
                         }
-                        s.open_transactions()
-                            .filter(|t| t.first_offset < cut)
+                        closed_past_cut.inc_by(at.closed_past_cut as u64);
+                        if at.incomplete {
+                            incomplete.inc();
+                            tracing::warn!(partition = %key, cut,
+                                bound = crate::producer_state::MAX_CLOSED_TRANSACTIONS,
+                                "transaction closings past the cut were dropped at their bound: \
+                                 transactions they closed get no ABORT marker in this seal \
+                                 (`ctl abort-open` closes them after promotion)");
+                        }
+                        at.transactions
+                            .into_iter()
                             .map(|t| OpenTxn {
-                                producer_id: t.mapped_pid,
-                                producer_epoch: t.epoch,
-                                coordinator_epoch: s
-                                    .producer(t.mapped_pid)
-                                    .map(|e| e.coordinator_epoch)
-                                    .unwrap_or(0),
-                                first_offset: t.first_offset,
-                                origin_cluster: t.origin.source_cluster.0,
-                                original_pid: t.origin.original_pid,
+                                producer_id: t.txn.mapped_pid,
+                                producer_epoch: t.txn.epoch,
+                                coordinator_epoch: t.coordinator_epoch,
+                                first_offset: t.txn.first_offset,
+                                origin_cluster: t.txn.origin.source_cluster.0,
+                                original_pid: t.txn.origin.original_pid,
                             })
                             .collect()
                     })
@@ -493,7 +508,10 @@ fn decide_all(
                             // is ours (open transactions included, which idle
                             // expiry never drops).
                             if let Some(h) = registry.get(&key) {
-                                h.with(|s| s.reset());
+                                h.with(|s| {
+                                    s.reset();
+                                    s.forget_closed();
+                                });
                             }
                             completed.inc();
                             tracing::info!(partition = %key, "seal complete: partition STOPPED; its fetches are answered locally from now on");

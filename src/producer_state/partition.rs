@@ -8,7 +8,7 @@
 //! reported as [`Anomaly`]s. Each entry also remembers the origin of its
 //! mapped PID, which the destination cannot know.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::mem::size_of;
 
 use serde::{Deserialize, Serialize};
@@ -80,6 +80,53 @@ pub struct OpenTransaction {
     pub origin: Origin,
 }
 
+/// A transaction closed by a COMMIT or ABORT marker at or above the
+/// destination fetcher's last known position: the fetcher may not have
+/// appended that marker yet (its response lost, or not fetched yet), so a
+/// cut taken below it must still see the transaction open.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct ClosedTransaction {
+    /// The transaction as it was before its marker (epoch of its batches).
+    pub txn: OpenTransaction,
+    /// The producer's coordinator epoch before the marker (what the
+    /// destination holds while the marker is not appended).
+    pub coordinator_epoch: i32,
+    /// Offset of the closing marker.
+    pub marker_offset: i64,
+}
+
+/// A transaction open at a cut, with the coordinator epoch its ABORT
+/// marker carries.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct TransactionAtCut {
+    /// The transaction (mapped PID, epoch, first offset, origin).
+    pub txn: OpenTransaction,
+    /// Coordinator epoch of the producer's last marker before the cut (-1
+    /// when none was seen).
+    pub coordinator_epoch: i32,
+}
+
+/// The transactions open at a cut ([`PartitionState::open_at`]).
+#[derive(Clone, PartialEq, Eq, Debug, Default)]
+pub struct OpenAtCut {
+    /// Open at the cut, ordered by first offset then mapped PID.
+    pub transactions: Vec<TransactionAtCut>,
+    /// How many of them the shadow state saw closed past the cut (a marker
+    /// the fetcher did not append).
+    pub closed_past_cut: usize,
+    /// Closings past the fetcher's position were dropped at the bound
+    /// ([`MAX_CLOSED_TRANSACTIONS`]) at or above the cut: transactions they
+    /// closed are missing from `transactions`.
+    pub incomplete: bool,
+}
+
+/// Most closings remembered per partition past the destination fetcher's
+/// position (see [`ClosedTransaction`]). They are pruned as the fetcher
+/// moves, so the record holds about one Fetch response's markers; past the
+/// bound the oldest are dropped and a cut at or below them is reported as
+/// incomplete ([`OpenAtCut::incomplete`]), never silently.
+pub const MAX_CLOSED_TRANSACTIONS: usize = 16_384;
+
 /// What [`PartitionState::observe`] did with a batch.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub enum ObserveOutcome {
@@ -109,6 +156,15 @@ pub struct PartitionState {
     /// (-1 before any): stamps a seal when the fetcher's request carries no
     /// LastFetchedEpoch (Fetch < v12).
     last_leader_epoch: i32,
+    /// Transactions closed at or above `fetcher_position`, in marker offset
+    /// order (markers are observed in offset order).
+    closed: VecDeque<ClosedTransaction>,
+    /// Lower bound of the destination fetcher's position: it appended
+    /// every offset below it. Moved only by the fetcher's own responses.
+    fetcher_position: i64,
+    /// Highest marker offset of a closing dropped at the bound while still
+    /// at or above `fetcher_position` (-1: none).
+    closed_dropped_upto: i64,
 }
 
 impl PartitionState {
@@ -120,7 +176,102 @@ impl PartitionState {
             salts: SaltTable::default(),
             next_offset: 0,
             last_leader_epoch: -1,
+            closed: VecDeque::new(),
+            fetcher_position: 0,
+            closed_dropped_upto: -1,
         }
+    }
+
+    /// Notes that the destination fetcher appended every offset below
+    /// `offset` (its fetch offset, or the first batch of a response it
+    /// fetched: that batch holds its fetch offset). Closings below it are
+    /// appended on the destination too and are forgotten. Only the
+    /// destination fetcher's fetches may call this: another reader's
+    /// position says nothing about the destination's log.
+    pub fn note_fetcher_position(&mut self, offset: i64) {
+        self.fetcher_position = offset;
+        while self
+            .closed
+            .front()
+            .is_some_and(|c| c.marker_offset < offset)
+        {
+            self.closed.pop_front();
+        }
+        if self.closed_dropped_upto < offset {
+            self.closed_dropped_upto = -1;
+        }
+        if self.closed.is_empty() && self.closed.capacity() > 64 {
+            // Give back the memory of a burst of markers.
+            self.closed = VecDeque::new();
+        }
+    }
+
+    /// Transactions closed past the fetcher's position still remembered.
+    pub fn closed_transactions(&self) -> impl Iterator<Item = &ClosedTransaction> {
+        self.closed.iter()
+    }
+
+    /// Forgets the closings (the partition is sealed: nothing past its cut
+    /// will ever be appended).
+    pub fn forget_closed(&mut self) {
+        self.closed = VecDeque::new();
+        self.closed_dropped_upto = -1;
+    }
+
+    /// The transactions open at destination offset `cut`, as the
+    /// destination holds them once it appended everything below the cut,
+    /// even when this state saw batches past it (a response the fetcher
+    /// lost): those open now that began below the cut, plus those that
+    /// began below the cut and were closed by a marker at or past it.
+    /// Transactions begun at or past the cut are not open there. O(producers
+    /// log producers); meant for the seal.
+    pub fn open_at(&self, cut: i64) -> OpenAtCut {
+        let mut out = OpenAtCut::default();
+        let mut pids = std::collections::HashSet::new();
+        for c in &self.closed {
+            if c.marker_offset >= cut && c.txn.first_offset < cut && pids.insert(c.txn.mapped_pid) {
+                out.transactions.push(TransactionAtCut {
+                    txn: c.txn,
+                    coordinator_epoch: c.coordinator_epoch,
+                });
+                out.closed_past_cut += 1;
+            }
+        }
+        for t in self.open_transactions() {
+            if t.first_offset < cut && !pids.contains(&t.mapped_pid) {
+                out.transactions.push(TransactionAtCut {
+                    txn: t,
+                    coordinator_epoch: self
+                        .producers
+                        .get(&t.mapped_pid)
+                        .map_or(-1, |e| e.coordinator_epoch),
+                });
+            }
+        }
+        out.transactions
+            .sort_unstable_by_key(|t| (t.txn.first_offset, t.txn.mapped_pid));
+        out.incomplete = self.closed_dropped_upto >= cut;
+        out
+    }
+
+    /// Remembers a closing past the fetcher's position (bounded).
+    fn remember_closed(&mut self, closed: ClosedTransaction) {
+        if closed.marker_offset < self.fetcher_position {
+            return;
+        }
+        if self.closed.len() >= MAX_CLOSED_TRANSACTIONS {
+            if let Some(old) = self.closed.pop_front() {
+                if self.closed_dropped_upto < 0 {
+                    tracing::warn!(partition = %self.key, marker_offset = old.marker_offset,
+                        fetcher_position = self.fetcher_position, bound = MAX_CLOSED_TRANSACTIONS,
+                        "too many transaction closings past the destination fetcher's position: \
+                         the oldest are forgotten; a seal cut at or below them may miss open \
+                         transactions (reported when the cut is taken)");
+                }
+                self.closed_dropped_upto = self.closed_dropped_upto.max(old.marker_offset);
+            }
+        }
+        self.closed.push_back(closed);
     }
 
     /// Partition leader epoch of the last batch forwarded (-1 before any).
@@ -403,6 +554,7 @@ impl PartitionState {
             return;
         };
         let before = *entry;
+        let mapped_pid = batch.producer_id;
 
         // Apply as Kafka's appendEndTxnMarker: epoch (clearing the sequence
         // if it changed), coordinator epoch, timestamp; close the txn.
@@ -427,6 +579,16 @@ impl PartitionState {
             ));
         }
         if before.txn_first_offset != NO_TXN {
+            self.remember_closed(ClosedTransaction {
+                txn: OpenTransaction {
+                    mapped_pid,
+                    epoch: before.epoch,
+                    first_offset: before.txn_first_offset,
+                    origin: before.origin,
+                },
+                coordinator_epoch: before.coordinator_epoch,
+                marker_offset: batch.base_offset,
+            });
             // The marker closes whatever transaction the PID has open; that
             // is only right if the same origin opened it. (This specific
             // finding replaces PidClaimedByTwoOrigins for this batch.)
@@ -546,6 +708,7 @@ impl PartitionState {
     pub fn memory_bytes(&self) -> usize {
         size_of::<Self>()
             + hash_table_bytes::<(i64, ProducerEntry)>(self.producers.capacity())
+            + self.closed.capacity() * size_of::<ClosedTransaction>()
             + self.salts.memory_bytes()
     }
 
@@ -763,5 +926,128 @@ mod tests {
             sink[0].detail,
             AnomalyDetail::SequenceOverlap { .. }
         ));
+    }
+
+    #[test]
+    fn transactions_are_taken_open_at_the_cut_when_the_state_is_ahead() {
+        let mut s = PartitionState::new(key());
+        let mut sink = Vec::new();
+        let o = origin(1);
+        // pid 9: txn at 0..=1, committed at 12 (past the cut 10);
+        // pid 8: txn at 2, committed at 5 (below the cut);
+        // pid 7: txn at 11 (opened past the cut), still open;
+        // pid 6: txn at 3, still open.
+        s.observe(
+            &o,
+            &BatchObservation::data(9, 2, 0, 0, 2, true),
+            0,
+            &mut sink,
+        );
+        s.observe(
+            &o,
+            &BatchObservation::data(8, 0, 2, 0, 1, true),
+            0,
+            &mut sink,
+        );
+        s.observe(
+            &o,
+            &BatchObservation::data(6, 0, 3, 0, 1, true),
+            0,
+            &mut sink,
+        );
+        s.note_fetcher_position(4);
+        s.observe(
+            &o,
+            &BatchObservation::marker(8, 0, 5, true, 3),
+            0,
+            &mut sink,
+        );
+        s.note_fetcher_position(10);
+        s.observe(
+            &o,
+            &BatchObservation::data(7, 0, 11, 0, 1, true),
+            0,
+            &mut sink,
+        );
+        s.observe(
+            &o,
+            &BatchObservation::marker(9, 3, 12, false, 4),
+            0,
+            &mut sink,
+        );
+        assert!(sink.is_empty(), "{sink:?}");
+        assert_eq!(s.next_offset(), 13);
+        // Only the closing past the fetcher's position is remembered.
+        assert_eq!(
+            s.closed_transactions()
+                .map(|c| c.marker_offset)
+                .collect::<Vec<_>>(),
+            vec![12]
+        );
+        let at = s.open_at(10);
+        let got: Vec<(i64, i16, i64, i32)> = at
+            .transactions
+            .iter()
+            .map(|t| {
+                (
+                    t.txn.mapped_pid,
+                    t.txn.epoch,
+                    t.txn.first_offset,
+                    t.coordinator_epoch,
+                )
+            })
+            .collect();
+        // pid 9 with the epoch and coordinator epoch of before its marker.
+        assert_eq!(got, vec![(9, 2, 0, -1), (6, 0, 3, -1)]);
+        assert_eq!((at.closed_past_cut, at.incomplete), (1, false));
+        // A cut past the marker: pid 9 is closed there, pid 7 is open.
+        let at = s.open_at(13);
+        let pids: Vec<i64> = at.transactions.iter().map(|t| t.txn.mapped_pid).collect();
+        assert_eq!(pids, vec![6, 7]);
+        // The fetcher appends the marker: forgotten.
+        s.note_fetcher_position(13);
+        assert_eq!(s.closed_transactions().count(), 0);
+    }
+
+    #[test]
+    fn closings_past_the_bound_are_dropped_and_reported() {
+        let mut s = PartitionState::new(key());
+        let mut sink = Vec::new();
+        let o = origin(1);
+        let n = MAX_CLOSED_TRANSACTIONS as i64 + 2;
+        for i in 0..n {
+            s.observe(
+                &o,
+                &BatchObservation::data(100 + i, 0, 2 * i, 0, 1, true),
+                0,
+                &mut sink,
+            );
+            s.observe(
+                &o,
+                &BatchObservation::marker(100 + i, 0, 2 * i + 1, true, 0),
+                0,
+                &mut sink,
+            );
+        }
+        assert_eq!(s.closed_transactions().count(), MAX_CLOSED_TRANSACTIONS);
+        // The two oldest closings (markers 1 and 3) are gone: a cut at or
+        // below marker 3 is reported incomplete (pid 100 or 101 was open
+        // there and is missing), one above it is not.
+        let at = s.open_at(1);
+        assert!(at.incomplete && at.transactions.is_empty(), "{at:?}");
+        let at = s.open_at(3);
+        assert!(at.incomplete && at.transactions.is_empty(), "{at:?}");
+        let at = s.open_at(5);
+        assert!(!at.incomplete);
+        assert_eq!(
+            at.transactions
+                .iter()
+                .map(|t| t.txn.mapped_pid)
+                .collect::<Vec<_>>(),
+            vec![102]
+        );
+        s.note_fetcher_position(2 * n);
+        assert_eq!(s.closed_transactions().count(), 0);
+        assert!(!s.open_at(2 * n).incomplete);
     }
 }
