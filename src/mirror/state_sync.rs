@@ -80,7 +80,84 @@ pub struct StateSync {
     /// Offset of the type-5 snapshot restored by the start-up load, per
     /// partition: a chunked snapshot restores only if it is later.
     type5_restored_at: std::sync::Mutex<std::collections::HashMap<SnapshotKey, i64>>,
+    /// The open transactions of the chunk generation being read per
+    /// partition (start-up or tail): once complete they are the partition's
+    /// latest snapshot in `snapshots`, as a type-5 record would be (a seal
+    /// with too many open transactions for one record is written in chunks).
+    open_chunks: std::sync::Mutex<std::collections::HashMap<SnapshotKey, OpenChunks>>,
 }
+
+/// The open transactions of one chunk generation being read back.
+#[derive(Default)]
+struct OpenChunks {
+    generation: i64,
+    snapshot_offset: i64,
+    count: i32,
+    /// Set once the generation was complete and handed to `snapshots`.
+    done: bool,
+    chunks: std::collections::BTreeMap<i32, Vec<OpenTxn>>,
+}
+
+/// The open transactions among a snapshot's producers.
+fn open_txns_of(producers: &[SnapshotProducer]) -> Vec<OpenTxn> {
+    producers
+        .iter()
+        .filter(|p| p.txn_first_offset >= 0)
+        .map(|p| OpenTxn {
+            producer_id: p.producer_id,
+            producer_epoch: p.producer_epoch,
+            coordinator_epoch: p.coordinator_epoch,
+            first_offset: p.txn_first_offset,
+            origin_cluster: p.origin_cluster_id,
+            original_pid: p.original_pid,
+        })
+        .collect()
+}
+
+/// Whether a snapshot of `producers` producers exceeds one type-5 record
+/// ([`MAX_SNAPSHOT_BYTES`]) and is written in type-7 chunks instead.
+fn needs_chunks(producers: usize) -> bool {
+    16 + producers.saturating_mul(67) > MAX_SNAPSHOT_BYTES
+}
+
+/// The type-7 records of one chunk generation of a snapshot
+/// ([`CHUNK_PRODUCERS`] producers per record).
+fn chunk_records(
+    topic_id: [u8; 16],
+    partition: i32,
+    generation: i64,
+    value: &MirrorProducerSnapshotValue,
+) -> Result<ChunkRecords, String> {
+    let chunks: Vec<&[SnapshotProducer]> = value.producers.chunks(CHUNK_PRODUCERS).collect();
+    let count = i32::try_from(chunks.len()).map_err(|_| "too many snapshot chunks")?;
+    let mut keys = Vec::with_capacity(chunks.len());
+    let mut records = Vec::with_capacity(chunks.len());
+    for (chunk, producers) in (0..count).zip(&chunks) {
+        let key = MirrorProducerSnapshotChunkKey {
+            topic_id,
+            partition,
+            generation,
+            chunk,
+        };
+        let v = MirrorProducerSnapshotChunkValue {
+            snapshot_offset: value.snapshot_offset,
+            chunk_count: count,
+            producers: producers.to_vec(),
+            unknown_tagged_fields: Vec::new(),
+        }
+        .encode()
+        .map_err(|e| e.to_string())?;
+        records.push((key.encode(), Some(v)));
+        keys.push(key);
+    }
+    Ok((keys, records))
+}
+
+/// Chunk keys and their (key, value) records.
+type ChunkRecords = (
+    Vec<MirrorProducerSnapshotChunkKey>,
+    Vec<(Vec<u8>, Option<Vec<u8>>)>,
+);
 
 /// The chunks of one generation read back: (snapshot offset, chunk count)
 /// as each chunk says, and chunk index → (its value, its record).
@@ -181,6 +258,7 @@ impl StateSync {
             chunked_at: Default::default(),
             loaded_chunks: Default::default(),
             type5_restored_at: Default::default(),
+            open_chunks: Default::default(),
         })
     }
 
@@ -542,19 +620,7 @@ impl StateSync {
         value: MirrorProducerSnapshotValue,
         start_up: bool,
     ) {
-        let open: Vec<OpenTxn> = value
-            .producers
-            .iter()
-            .filter(|p| p.txn_first_offset >= 0)
-            .map(|p| OpenTxn {
-                producer_id: p.producer_id,
-                producer_epoch: p.producer_epoch,
-                coordinator_epoch: p.coordinator_epoch,
-                first_offset: p.txn_first_offset,
-                origin_cluster: p.origin_cluster_id,
-                original_pid: p.original_pid,
-            })
-            .collect();
+        let open = open_txns_of(&value.producers);
         // The seal's open transactions are known by topic id: a restored
         // STOPPING partition finds them even before its topic's name.
         self.snapshots
@@ -600,6 +666,9 @@ impl StateSync {
         value: Option<MirrorProducerSnapshotChunkValue>,
         start_up: bool,
     ) {
+        if let Some(v) = &value {
+            self.note_open_chunk(&key, v);
+        }
         if !start_up {
             return;
         }
@@ -627,6 +696,49 @@ impl StateSync {
         if !self.loading.load(std::sync::atomic::Ordering::SeqCst) {
             // Kept while its topic was unknown: restore once complete.
             self.restore_chunks((key.topic_id, key.partition), false);
+        }
+    }
+
+    /// Collects the open transactions of a chunk (start-up or tail); once
+    /// its generation is complete they become the partition's latest
+    /// snapshot in `snapshots` (where a restored seal finds them), as a
+    /// type-5 record read at that point would.
+    fn note_open_chunk(
+        &self,
+        key: &MirrorProducerSnapshotChunkKey,
+        v: &MirrorProducerSnapshotChunkValue,
+    ) {
+        let sk = (key.topic_id, key.partition);
+        let mut all = self.open_chunks.lock().unwrap_or_else(|p| p.into_inner());
+        let cur = all.entry(sk).or_default();
+        if key.generation < cur.generation {
+            return; // an older generation: superseded
+        }
+        if key.generation > cur.generation || cur.chunks.is_empty() && !cur.done {
+            *cur = OpenChunks {
+                generation: key.generation,
+                snapshot_offset: v.snapshot_offset,
+                count: v.chunk_count,
+                done: false,
+                chunks: Default::default(),
+            };
+        }
+        if cur.done || v.snapshot_offset != cur.snapshot_offset || v.chunk_count != cur.count {
+            return;
+        }
+        cur.chunks.insert(key.chunk, open_txns_of(&v.producers));
+        let whole = usize::try_from(cur.count).ok() == Some(cur.chunks.len())
+            && (0..cur.count).all(|i| cur.chunks.contains_key(&i));
+        if whole {
+            let open: Vec<OpenTxn> = std::mem::take(&mut cur.chunks)
+                .into_values()
+                .flatten()
+                .collect();
+            cur.done = true;
+            self.snapshots
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(sk, open);
         }
     }
 
@@ -1114,7 +1226,7 @@ impl StateSync {
         // at most ~10x their own claims in snapshot bytes), or when the last
         // one is older than CHUNKED_SNAPSHOT_MIN_AGE_MS, so a busy partition
         // of 100,000 producers does not rewrite ~7 MB every round.
-        let chunked = 16 + snap.producers.len().saturating_mul(67) > MAX_SNAPSHOT_BYTES;
+        let chunked = needs_chunks(snap.producers.len());
         if chunked {
             let has_claims = self
                 .claimed
@@ -1183,36 +1295,9 @@ impl StateSync {
         value: MirrorProducerSnapshotValue,
     ) -> Result<bool, String> {
         let now = crate::lifecycle::now_ms();
-        let generation = self
-            .chunk_generation
-            .fetch_update(
-                std::sync::atomic::Ordering::Relaxed,
-                std::sync::atomic::Ordering::Relaxed,
-                |last| Some(now.max(last.saturating_add(1))),
-            )
-            .map_or(now, |last| now.max(last.saturating_add(1)));
-        let chunks: Vec<&[SnapshotProducer]> = value.producers.chunks(CHUNK_PRODUCERS).collect();
-        let count = i32::try_from(chunks.len()).map_err(|_| "too many snapshot chunks")?;
-        let mut keys = Vec::with_capacity(chunks.len());
-        let mut records = Vec::with_capacity(chunks.len());
-        for (chunk, producers) in (0..count).zip(&chunks) {
-            let key = MirrorProducerSnapshotChunkKey {
-                topic_id,
-                partition: snap.key.partition,
-                generation,
-                chunk,
-            };
-            let v = MirrorProducerSnapshotChunkValue {
-                snapshot_offset: value.snapshot_offset,
-                chunk_count: count,
-                producers: producers.to_vec(),
-                unknown_tagged_fields: Vec::new(),
-            }
-            .encode()
-            .map_err(|e| e.to_string())?;
-            records.push((key.encode(), Some(v)));
-            keys.push(key);
-        }
+        let generation = self.next_chunk_generation(now);
+        let (keys, records) = chunk_records(topic_id, snap.key.partition, generation, &value)?;
+        let count = keys.len();
         self.append_claims(records).await?;
         self.count("snapshot_chunked");
         self.chunked_at
@@ -1227,6 +1312,17 @@ impl StateSync {
             .insert(snap.key.clone(), (snap.next_offset, snap.producers.len()));
         self.tombstone_old_chunks(&snap.key, keys).await?;
         Ok(true)
+    }
+
+    /// A new chunk generation: wall-clock ms, or the last one + 1.
+    fn next_chunk_generation(&self, now: i64) -> i64 {
+        self.chunk_generation
+            .fetch_update(
+                std::sync::atomic::Ordering::Relaxed,
+                std::sync::atomic::Ordering::Relaxed,
+                |last| Some(now.max(last.saturating_add(1))),
+            )
+            .map_or(now, |last| now.max(last.saturating_add(1)))
     }
 
     /// Makes `current` the partition's live chunks and tombstones the ones
@@ -1345,14 +1441,13 @@ impl StateSync {
     async fn persist_entry(self: Arc<Self>, entry: Entry) -> Result<(), String> {
         let topic_id = self.topic_id_for(&entry.topic).await?;
         // The open transactions of a seal go first: a STOPPING record with a
-        // cut is only ever read back with its snapshot present.
+        // cut is only ever read back with its snapshot present. Too many for
+        // one type-5 record (about 3,900), they go as a chunk generation
+        // (type 7), each record below MAX_SNAPSHOT_BYTES.
+        let mut seal_chunks = None;
         if let (MirrorPartitionState::Stopping, Some(cut), Some(plan)) =
             (entry.state, entry.cut, &entry.seal)
         {
-            let key = MirrorProducerSnapshotKey {
-                topic_id,
-                partition: entry.partition,
-            };
             let value = MirrorProducerSnapshotValue {
                 snapshot_offset: cut,
                 producers: plan
@@ -1372,9 +1467,24 @@ impl StateSync {
                     .collect(),
                 unknown_tagged_fields: Vec::new(),
             };
-            let v = value.encode().map_err(|e| e.to_string())?;
-            let k = key.encode();
-            self.append_record(k, v).await?;
+            if needs_chunks(value.producers.len()) {
+                let generation = self.next_chunk_generation(crate::lifecycle::now_ms());
+                let (keys, records) = chunk_records(topic_id, entry.partition, generation, &value)?;
+                self.append_claims(records).await?;
+                self.count("seal_snapshot_chunked");
+                tracing::info!(topic = %entry.topic, partition = entry.partition, cut,
+                    open_transactions = value.producers.len(), chunks = keys.len(), generation,
+                    "seal's open transactions written as a chunked snapshot");
+                seal_chunks = Some(keys);
+            } else {
+                let key = MirrorProducerSnapshotKey {
+                    topic_id,
+                    partition: entry.partition,
+                };
+                let v = value.encode().map_err(|e| e.to_string())?;
+                let k = key.encode();
+                self.append_record(k, v).await?;
+            }
         }
         let key = MirrorPartitionStateKey {
             topic_id,
@@ -1396,6 +1506,16 @@ impl StateSync {
         let offset = self.append_record(k, v).await?;
         tracing::debug!(offset, topic = %entry.topic, partition = entry.partition,
             state = entry.state.name(), "partition state persisted");
+        if let Some(keys) = seal_chunks {
+            // The seal's chunks are the partition's live generation now; older
+            // ones are superseded. The seal is durable already: a failure here
+            // only leaves older chunks for a later snapshot to tombstone.
+            let pk = PartitionKey::new([0; 16], entry.topic.as_str(), entry.partition);
+            if let Err(e) = self.tombstone_old_chunks(&pk, keys).await {
+                tracing::warn!(partition = %pk, error = %e,
+                    "older producer-state chunks not tombstoned after the seal");
+            }
+        }
         Ok(())
     }
 

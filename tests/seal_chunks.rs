@@ -1,0 +1,233 @@
+//! A seal with more open transactions than one `__mirror_state` record can
+//! hold (issue 13): the open transactions taken at the cut are written as a
+//! chunk generation (type 7, every record below 256 KiB) before the STOPPING
+//! record, and a restarted instance rebuilds the very same seal from them.
+//! Against Apache Kafka (started through tests/integration/kafka_broker.py)
+//! with its default `message.max.bytes` (1 MiB), which a single record of
+//! 20,000 open transactions (~1.3 MB) exceeds.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::Duration;
+
+use mirrorguard::lifecycle::seal::{decide, Decision, OpenTxn};
+use mirrorguard::lifecycle::{Entry, Lifecycle, SealPlan};
+use mirrorguard::metrics::Metrics;
+use mirrorguard::mirror::state_sync::{StateSync, MAX_SNAPSHOT_BYTES};
+use mirrorguard::producer_state::{PartitionKey, ProducerStateRegistry};
+use mirrorguard::state_store::schema::{decode, MirrorPartitionState, StateRecord};
+use mirrorguard::state_store::{StateStore, StateStoreConfig};
+
+const TOPIC: &str = "sealed";
+const OPEN: usize = 20_000;
+const CUT: i64 = 50_000;
+const SOURCE: &str = "AAAAAAAAAAAAAAAAAAAAAQ";
+
+fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A one-node Kafka cluster, stopped on drop.
+struct Kafka {
+    child: Child,
+    bootstrap: String,
+}
+
+impl Kafka {
+    fn start() -> Self {
+        let py = root().join(".tools/venv/bin/python");
+        assert!(py.is_file(), "run scripts/install-test-deps.sh first");
+        let dir = tempfile::tempdir().unwrap().keep();
+        let mut child = Command::new(py)
+            .arg(root().join("tests/integration/kafka_broker.py"))
+            .arg("--dir")
+            .arg(&dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let bootstrap = line
+            .split_whitespace()
+            .find_map(|w| w.strip_prefix("bootstrap="))
+            .unwrap_or_else(|| panic!("no bootstrap in {line:?}"))
+            .to_string();
+        Kafka { child, bootstrap }
+    }
+}
+
+impl Drop for Kafka {
+    fn drop(&mut self) {
+        // SIGINT: the script's `finally` stops its brokers.
+        let _ = Command::new("kill")
+            .args(["-INT", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+    }
+}
+
+fn create_topic(bootstrap: &str) {
+    let out = Command::new(root().join(".tools/venv/bin/python"))
+        .args([
+            "-c",
+            "import sys\nfrom confluent_kafka.admin import AdminClient, NewTopic\n\
+             a = AdminClient({'bootstrap.servers': sys.argv[1]})\n\
+             [f.result() for f in a.create_topics([NewTopic(sys.argv[2], 1, 1)]).values()]",
+            bootstrap,
+            TOPIC,
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn host_port(addr: &str) -> (String, u16) {
+    let (h, p) = addr.rsplit_once(':').unwrap();
+    (h.to_string(), p.parse().unwrap())
+}
+
+async fn open_store(bootstrap: &str) -> Arc<StateStore> {
+    Arc::new(
+        StateStore::open(StateStoreConfig {
+            topic: "__mirror_state_seal".into(),
+            request_timeout: Duration::from_secs(30),
+            ..StateStoreConfig::new(vec![bootstrap.to_string()])
+        })
+        .await
+        .unwrap(),
+    )
+}
+
+/// A StateSync and the life cycle persisted through it.
+fn instance(store: Arc<StateStore>, bootstrap: &str) -> (Arc<StateSync>, Arc<Lifecycle>) {
+    let metrics = Metrics::new();
+    let sync = StateSync::new(
+        store,
+        Arc::new(ProducerStateRegistry::default()),
+        metrics.clone(),
+        vec![host_port(bootstrap)],
+    );
+    let lifecycle = Lifecycle::new(metrics);
+    lifecycle.set_store(sync.clone());
+    sync.set_lifecycle(lifecycle.clone());
+    (sync, lifecycle)
+}
+
+fn open_txns() -> Vec<OpenTxn> {
+    (0..OPEN as i64)
+        .map(|i| OpenTxn {
+            producer_id: 0x4000_0000_0000_0000 + i,
+            producer_epoch: (i % 7) as i16,
+            coordinator_epoch: (i % 3) as i32,
+            first_offset: i * 2,
+            origin_cluster: [1; 16],
+            original_pid: i,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seal_with_20000_open_transactions_persists_in_chunks_and_is_rebuilt() {
+    let kafka = Kafka::start();
+    create_topic(&kafka.bootstrap);
+    let key = PartitionKey::new([0; 16], TOPIC, 0);
+
+    // The cut is taken with 20,000 transactions open: STOPPING with its seal.
+    let store = open_store(&kafka.bootstrap).await;
+    let (sync, lifecycle) = instance(store.clone(), &kafka.bootstrap);
+    sync.load().await.unwrap();
+    let plan = SealPlan::build(CUT, 4, SOURCE, open_txns());
+    assert_eq!(plan.len() as usize, OPEN + 1);
+    let entry = Entry {
+        mirror: "m".into(),
+        topic: TOPIC.into(),
+        partition: 0,
+        state: MirrorPartitionState::Stopping,
+        source_cluster_id: SOURCE.into(),
+        cut: Some(CUT),
+        seal_batches: Some(plan.len()),
+        fetcher_offset: None,
+        last_fetch_ms: None,
+        reason: None,
+        since_ms: 1,
+        seal: Some(Arc::new(plan.clone())),
+        restored_open_txns: None,
+    };
+    lifecycle
+        .commit(&key, entry)
+        .await
+        .expect("the seal is persisted");
+
+    // What the state topic holds: every record below 256 KiB, the open
+    // transactions in type-7 chunks of one generation, then the STOPPING record.
+    let records = store.read_all().await.unwrap();
+    let mut chunk_producers = 0;
+    let mut chunks = 0;
+    let mut last_chunk_at = -1;
+    let mut stopping_at = -1;
+    for r in &records {
+        let size = r.key.len() + r.value.as_ref().map_or(0, |v| v.len());
+        assert!(
+            size <= MAX_SNAPSHOT_BYTES,
+            "record at {} is {size} bytes",
+            r.offset
+        );
+        match decode(&r.key, r.value.as_deref()).unwrap() {
+            StateRecord::ProducerSnapshotChunk {
+                value: Some(v),
+                key: _,
+            } => {
+                assert_eq!(v.snapshot_offset, CUT);
+                chunks += 1;
+                chunk_producers += v.producers.len();
+                last_chunk_at = r.offset;
+            }
+            StateRecord::PartitionState { value: Some(v), .. } => {
+                assert_eq!(v.state, MirrorPartitionState::Stopping);
+                assert_eq!((v.cut_offset, v.seal_batches), (CUT, OPEN as i32 + 1));
+                stopping_at = r.offset;
+            }
+            StateRecord::ProducerSnapshot { .. } => panic!("a single type-5 seal record"),
+            _ => {}
+        }
+    }
+    assert_eq!((chunks, chunk_producers), (OPEN.div_ceil(3_000), OPEN));
+    assert!(
+        last_chunk_at < stopping_at,
+        "the chunks precede the STOPPING record"
+    );
+
+    // A restarted instance reads them back and rebuilds the same seal.
+    let store2 = open_store(&kafka.bootstrap).await;
+    let (sync2, lifecycle2) = instance(store2, &kafka.bootstrap);
+    sync2.load().await.unwrap();
+    let restored = lifecycle2
+        .get(&key)
+        .expect("the STOPPING entry is restored");
+    assert_eq!(restored.cut, Some(CUT));
+    let mut open = restored
+        .restored_open_txns
+        .clone()
+        .expect("open transactions restored from the chunks");
+    open.sort_by_key(|t| (t.first_offset, t.producer_id));
+    assert_eq!(open, plan.open_txns);
+    match decide(&key, &restored, CUT, 4, 4, &Vec::new) {
+        Decision::Answer(a) => {
+            assert_eq!((a.aborts_served, a.barriers_served), (OPEN as u32, 1));
+            let served: usize = plan.batches.iter().map(|b| b.bytes.len()).sum();
+            assert_eq!(a.records.len(), served);
+            assert_eq!(a.high_watermark, CUT + OPEN as i64 + 1);
+        }
+        Decision::Persist(next) => panic!("rebuilt seal not served: {:?}", next.reason),
+    }
+    drop(kafka);
+}
