@@ -58,10 +58,29 @@ struct Controlled {
     current_leader_epoch: i32,
 }
 
+/// A sealed partition a reader (not the destination fetcher) reads below
+/// its cut: forwarded to the source, and the answer cut there.
+#[derive(Debug, Clone)]
+struct BelowCut {
+    topic: TopicRef,
+    partition: i32,
+    /// The cut: batches at or past it never reach the reader.
+    cut: i64,
+    /// The destination's log end once sealed (cut + sealing batches, or
+    /// the cut while their number is unknown): the highest watermark shown.
+    end: i64,
+    /// (mapped PID, first offset) of the transactions the seal aborts at the
+    /// cut: aborted on the destination whatever the source did past the cut,
+    /// so a read_committed reader is told so.
+    sealed_aborts: Vec<(i64, i64)>,
+}
+
 /// The plan of a Fetch request on a mirror listener.
 #[derive(Debug)]
 pub struct FetchPlan {
     controlled: Vec<Controlled>,
+    /// Sealed partitions a reader reads below the cut (forwarded).
+    below_cut: Vec<BelowCut>,
     read_committed: bool,
     /// Answer with FETCH_SESSION_ID_NOT_FOUND (forces a full fetch that lists
     /// every partition with its offset).
@@ -194,6 +213,8 @@ pub fn plan_fetch(
     let req =
         parse_fetch_request(h.api_version, body).map_err(|e| err(h.api_version, e.to_string()))?;
     let mut controlled = Vec::new();
+    let mut below_cut: Vec<BelowCut> = Vec::new();
+    let mut below_cut_keys: Vec<PartitionKey> = Vec::new();
     let mut total = 0;
     // A listed partition whose seal is (about to be) served: the upstream
     // must not hold the answer for MaxWaitMs.
@@ -207,6 +228,35 @@ pub fn plan_fetch(
             };
             if entry.state == State::Mirroring {
                 continue;
+            }
+            // A reader below the cut of a sealed (or sealing) partition reads
+            // what the destination holds there: the source's records up to
+            // the cut, from the source.
+            if let (false, State::Stopping | State::Stopped, Some(cut)) =
+                (fetcher, entry.state, entry.cut)
+            {
+                if p.fetch_offset < cut {
+                    below_cut.push(BelowCut {
+                        topic: match t.topic {
+                            FetchTopic::Name(n) => TopicRef::Name(n.to_string()),
+                            FetchTopic::Id(id) => TopicRef::Id(id),
+                        },
+                        partition: p.partition,
+                        cut,
+                        end: cut + i64::from(entry.seal_batches.unwrap_or(0).max(0)),
+                        sealed_aborts: entry
+                            .seal
+                            .as_ref()
+                            .map(|p| p.open_txns.as_slice())
+                            .or(entry.restored_open_txns.as_deref())
+                            .unwrap_or(&[])
+                            .iter()
+                            .map(|t| (t.producer_id, t.first_offset))
+                            .collect(),
+                    });
+                    below_cut_keys.push(key);
+                    continue;
+                }
             }
             if entry.state == State::Stopping && fetcher {
                 serving |= match (entry.cut, entry.seal_batches) {
@@ -263,8 +313,9 @@ pub fn plan_fetch(
             }
             // Listed or not, it leaves the upstream session: a listed one is
             // dropped from the request, which alone would leave it in the
-            // session at its old position.
-            if known_out.contains(&key) {
+            // session at its old position. A reader's partition read below
+            // its cut is asked of the source: it stays.
+            if known_out.contains(&key) || below_cut_keys.contains(&key) {
                 continue;
             }
             let Some(topic) = source_topic_ref(mirror, &key, h.api_version) else {
@@ -285,6 +336,7 @@ pub fn plan_fetch(
         mirror.seal_metrics.session_resets.inc();
         let plan: Plan = Box::new(FetchPlan {
             controlled,
+            below_cut,
             read_committed: req.isolation_level == 1,
             force_full_fetch: true,
             session_id: req.session_id,
@@ -296,7 +348,7 @@ pub fn plan_fetch(
         });
         return Ok(Some(RequestAction::Answer(plan)));
     }
-    if controlled.is_empty() && forget.is_empty() {
+    if controlled.is_empty() && forget.is_empty() && below_cut.is_empty() {
         return Ok(None);
     }
     let all_controlled = controlled.len() == total;
@@ -304,6 +356,7 @@ pub fn plan_fetch(
     out_of_session.extend(forgotten_keys);
     let plan = FetchPlan {
         controlled,
+        below_cut,
         read_committed: req.isolation_level == 1,
         force_full_fetch: false,
         session_id: req.session_id,
@@ -651,36 +704,114 @@ pub fn splice_controlled(
             None => add.push((c.topic.as_fetch_topic(), vec![entry])),
         }
     }
-    let new_body = splice_fetch_response_dropping(
-        h.api_version,
-        body,
-        &mut |p| {
-            let stray = is_stray(mirror, Some(plan), &p.topic, p.partition_index);
-            if stray {
-                mirror.seal_metrics.strays.inc();
-            }
-            stray
-        },
-        &mut |p| {
-            let i = plan.controlled.iter().position(|c| {
-                c.topic.as_fetch_topic() == p.topic && c.partition == p.partition_index
-            })?;
-            Some(partition_response(
-                &plan.controlled[i],
-                &answers[i],
-                plan.read_committed,
-                p.log_start_offset.max(0),
-            ))
-        },
-        &add,
-    )
-    .map_err(|e| err(h.api_version, e.to_string()))?;
+    let new_body =
+        splice_fetch_response_dropping(
+            h.api_version,
+            body,
+            &mut |p| {
+                let stray = is_stray(mirror, Some(plan), &p.topic, p.partition_index);
+                if stray {
+                    mirror.seal_metrics.strays.inc();
+                }
+                stray
+            },
+            &mut |p| {
+                if let Some(b) = plan.below_cut.iter().find(|b| {
+                    b.topic.as_fetch_topic() == p.topic && b.partition == p.partition_index
+                }) {
+                    return Some(below_cut_response(body, p, b, plan.read_committed));
+                }
+                let i = plan.controlled.iter().position(|c| {
+                    c.topic.as_fetch_topic() == p.topic && c.partition == p.partition_index
+                })?;
+                Some(partition_response(
+                    &plan.controlled[i],
+                    &answers[i],
+                    plan.read_committed,
+                    p.log_start_offset.max(0),
+                ))
+            },
+            &add,
+        )
+        .map_err(|e| err(h.api_version, e.to_string()))?;
     note_session(mirror, h, plan, body);
     let mut out = BytesMut::with_capacity(body_at + new_body.len());
     out.put_i32((body_at - 4 + new_body.len()) as i32);
     out.extend_from_slice(&frame[4..body_at]);
     out.extend_from_slice(&new_body);
     Ok(Rewritten::Ready(out))
+}
+
+/// A reader's entry for a sealed partition read below its cut: the source's
+/// answer without the batches at or past the cut (a batch that crosses it
+/// included), its aborted transactions below the cut, and watermarks no
+/// higher than the destination's sealed log end.
+fn below_cut_response<'b>(
+    body: &'b [u8],
+    p: &handlers::FetchPartition<'b>,
+    b: &BelowCut,
+    read_committed: bool,
+) -> FetchPartitionResponse<'b> {
+    let mut r = FetchPartitionResponse::new(p.partition_index);
+    r.error_code = p.error_code;
+    r.high_watermark = p.high_watermark.min(b.end);
+    r.last_stable_offset = p.last_stable_offset.min(b.end);
+    r.log_start_offset = p.log_start_offset;
+    r.aborted_transactions = match (&p.aborted_transactions, read_committed) {
+        (None, false) => None,
+        (source, _) => {
+            let mut v: Vec<handlers::AbortedTransaction> = source
+                .iter()
+                .flat_map(|a| a.iter())
+                .filter(|t| t.first_offset < b.cut)
+                .map(|t| handlers::AbortedTransaction {
+                    producer_id: t.producer_id,
+                    first_offset: t.first_offset,
+                })
+                .collect();
+            // The seal's ABORT markers at the cut end these on the
+            // destination, even those the source committed past the cut.
+            for &(producer_id, first_offset) in &b.sealed_aborts {
+                if !v
+                    .iter()
+                    .any(|t| t.producer_id == producer_id && t.first_offset == first_offset)
+                {
+                    v.push(handlers::AbortedTransaction {
+                        producer_id,
+                        first_offset,
+                    });
+                }
+            }
+            Some(v)
+        }
+    };
+    r.records = p.records.clone().map(|range| {
+        let records = body.get(range).unwrap_or(&[]);
+        // Entry ranges are positions in `records`: keep up to the end of
+        // the last entry wholly below the cut.
+        let mut keep = 0;
+        for entry in crate::records::walk(records) {
+            let (last, end) = match entry {
+                Ok(crate::records::Entry::V2(h)) => (h.last_offset(), h.range.end),
+                Ok(crate::records::Entry::Legacy { range, .. }) => {
+                    // A legacy entry starts with its (last) offset.
+                    let offset = records
+                        .get(range.start..range.start + 8)
+                        .and_then(|o| o.try_into().ok())
+                        .map_or(i64::MAX, i64::from_be_bytes);
+                    (offset, range.end)
+                }
+                // A truncated tail or a corrupt batch: nothing after it.
+                _ => break,
+            };
+            if last >= b.cut {
+                break;
+            }
+            keep = end;
+        }
+        Cow::Borrowed(records.get(..keep).unwrap_or(&[]))
+    });
+    r
 }
 
 /// Once the upstream accepted a session request, remembers which controlled
@@ -715,7 +846,10 @@ pub fn is_stray(
     topic: &FetchTopic<'_>,
     partition: i32,
 ) -> bool {
-    if !mirror.lifecycle.controls() || is_controlled(plan, topic, partition) {
+    if !mirror.lifecycle.controls()
+        || is_controlled(plan, topic, partition)
+        || is_below_cut(plan, topic, partition)
+    {
         return false;
     }
     let key = mirror.partition_key(topic, partition);
@@ -768,6 +902,16 @@ pub fn drop_strays(
     out.extend_from_slice(&frame[4..body_at]);
     out.extend_from_slice(&new_body);
     Ok(out)
+}
+
+/// Whether a response partition is a reader's read below the cut of a
+/// sealed partition (forwarded, mapped like any other, then cut).
+fn is_below_cut(plan: Option<&FetchPlan>, topic: &FetchTopic<'_>, partition: i32) -> bool {
+    plan.is_some_and(|p| {
+        p.below_cut
+            .iter()
+            .any(|b| b.topic.as_fetch_topic() == *topic && b.partition == partition)
+    })
 }
 
 /// Downcasts a plan to a fetch plan.

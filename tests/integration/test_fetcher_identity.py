@@ -10,6 +10,7 @@ Apache Kafka is the source and the state cluster (each test has its own state to
 from __future__ import annotations
 
 import harness
+from kafka_dest import kafka_dest_factory  # noqa: F401 - fixture
 from mirror_harness import (  # noqa: F401 - mirror_factory is a fixture
     with_state_topic,
     MirrorSpec,
@@ -107,3 +108,110 @@ def test_readers_never_move_a_seal_and_open_transactions_are_taken_at_the_cut(ka
     assert e["state"] == "STOPPED" and e["cut"] == cut, e
     fetcher.close()
     reader.close()
+
+
+def test_a_reader_below_the_cut_gets_the_sources_records_up_to_the_cut(kafka1, mirror_factory):
+    """What the destination holds below the cut is the source's log up to the cut: a reader
+    there (a consumer, a dump tool) is forwarded to the source and the answer is cut at the
+    cut, mapped like the fetcher's; from the cut on it gets the seal (STOPPING) or nothing
+    (STOPPED), never the source's records past the cut."""
+    topic = harness.topic_name("rbc")
+    harness.create_topics(kafka1.bootstrap, [topic])
+    mg, fetcher_bootstrap = start_with_fetcher_port(kafka1, mirror_factory, topic)
+
+    idem = idempotent_producer(kafka1.bootstrap)
+    send(idem, topic, [b"d-%d" % i for i in range(3)])
+    tp = transactional_producer(kafka1.bootstrap, f"txn-{topic}")
+    tp.begin_transaction()
+    tp.produce(topic, value=b"open-0", partition=0)
+    assert tp.flush(20) == 0
+    send(idem, topic, [b"e-%d" % i for i in range(2)])
+    cut = high_watermark(kafka1.bootstrap, topic)
+
+    fetcher = StandInFetcher(topic).connect(fetcher_bootstrap)
+    fetcher.catch_up(cut)
+    assert fetcher.leo == cut
+    # The source moves on past the cut: committed, then more data.
+    tp.commit_transaction(20)
+    send(idem, topic, [b"later-%d" % i for i in range(2)])
+
+    def below_cut(log):
+        return [(b.base_offset, b.kind, b.producer_id, b.values) for b in log if b.base_offset < cut]
+
+    status, body = mg.post("stop", MIRROR, topic, [0])
+    assert status == 200, body
+    res, seal = fetcher.fetch_once()
+    assert [b.kind for b in seal] == ["abort", "barrier"]
+    expected = below_cut(fetcher.log)
+    assert len(expected) >= 3, expected
+    open_batch = next(b for b in fetcher.log if b.is_transactional and not b.is_control and b.base_offset < cut)
+
+    for state in ("STOPPING", "STOPPED"):
+        assert mg.partition(topic, 0)["state"] == state
+        reader = StandInFetcher(topic).connect(mg.mirrors[MIRROR].bootstrap)
+        reader.catch_up(cut)
+        assert below_cut(reader.log) == expected, state
+        assert reader.leo == cut, (state, [b.kind for b in reader.log])
+        assert reader.responses[-1].high_watermark <= cut + 2, state
+        # Below the cut by one batch: that batch and nothing after it.
+        reader.leo = expected[-1][0]
+        reader.log = []
+        res, got = reader.fetch_once()
+        assert [(b.base_offset, b.kind) for b in got] == [(expected[-1][0], expected[-1][1])], state
+        res, got = reader.fetch_once()
+        if state == "STOPPING":
+            assert [b.kind for b in got] == ["abort", "barrier"]
+        else:
+            assert got == []
+        assert not any(v and v.startswith(b"later") for b in reader.log for v in b.values)
+        reader.close()
+        # read_committed: the transaction open at the cut is aborted there by the seal (the
+        # source committed it past the cut), and the reader is told so.
+        rc = StandInFetcher(topic).connect(mg.mirrors[MIRROR].bootstrap)
+        res, got = rc.fetch_once(isolation_level=1)
+        assert (open_batch.producer_id, open_batch.base_offset) in (res.aborted_transactions or []), \
+            (state, res.aborted_transactions)
+        assert res.last_stable_offset <= cut + 2 and all(b.base_offset < cut for b in got), state
+        rc.close()
+        e = mg.partition(topic, 0)
+        assert e["state"] == state and e["cut"] == cut, e
+        if state == "STOPPING":
+            fetcher.fetch_once()  # only the fetcher completes the seal
+    fetcher.close()
+
+
+def test_a_session_reader_copies_a_sealed_partition_up_to_the_cut(kafka1, mirror_factory,
+                                                                    kafka_dest_factory):  # noqa: F811
+    """The same with broker-like fetchers (Kafka's FetchSessionHandler, incremental
+    sessions): the destination fetcher seals the partition; afterwards a second fetcher on
+    the mirror's reader port copies it from offset 0 and ends with exactly the source's
+    batches below the cut, never a record of the source past it."""
+    topic = harness.topic_name("rsess")
+    harness.create_topics(kafka1.bootstrap, [topic])
+    mg, fetcher_bootstrap = start_with_fetcher_port(kafka1, mirror_factory, topic)
+    idem = idempotent_producer(kafka1.bootstrap)
+    send(idem, topic, [b"d-%d" % i for i in range(4)])
+    cut = high_watermark(kafka1.bootstrap, topic)
+
+    dest = kafka_dest_factory("rsess")
+    f = dest.mirror("fetcher", fetcher_bootstrap, [(topic, 0)])
+    f.catch_up(topic, cut)
+    status, body = mg.post("stop", MIRROR, topic, [0])
+    assert status == 200, body
+    harness.wait_until(lambda: mg.partition(topic, 0)["state"] == "STOPPED", 20, interval=0.05,
+                       what="partition STOPPED")
+    f.catch_up(topic, cut + 1)  # the barrier (no transaction was open)
+    send(idem, topic, [b"later-%d" % i for i in range(3)])
+
+    copy = harness.topic_name("copy")
+    r = dest.mirror("reader", mg.mirrors[MIRROR].bootstrap, [{"topic": copy, "partition": 0, "source_topic": topic}])
+    r.catch_up(copy, cut)
+    r.follow(lambda: r.report()["incremental_requests"] >= 3, 10, "incremental requests")
+    assert r.position(copy) == cut, r.report()
+    mine = [(b["base_offset"], b["producer_id"], b["values"]) for b in dest.batches(copy)]
+    theirs = [(b["base_offset"], b["producer_id"], b["values"]) for b in dest.batches(topic) if b["base_offset"] < cut]
+    assert mine == theirs and mine, (mine, theirs)
+    assert r.report()["errors"] == {}, r.report()
+    assert mg.partition(topic, 0)["state"] == "STOPPED"
+    r.stop()
+    f.stop()
