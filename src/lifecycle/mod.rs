@@ -8,8 +8,9 @@
 //! nothing stopped costs nothing) and only then parses Fetch requests.
 //!
 //! The seal: when a STOPPING partition is next fetched, the fetcher's fetch
-//! offset is the cut; ABORT markers for every transaction still open in the
-//! shadow producer state and then the MIRROR_PID_RESET barrier are built at
+//! offset is the cut; ABORT markers for every transaction open at the cut
+//! (from the shadow producer state, taken as it was at the cut) and then the
+//! MIRROR_PID_RESET barrier are built at
 //! consecutive offsets from the cut; the open transactions (a producer-state
 //! snapshot, record type 5) and the cut (type 4) are persisted; then the
 //! batches are served. Once the fetcher's offset shows all were appended,

@@ -2,8 +2,10 @@
 //! decision, per fetch, of what the fetcher gets.
 //!
 //! Sealing batches sit at consecutive offsets from the cut: one ABORT marker
-//! per transaction still open in the shadow producer state (ordered by first
-//! offset, then PID, so a rebuilt plan is the same plan), then the
+//! per transaction open AT THE CUT (begun below it and not closed below it,
+//! even when the shadow producer state saw its marker past the cut; see
+//! `PartitionState::open_at`), ordered by first offset, then PID, so a
+//! rebuilt plan is the same plan, then the
 //! MIRROR_PID_RESET barrier carrying the source cluster id. All are stamped
 //! with the partition leader epoch of the last mirrored batch.
 
@@ -262,9 +264,11 @@ pub fn decide(
 }
 
 /// What a reader that is not the destination fetcher gets for a controlled
-/// partition: the sealing batches already built when its offset lies
-/// within them, nothing otherwise. Never a decision: a reader takes no
-/// cut, completes no seal and fails nothing.
+/// partition it is answered locally for: the sealing batches already built
+/// when its offset lies within them, nothing otherwise. (A read below the
+/// cut of a STOPPING or STOPPED partition never gets here: the fetch path
+/// forwards it to the source and cuts the answer at the cut.) Never a
+/// decision: a reader takes no cut, completes no seal and fails nothing.
 pub fn serve_reader(entry: &Entry, fetch_offset: i64) -> LocalPartition {
     let (State::Stopping, Some(plan)) = (entry.state, &entry.seal) else {
         return LocalPartition::empty_at(fetch_offset);

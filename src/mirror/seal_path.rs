@@ -9,6 +9,11 @@
 //! reaches the fetcher. Decisions that must be durable first (taking the
 //! cut, completing the seal) block the response until `__mirror_state`
 //! acknowledges them.
+//!
+//! A reader that is not the destination fetcher and reads below the cut of
+//! a STOPPING or STOPPED partition reads what the destination holds there:
+//! that partition is forwarded to the source like a MIRRORING one (mapped,
+//! never observed) and its answer is cut at the cut.
 
 use std::borrow::Cow;
 use std::sync::Arc;
