@@ -934,3 +934,86 @@ pub fn is_controlled(plan: Option<&FetchPlan>, topic: &FetchTopic<'_>, partition
     })
     .unwrap_or(false)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::builder::{build_batch, BatchSpec, RecordSpec};
+
+    /// A data batch of `n` records at `base`.
+    fn batch(base: i64, n: i32) -> Vec<u8> {
+        let records: Vec<RecordSpec<'_>> = (0..n)
+            .map(|i| RecordSpec {
+                offset_delta: i,
+                value: Some(b"v"),
+                ..RecordSpec::default()
+            })
+            .collect();
+        build_batch(
+            &BatchSpec {
+                base_offset: base,
+                ..BatchSpec::default()
+            },
+            &records,
+        )
+    }
+
+    /// The below-cut entry built from an upstream answer holding `records`.
+    fn cut_at(records: &[u8], cut: i64, aborted: Vec<(i64, i64)>) -> (Vec<u8>, i64, i64, usize) {
+        let mut p = FetchPartitionResponse::new(0);
+        p.high_watermark = 100;
+        p.last_stable_offset = 90;
+        p.log_start_offset = 0;
+        p.aborted_transactions = Some(
+            aborted
+                .iter()
+                .map(
+                    |&(producer_id, first_offset)| handlers::AbortedTransaction {
+                        producer_id,
+                        first_offset,
+                    },
+                )
+                .collect(),
+        );
+        p.records = Some(Cow::Borrowed(records));
+        let body = build_fetch_response(12, 0, 0, 0, &[(FetchTopic::Name("t"), vec![p])]).unwrap();
+        let mut parts = Vec::new();
+        handlers::walk_fetch_response(12, &body, &mut |p| parts.push(p.clone())).unwrap();
+        let b = BelowCut {
+            topic: TopicRef::Name("t".into()),
+            partition: 0,
+            cut,
+            end: cut + 2,
+            sealed_aborts: vec![(7, 3)],
+        };
+        let r = below_cut_response(&body, &parts[0], &b, true);
+        (
+            r.records.unwrap().into_owned(),
+            r.high_watermark,
+            r.last_stable_offset,
+            r.aborted_transactions.unwrap().len(),
+        )
+    }
+
+    #[test]
+    fn a_below_cut_answer_ends_before_the_cut() {
+        let (a, b, c) = (batch(0, 3), batch(3, 2), batch(5, 4));
+        let all = [a.clone(), b.clone(), c.clone()].concat();
+        // Cut at a batch boundary: the batches below it, nothing else.
+        let (records, hw, lso, aborted) = cut_at(&all, 5, vec![(1, 0), (2, 6)]);
+        assert_eq!(records, [a.clone(), b.clone()].concat());
+        assert_eq!((hw, lso), (7, 7));
+        // (1, 0) is below the cut, (2, 6) past it; the seal's (7, 3) added.
+        assert_eq!(aborted, 2);
+        // A batch crossing the cut is dropped with everything after it.
+        let (records, ..) = cut_at(&all, 4, vec![]);
+        assert_eq!(records, a);
+        // A truncated tail below the cut is left out too.
+        let partial = [a.clone(), b[..b.len() - 3].to_vec()].concat();
+        let (records, ..) = cut_at(&partial, 9, vec![]);
+        assert_eq!(records, a);
+        // Nothing below the cut: no records.
+        let (records, ..) = cut_at(&all, 0, vec![]);
+        assert!(records.is_empty());
+    }
+}
