@@ -145,6 +145,11 @@ async fn a_seal_with_20000_open_transactions_persists_in_chunks_and_is_rebuilt()
     let store = open_store(&kafka.bootstrap).await;
     let (sync, lifecycle) = instance(store.clone(), &kafka.bootstrap);
     sync.load().await.unwrap();
+    // Another instance running meanwhile, tailing the topic.
+    let (tailing, tailing_lifecycle) =
+        instance(open_store(&kafka.bootstrap).await, &kafka.bootstrap);
+    tailing.load().await.unwrap();
+    tokio::spawn(tailing.clone().tail(Duration::from_millis(50)));
     let plan = SealPlan::build(CUT, 4, SOURCE, open_txns());
     assert_eq!(plan.len() as usize, OPEN + 1);
     let entry = Entry {
@@ -204,6 +209,24 @@ async fn a_seal_with_20000_open_transactions_persists_in_chunks_and_is_rebuilt()
     assert!(
         last_chunk_at < stopping_at,
         "the chunks precede the STOPPING record"
+    );
+
+    // The tailing instance learns the seal with its open transactions.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let tailed = loop {
+        if let Some(e) = tailing_lifecycle.get(&key) {
+            break e;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the tail never applied the seal"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(
+        tailed.restored_open_txns.as_ref().map(Vec::len),
+        Some(OPEN),
+        "the tail found the chunked open transactions"
     );
 
     // A restarted instance reads them back and rebuilds the same seal.
