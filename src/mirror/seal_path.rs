@@ -252,7 +252,7 @@ pub fn plan_fetch(
                         sealed_aborts: entry
                             .seal
                             .as_ref()
-                            .map(|p| p.open_txns.as_slice())
+                            .map(|plan| plan.open_txns.as_slice())
                             .or(entry.restored_open_txns.as_deref())
                             .unwrap_or(&[])
                             .iter()
