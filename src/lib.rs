@@ -23,6 +23,10 @@
 //! [`config`] reads `proxy.toml`, [`run`] assembles the process, and [`dump`]
 //! is the offline log-segment reader behind `mirrorguard dump`.
 
+/// A boxed, sendable future: what a blocked response waits for, what a
+/// store persists.
+pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
 pub mod abort_open;
 pub mod admin;
 pub mod admin_api;

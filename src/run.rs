@@ -19,7 +19,7 @@ use crate::filter::mirror_fetch::MirrorFetch;
 use crate::filter::offline::SourceOffline;
 use crate::filter::produce_guard::ProduceGuard;
 use crate::filter::seal::Seal;
-use crate::filter::{BoxFuture, Chain};
+use crate::filter::{BoxFuture, Chain, Filter};
 use crate::lifecycle::Lifecycle;
 use crate::metrics::Metrics;
 use crate::mirror::state_sync::StateSync;
@@ -61,25 +61,36 @@ impl SaltStore for NoStateCluster {
     }
 }
 
-/// The chain of a plain listener: addresses only.
+// The filter chains, one per listener kind. Filters run in the order
+// listed (responses too); `Chain::new` appends the ApiVersions clamp,
+// computed from them.
+
+/// The filters every listener kind ends with (after those that change a
+/// response's content, so whatever they add is rewritten too).
+fn common_filters(nodes: Arc<NodeRegistry>) -> Vec<Box<dyn Filter>> {
+    vec![Box::new(AddressRewrite::new(nodes))]
+}
+
+/// The chain of a plain listener.
 fn plain_chain(nodes: Arc<NodeRegistry>) -> Chain {
-    Chain::new(vec![Box::new(AddressRewrite::new(nodes))])
+    Chain::new(common_filters(nodes))
 }
 
 /// The chain of a `[[mirror]]` listener: offline answers, the PID rewrite,
-/// the seal, addresses. `fetcher`: whether its clients are the destination
-/// fetcher (only its fetches move a seal and feed producer state).
+/// the seal. `fetcher`: whether its clients are the destination fetcher
+/// (only its fetches move a seal and feed producer state).
 fn mirror_chain(nodes: Arc<NodeRegistry>, mirror: Arc<MirrorContext>, fetcher: bool) -> Chain {
     mirror.set_nodes(nodes.clone());
-    Chain::new(vec![
+    let mut filters: Vec<Box<dyn Filter>> = vec![
         Box::new(SourceOffline::new(mirror.clone())),
         Box::new(MirrorFetch::new(mirror.clone(), fetcher)),
         Box::new(Seal::new(mirror, fetcher)),
-        Box::new(AddressRewrite::new(nodes)),
-    ])
+    ];
+    filters.extend(common_filters(nodes));
+    Chain::new(filters)
 }
 
-/// The chain of a produce guard listener: the guard, then addresses.
+/// The chain of a produce guard listener.
 fn guard_chain(
     nodes: Arc<NodeRegistry>,
     name: &str,
@@ -87,10 +98,11 @@ fn guard_chain(
     mirrors: Vec<Arc<MirrorContext>>,
     metrics: Arc<Metrics>,
 ) -> Chain {
-    Chain::new(vec![
-        Box::new(ProduceGuard::new(name, lifecycle, mirrors, metrics)),
-        Box::new(AddressRewrite::new(nodes)),
-    ])
+    let mut filters: Vec<Box<dyn Filter>> = vec![Box::new(ProduceGuard::new(
+        name, lifecycle, mirrors, metrics,
+    ))];
+    filters.extend(common_filters(nodes));
+    Chain::new(filters)
 }
 
 /// Initialises tracing from the `[logging]` section (`RUST_LOG` overrides the level).

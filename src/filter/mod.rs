@@ -25,10 +25,13 @@
 //!   decode ([`Filter::decodes`]), so clients never pick a version a filter
 //!   cannot parse.
 //!
-//! Adding an API rewrite is one file here (a type implementing [`Filter`])
-//! plus one line where the listener's chain is assembled in `run.rs`; a
-//! filter that carries state from a request to its response also adds its
-//! variant to [`RequestState`].
+//! Adding an API rewrite is one file here (a type implementing [`Filter`]:
+//! what it decodes, what it handles, what it does) plus one line where the
+//! chains are assembled in `run.rs` (`common_filters` for every listener
+//! kind, or one kind's chain). The decode set, the ApiVersions clamp and
+//! which frames are parsed at all follow from the chain. A filter that
+//! carries state from a request to its response also adds its variant to
+//! [`RequestState`].
 
 pub mod address;
 pub mod api_versions;
@@ -38,9 +41,7 @@ pub mod offline;
 pub mod produce_guard;
 pub mod seal;
 
-use std::future::Future;
 use std::ops::RangeInclusive;
-use std::pin::Pin;
 use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
@@ -48,11 +49,8 @@ use bytes::{BufMut, BytesMut};
 use crate::codec::api;
 use crate::codec::RequestHeader;
 
+pub use crate::BoxFuture;
 pub use chain::{Chain, Decision};
-
-/// A boxed, sendable future (what a blocked response waits for, what a
-/// store persists).
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// One concern of a listener on the APIs it handles.
 ///
