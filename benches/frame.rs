@@ -15,8 +15,8 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use mirrorguard::codec::header::{response_body_offset, response_correlation_id};
 use mirrorguard::codec::{api, FrameReader, RequestHeader};
+use mirrorguard::filter::address::carries_address;
 use mirrorguard::handlers::response_header_version;
-use mirrorguard::proxy::rewrite::needs_address_rewrite;
 
 fn request(api_key: i16, version: i16, corr: i32, body_len: usize) -> Vec<u8> {
     let client = b"rdkafka";
@@ -49,7 +49,9 @@ async fn route_requests(stream: &[u8]) -> (usize, i64) {
     let (mut n, mut acc) = (0usize, 0i64);
     while let Some(frame) = r.next_frame().await.expect("frame") {
         let h = RequestHeader::parse(&frame).expect("header");
-        let decoded = h.api_key == api::FETCH || needs_address_rewrite(&h);
+        let decoded = h.api_key == api::FETCH
+            || h.api_key == api::API_VERSIONS
+            || carries_address(h.api_key, h.api_version);
         acc = acc.wrapping_add(i64::from(h.correlation_id) + i64::from(decoded));
         n += 1;
     }

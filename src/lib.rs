@@ -4,14 +4,17 @@
 //! The modules follow the data path:
 //!
 //! - frame codec ([`codec`]) → routing and correlation ([`proxy`]: listeners,
-//!   port-per-node registry, the per-connection relay, address rewriting);
+//!   port-per-node registry, the per-connection relay) → the listener's
+//!   filter chain ([`filter`]: one filter per concern — address rewrite,
+//!   ApiVersions clamp, mirror fetch rewrite, seal, produce guard, offline
+//!   answers);
 //! - per-API handlers ([`handlers`], on the bounds-checked primitives of
 //!   [`wire`]);
 //! - the mirror fetch path ([`mirror`]) on the record-batch engine
 //!   ([`records`], [`pid`]) and the shadow producer state
 //!   ([`producer_state`]);
-//! - the partition life cycle and seal ([`lifecycle`]), the produce guard
-//!   ([`guard`]) and the durable state in `__mirror_state` ([`state_store`]);
+//! - the partition life cycle and seal ([`lifecycle`]) and the durable state
+//!   in `__mirror_state` ([`state_store`]);
 //! - the disaster path: [`mirror::offline`] (answers and topology when the
 //!   source is gone) and [`abort_open`] (closing open mirrored transactions on
 //!   the destination when its fetcher is gone);
@@ -20,6 +23,10 @@
 //! [`config`] reads `proxy.toml`, [`run`] assembles the process, and [`dump`]
 //! is the offline log-segment reader behind `mirrorguard dump`.
 
+/// A boxed, sendable future: what a blocked response waits for, what a
+/// store persists.
+pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
+
 pub mod abort_open;
 pub mod admin;
 pub mod admin_api;
@@ -27,7 +34,7 @@ pub mod codec;
 pub mod config;
 pub mod ctl;
 pub mod dump;
-pub mod guard;
+pub mod filter;
 pub mod handlers;
 pub mod lifecycle;
 pub mod metrics;

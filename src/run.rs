@@ -14,13 +14,19 @@ use tokio::sync::watch;
 
 use crate::admin::{self, AdminState};
 use crate::config::{Config, LogFormat, LoggingConfig};
+use crate::filter::address::AddressRewrite;
+use crate::filter::mirror_fetch::MirrorFetch;
+use crate::filter::offline::SourceOffline;
+use crate::filter::produce_guard::ProduceGuard;
+use crate::filter::seal::Seal;
+use crate::filter::{BoxFuture, Chain, Filter};
+use crate::lifecycle::Lifecycle;
 use crate::metrics::Metrics;
 use crate::mirror::state_sync::StateSync;
-use crate::mirror::{MirrorContext, MirrorRewriter, PendingSalt, SaltStore};
+use crate::mirror::{MirrorContext, PendingSalt, SaltStore};
 use crate::producer_state::{ProducerStateRegistry, RegistryConfig};
-use crate::proxy::connection::ResponseRewriter;
 use crate::proxy::listener::{ConnectionTracker, Listener};
-use crate::proxy::rewrite::AddressRewriter;
+use crate::proxy::nodes::NodeRegistry;
 use crate::state_store::{StateStore, StateStoreConfig};
 
 /// Salt store of a process without a `[state]` section: only `preserve`
@@ -38,7 +44,7 @@ impl SaltStore for NoStateCluster {
             crate::producer_state::PartitionKey,
             Vec<(i64, crate::producer_state::Origin)>,
         )>,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
+    ) -> BoxFuture<'static, Result<(), String>> {
         Box::pin(async { Err("no [state] cluster is configured".to_string()) })
     }
 
@@ -46,18 +52,57 @@ impl SaltStore for NoStateCluster {
         None
     }
 
-    fn refresh_topic_ids(
-        &self,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
+    fn refresh_topic_ids(&self) -> BoxFuture<'static, Result<(), String>> {
         Box::pin(async { Err("no [state] cluster is configured".to_string()) })
     }
 
-    fn persist(
-        &self,
-        _salts: Vec<PendingSalt>,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
+    fn persist(&self, _salts: Vec<PendingSalt>) -> BoxFuture<'static, Result<(), String>> {
         Box::pin(async { Err("no [state] cluster is configured".to_string()) })
     }
+}
+
+// The filter chains, one per listener kind. Filters run in the order
+// listed (responses too); `Chain::new` appends the ApiVersions clamp,
+// computed from them.
+
+/// The filters every listener kind ends with (after those that change a
+/// response's content, so whatever they add is rewritten too).
+fn common_filters(nodes: Arc<NodeRegistry>) -> Vec<Box<dyn Filter>> {
+    vec![Box::new(AddressRewrite::new(nodes))]
+}
+
+/// The chain of a plain listener.
+fn plain_chain(nodes: Arc<NodeRegistry>) -> Chain {
+    Chain::new(common_filters(nodes))
+}
+
+/// The chain of a `[[mirror]]` listener: offline answers, the PID rewrite,
+/// the seal. `fetcher`: whether its clients are the destination fetcher
+/// (only its fetches move a seal and feed producer state).
+fn mirror_chain(nodes: Arc<NodeRegistry>, mirror: Arc<MirrorContext>, fetcher: bool) -> Chain {
+    mirror.set_nodes(nodes.clone());
+    let mut filters: Vec<Box<dyn Filter>> = vec![
+        Box::new(SourceOffline::new(mirror.clone())),
+        Box::new(MirrorFetch::new(mirror.clone(), fetcher)),
+        Box::new(Seal::new(mirror, fetcher)),
+    ];
+    filters.extend(common_filters(nodes));
+    Chain::new(filters)
+}
+
+/// The chain of a produce guard listener.
+fn guard_chain(
+    nodes: Arc<NodeRegistry>,
+    name: &str,
+    lifecycle: Arc<Lifecycle>,
+    mirrors: Vec<Arc<MirrorContext>>,
+    metrics: Arc<Metrics>,
+) -> Chain {
+    let mut filters: Vec<Box<dyn Filter>> = vec![Box::new(ProduceGuard::new(
+        name, lifecycle, mirrors, metrics,
+    ))];
+    filters.extend(common_filters(nodes));
+    Chain::new(filters)
 }
 
 /// Initialises tracing from the `[logging]` section (`RUST_LOG` overrides the level).
@@ -137,7 +182,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         Some(s) => s.clone(),
         None => Arc::new(NoStateCluster),
     };
-    let lifecycle = crate::lifecycle::Lifecycle::new(metrics.clone());
+    let lifecycle = Lifecycle::new(metrics.clone());
     if let Some(s) = &state_sync {
         lifecycle.set_store(s.clone());
         s.set_lifecycle(lifecycle.clone());
@@ -176,10 +221,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             metrics.clone(),
             shutdown_rx.clone(),
             tracker.clone(),
-            move |nodes| {
-                Arc::new(MirrorRewriter::with_role(nodes, m, main_is_fetcher))
-                    as Arc<dyn ResponseRewriter>
-            },
+            move |nodes| mirror_chain(nodes, m, main_is_fetcher),
         );
         listener.set_refresh_hook(mirror.clone());
         listener.start().await?;
@@ -200,9 +242,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
                 metrics.clone(),
                 shutdown_rx.clone(),
                 tracker.clone(),
-                move |nodes| {
-                    Arc::new(MirrorRewriter::with_role(nodes, m, true)) as Arc<dyn ResponseRewriter>
-                },
+                move |nodes| mirror_chain(nodes, m, true),
             );
             listener.set_refresh_hook(mirror.clone());
             listener.start().await?;
@@ -230,15 +270,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             metrics.clone(),
             shutdown_rx.clone(),
             tracker.clone(),
-            move |nodes| {
-                Arc::new(crate::guard::GuardRewriter::new(
-                    &name,
-                    nodes,
-                    lifecycle,
-                    mirror_contexts,
-                    metrics2,
-                )) as Arc<dyn ResponseRewriter>
-            },
+            move |nodes| guard_chain(nodes, &name, lifecycle, mirror_contexts, metrics2),
         );
         listener.start().await?;
         listeners.push(listener);
@@ -251,7 +283,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             metrics.clone(),
             shutdown_rx.clone(),
             tracker.clone(),
-            |nodes| Arc::new(AddressRewriter::new(nodes)) as Arc<dyn ResponseRewriter>,
+            plain_chain,
         );
         listener.start().await?;
         listeners.push(listener);

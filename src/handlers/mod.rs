@@ -14,8 +14,9 @@
 //! This module also holds [`request_header_version`] /
 //! [`response_header_version`] for every standard API key, so the core can
 //! find the correlation id and header tagged fields of any frame, and
-//! [`DECODED_VERSIONS`], the versions the rewriters understand (the table
-//! ApiVersions responses are clamped to).
+//! [`DECODED_VERSIONS`], the versions the rewriters understand. What a
+//! listener clamps ApiVersions to is computed from its filter chain
+//! (`crate::filter`), whose filters declare their decode sets from this table.
 
 use std::ops::RangeInclusive;
 
@@ -77,8 +78,9 @@ pub mod api_key {
 
 /// `(api_key, versions)` whose responses the handlers here can parse.
 ///
-/// ApiVersions responses are clamped to the maxima of this table (see
-/// [`clamp_table`]); for versions below a range's minimum the response
+/// A listener's ApiVersions clamp never exceeds the maxima of this table
+/// (see [`clamp_table`]; the clamp itself is computed from the listener's
+/// filters); for versions below a range's minimum the response
 /// carries no broker address (Fetch < 4 has none either) and the core may
 /// forward it opaquely.
 pub const DECODED_VERSIONS: &[(i16, RangeInclusive<i16>)] = &[
@@ -89,6 +91,15 @@ pub const DECODED_VERSIONS: &[(i16, RangeInclusive<i16>)] = &[
     (api_key::API_VERSIONS, 0..=5),
     (api_key::DESCRIBE_CLUSTER, 0..=2),
 ];
+
+/// The versions of `api_key` the handlers here parse (`None` for an API
+/// they do not decode). Filters declare their decode sets from it.
+pub fn decoded_versions(api_key: i16) -> Option<RangeInclusive<i16>> {
+    DECODED_VERSIONS
+        .iter()
+        .find(|(k, _)| *k == api_key)
+        .map(|(_, r)| r.clone())
+}
 
 /// The `(api_key, max_version)` table for [`clamp_api_versions_response`],
 /// derived from [`DECODED_VERSIONS`].

@@ -1,8 +1,9 @@
 //! The mirror fetch path: PID rewriting and producer-state tracking on the
 //! Fetch responses a destination's mirror fetcher receives from a source.
 //!
-//! A `[[mirror]]` listener is a proxy listener whose response rewriter, on
-//! top of address rewriting, walks every Fetch response zero-copy and, per
+//! A `[[mirror]]` listener is a proxy listener whose filter chain, on top of
+//! address rewriting, walks every Fetch response zero-copy
+//! ([`crate::filter::mirror_fetch`], which calls into this module) and, per
 //! partition and batch:
 //!
 //! 1. reads the batch header (never the records, never decompressing);
@@ -37,10 +38,10 @@ use bytes::BytesMut;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 
-use crate::codec::api;
 use crate::codec::header::response_body_offset;
 use crate::codec::RequestHeader;
 use crate::config::{LayoutConfig, MirrorConfig, PidMode};
+use crate::filter::{BoxFuture, RewriteError};
 use crate::handlers::{self, FetchTopic};
 use crate::metrics::{Metrics, MirrorKindLabels};
 use crate::pid::{self, Layout, MapOutcome};
@@ -48,9 +49,7 @@ use crate::producer_state::{
     self as ps, resolve_collision_for_topic, Anomaly, BatchObservation, ControlKind, MappingLookup,
     Origin, PartitionHandle, PartitionKey, ProducerStateRegistry, DEFAULT_MAX_SALT_CANDIDATES,
 };
-use crate::proxy::connection::{ResponseRewriter, RewriteError, Rewritten};
 use crate::proxy::nodes::NodeRegistry;
-use crate::proxy::rewrite::{needs_address_rewrite, rewrite_addresses};
 use crate::records::control::{first_control_record, ControlType, ControlValue};
 use crate::records::{walk, Entry};
 
@@ -424,7 +423,7 @@ impl MirrorContext {
 
     /// Source brokers to advertise offline: the listener's live view, else
     /// the persisted topology's.
-    fn offline_brokers(&self) -> Vec<offline::Broker> {
+    pub(crate) fn offline_brokers(&self) -> Vec<offline::Broker> {
         let live: Vec<offline::Broker> = self
             .nodes
             .get()
@@ -695,165 +694,63 @@ struct PartitionSlice {
     aborted: Vec<usize>,
 }
 
-/// The response rewriter of a mirror listener.
-pub struct MirrorRewriter {
-    nodes: Arc<NodeRegistry>,
-    mirror: Arc<MirrorContext>,
-    /// Whether this listener is the destination fetcher's: only its fetches
-    /// take a cut, complete a seal and feed the shadow producer state.
-    fetcher: bool,
-}
-
-impl MirrorRewriter {
-    /// A rewriter for `mirror` advertising `nodes`, whose clients count as
-    /// the destination fetcher.
-    pub fn new(nodes: Arc<NodeRegistry>, mirror: Arc<MirrorContext>) -> Self {
-        Self::with_role(nodes, mirror, true)
+impl MirrorContext {
+    /// Gives the mirror its listener's source nodes (advertised in offline
+    /// answers); the first listener built for the mirror sets them.
+    pub fn set_nodes(&self, nodes: Arc<NodeRegistry>) {
+        let _ = self.nodes.set(nodes);
     }
 
-    /// A rewriter whose clients are the destination fetcher (`fetcher`) or
-    /// other readers, which are served without moving a seal or changing
-    /// producer state.
-    pub fn with_role(nodes: Arc<NodeRegistry>, mirror: Arc<MirrorContext>, fetcher: bool) -> Self {
-        let _ = mirror.nodes.set(nodes.clone());
-        Self {
-            nodes,
-            mirror,
-            fetcher,
-        }
-    }
-}
-
-impl ResponseRewriter for MirrorRewriter {
-    fn on_request(
-        &self,
+    /// Maps (and, for the fetcher, observes) the PIDs of a Fetch response
+    /// frame in place, leaving the partitions `skip` names alone. Returns
+    /// what the response must wait for first, if anything (then nothing has
+    /// been changed and the frame is rewritten again once it completes).
+    pub(crate) fn rewrite_fetch_frame(
+        self: &Arc<Self>,
         h: &RequestHeader,
-        frame: &[u8],
-    ) -> Result<crate::proxy::connection::RequestAction, RewriteError> {
-        if h.api_key == api::FETCH {
-            if let Some(action) = seal_path::plan_fetch(&self.mirror, h, frame, self.fetcher)? {
-                return Ok(action);
-            }
-        }
-        Ok(crate::proxy::connection::RequestAction::Forward {
-            replacement: None,
-            plan: None,
-        })
-    }
-
-    fn wants(&self, h: &RequestHeader) -> bool {
-        h.api_key == api::FETCH || needs_address_rewrite(h)
-    }
-
-    fn serves_offline(&self) -> bool {
-        true
-    }
-
-    fn upstream_deadline(&self, h: &RequestHeader, frame: &[u8]) -> Option<std::time::Duration> {
-        let wait = if h.api_key == api::FETCH {
-            offline::fetch_max_wait_ms(h, frame)
-                .and_then(|w| u64::try_from(w).ok())
-                .map(std::time::Duration::from_millis)
-                .unwrap_or_default()
-                .min(self.mirror.request_timeout)
-        } else {
-            std::time::Duration::ZERO
+        frame: &mut BytesMut,
+        skip: &dyn Fn(&FetchTopic<'_>, i32) -> bool,
+        fetcher: bool,
+    ) -> Result<Option<BoxFuture<'static, Result<(), RewriteError>>>, RewriteError> {
+        let err = |message: String| RewriteError {
+            api: "Fetch",
+            version: h.api_version,
+            message,
         };
-        Some(wait + self.mirror.request_timeout)
-    }
-
-    fn offline_answer(
-        &self,
-        h: &RequestHeader,
-        request: &[u8],
-    ) -> Option<Result<crate::proxy::connection::OfflineAnswer, RewriteError>> {
-        let topology = self.mirror.topology().unwrap_or_default();
-        let brokers = self.mirror.offline_brokers();
-        offline::answer(h, request, &topology, &brokers, self.mirror.request_timeout)
-    }
-
-    fn answer(
-        &self,
-        h: &RequestHeader,
-        plan: &mut crate::proxy::connection::Plan,
-    ) -> Result<Rewritten, RewriteError> {
-        seal_path::answer_fetch(&self.mirror, h, plan)
-    }
-
-    fn rewrite(
-        &self,
-        h: &RequestHeader,
-        plan: Option<&mut crate::proxy::connection::Plan>,
-        mut frame: BytesMut,
-    ) -> Result<Rewritten, RewriteError> {
-        let fetch_plan = seal_path::as_fetch_plan(plan);
-        if h.api_key == api::FETCH {
-            let err = |message: String| RewriteError {
+        let header_version = handlers::response_header_version(h.api_key, h.api_version)
+            .ok_or_else(|| err("unknown response header version".into()))?;
+        let body_at = response_body_offset(frame, header_version)
+            .ok_or_else(|| err("response header truncated".into()))?;
+        let body = &mut frame[body_at..];
+        let Some(pending) =
+            rewrite_fetch_body_as(self, h.api_version, body, skip, fetcher).map_err(err)?
+        else {
+            return Ok(None);
+        };
+        let salts = self.salts.clone();
+        let mirror = self.clone();
+        let servers = self.replay_servers();
+        let max_frame = crate::config::DEFAULT_MAX_FRAME_BYTES as usize;
+        let version = h.api_version;
+        Ok(Some(Box::pin(async move {
+            let what = match &pending {
+                Pending::Salts(_) => "collision salt not persisted",
+                Pending::TopicIds => "destination topic ids not read",
+                Pending::Replay(_) => "source range not replayed",
+                Pending::Claims(_) => "producer claims not persisted",
+            };
+            let done = match pending {
+                Pending::Salts(p) => salts.persist(p).await,
+                Pending::TopicIds => salts.refresh_topic_ids().await,
+                Pending::Replay(jobs) => run_replays(mirror, servers, jobs, max_frame).await,
+                Pending::Claims(claims) => persist_claims(salts, claims).await,
+            };
+            done.map_err(|message| RewriteError {
                 api: "Fetch",
-                version: h.api_version,
-                message,
-            };
-            let header_version = handlers::response_header_version(h.api_key, h.api_version)
-                .ok_or_else(|| err("unknown response header version".into()))?;
-            let body_at = response_body_offset(&frame, header_version)
-                .ok_or_else(|| err("response header truncated".into()))?;
-            let body = &mut frame[body_at..];
-            // Controlled partitions, listed or not, are answered by the seal
-            // path: their source bytes are never observed nor forwarded.
-            let skip = |t: &FetchTopic<'_>, p: i32| {
-                seal_path::is_controlled(fetch_plan, t, p)
-                    || seal_path::is_stray(&self.mirror, fetch_plan, t, p)
-            };
-            if let Some(pending) =
-                rewrite_fetch_body_as(&self.mirror, h.api_version, body, &skip, self.fetcher)
-                    .map_err(err)?
-            {
-                let salts = self.mirror.salts.clone();
-                let mirror = self.mirror.clone();
-                let servers = self.mirror.replay_servers();
-                let max_frame = crate::config::DEFAULT_MAX_FRAME_BYTES as usize;
-                let version = h.api_version;
-                let wait = Box::pin(async move {
-                    let what = match &pending {
-                        Pending::Salts(_) => "collision salt not persisted",
-                        Pending::TopicIds => "destination topic ids not read",
-                        Pending::Replay(_) => "source range not replayed",
-                        Pending::Claims(_) => "producer claims not persisted",
-                    };
-                    let done = match pending {
-                        Pending::Salts(p) => salts.persist(p).await,
-                        Pending::TopicIds => salts.refresh_topic_ids().await,
-                        Pending::Replay(jobs) => {
-                            run_replays(mirror, servers, jobs, max_frame).await
-                        }
-                        Pending::Claims(claims) => persist_claims(salts, claims).await,
-                    };
-                    done.map_err(|message| RewriteError {
-                        api: "Fetch",
-                        version,
-                        message: format!("{what}: {message}"),
-                    })
-                });
-                return Ok(Rewritten::Blocked {
-                    frame: Some(frame),
-                    wait,
-                });
-            }
-        }
-        if let Some(plan) = fetch_plan {
-            frame = match seal_path::splice_controlled(&self.mirror, h, plan, frame)? {
-                Rewritten::Ready(f) => f,
-                blocked => return Ok(blocked),
-            };
-        } else if h.api_key == api::FETCH {
-            frame = seal_path::drop_strays(&self.mirror, h, frame)?;
-        }
-        if !needs_address_rewrite(h) {
-            return Ok(Rewritten::Ready(frame));
-        }
-        let mut map =
-            |node_id: i32, host: &str, port: i32| Some(self.nodes.advertise(node_id, host, port));
-        rewrite_addresses(h, frame, &mut map).map(Rewritten::Ready)
+                version,
+                message: format!("{what}: {message}"),
+            })
+        })))
     }
 }
 

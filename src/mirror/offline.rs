@@ -22,10 +22,10 @@ use bytes::BytesMut;
 use crate::codec::api;
 use crate::codec::header::{request_body_offset, response_frame};
 use crate::codec::RequestHeader;
+use crate::filter::{OfflineAnswer, RewriteError};
 use crate::handlers::{
     self, build_fetch_response, parse_fetch_request, FetchPartitionResponse, FetchTopic,
 };
-use crate::proxy::connection::{OfflineAnswer, RewriteError};
 use crate::wire::{Reader, WireError, WireResult, Writer};
 
 /// Record type of the source-topology record in `__mirror_state`.

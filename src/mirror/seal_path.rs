@@ -22,13 +22,13 @@ use bytes::{BufMut, BytesMut};
 
 use crate::codec::header::{request_body_offset, response_body_offset};
 use crate::codec::RequestHeader;
+use crate::filter::{RequestAction, RequestState, RewriteError, Rewritten};
 use crate::handlers::{
     self, build_fetch_response, parse_fetch_request, rewrite_fetch_request,
     splice_fetch_response_dropping, FetchPartitionResponse, FetchTopic,
 };
 use crate::lifecycle::seal::{decide, serve_reader, Decision, LocalPartition, OpenTxn};
 use crate::producer_state::PartitionKey;
-use crate::proxy::connection::{Plan, RequestAction, RewriteError, Rewritten};
 use crate::state_store::schema::MirrorPartitionState as State;
 
 use super::MirrorContext;
@@ -339,7 +339,7 @@ pub fn plan_fetch(
     if force_full_fetch {
         mirror.sessions.forget_session(req.session_id);
         mirror.seal_metrics.session_resets.inc();
-        let plan: Plan = Box::new(FetchPlan {
+        let plan = RequestState::Seal(FetchPlan {
             controlled,
             below_cut,
             read_committed: req.isolation_level == 1,
@@ -373,7 +373,7 @@ pub fn plan_fetch(
     };
     // Without a session nothing upstream needs to see the request.
     if all_controlled && !has_session {
-        return Ok(Some(RequestAction::Answer(Box::new(plan))));
+        return Ok(Some(RequestAction::Answer(RequestState::Seal(plan))));
     }
     // Controlled partitions are never asked of the source: drop them from
     // the forwarded request (their entries are added to the response).
@@ -403,7 +403,7 @@ pub fn plan_fetch(
     });
     Ok(Some(RequestAction::Forward {
         replacement,
-        plan: Some(Box::new(plan)),
+        state: Some(RequestState::Seal(plan)),
     }))
 }
 
@@ -606,11 +606,8 @@ fn frame_with_body(h: &RequestHeader, header_version: i16, body: &[u8]) -> Bytes
 pub fn answer_fetch(
     mirror: &Arc<MirrorContext>,
     h: &RequestHeader,
-    plan: &mut Plan,
+    plan: &mut FetchPlan,
 ) -> Result<Rewritten, RewriteError> {
-    let plan = plan
-        .downcast_mut::<FetchPlan>()
-        .ok_or_else(|| err(h.api_version, "wrong plan type".into()))?;
     let hv = handlers::response_header_version(h.api_key, h.api_version)
         .ok_or_else(|| err(h.api_version, "unknown response header version".into()))?;
     if plan.force_full_fetch {
@@ -917,11 +914,6 @@ fn is_below_cut(plan: Option<&FetchPlan>, topic: &FetchTopic<'_>, partition: i32
             .iter()
             .any(|b| b.topic.as_fetch_topic() == *topic && b.partition == partition)
     })
-}
-
-/// Downcasts a plan to a fetch plan.
-pub fn as_fetch_plan(plan: Option<&mut Plan>) -> Option<&FetchPlan> {
-    plan.and_then(|p| p.downcast_ref::<FetchPlan>())
 }
 
 /// Whether a response partition is controlled by the plan (its records are

@@ -4,16 +4,17 @@
 //! response in a FIFO (Kafka answers requests on a connection in order), and
 //! forwards the frame untouched. The response pump takes the oldest in-flight
 //! entry, reads the upstream frame that answers it, checks the correlation id,
-//! lets the listener's [`ResponseRewriter`] rewrite what it must, and writes
-//! it to the client. A Produce with `acks=0` never gets an entry. Nothing is
-//! locked across an `.await`: the queue is a channel owned by the two pumps.
+//! passes it through the listener's filter [`Chain`] (which rewrites what
+//! its filters handle), and writes it to the client. A Produce with
+//! `acks=0` never gets an entry. Nothing is locked across an `.await`: the
+//! queue is a channel owned by the two pumps.
 //!
-//! Listeners whose rewriter can answer without the upstream (mirror
-//! listeners, [`ResponseRewriter::serves_offline`]) never lose a client to a
+//! Listeners whose chain can answer without the upstream (mirror
+//! listeners, [`Chain::serves_offline`]) never lose a client to a
 //! dead or hung upstream: each request gets a deadline, and when the upstream
 //! refuses, closes, or misses a deadline the connection goes *offline* for
 //! good: owed and later requests are answered by
-//! [`ResponseRewriter::offline_answer`] (no earlier than the time the request
+//! [`Chain::offline_answer`] (no earlier than the time the request
 //! allowed the broker to wait), and once the listener sees the upstream again
 //! the connection stops reading, delivers what it owes and closes, so the
 //! client reconnects to the live upstream.
@@ -22,7 +23,7 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
@@ -33,6 +34,7 @@ use crate::codec::header::{
     produce_acks, request_body_offset, response_correlation_id, RequestHeader,
 };
 use crate::codec::{FrameError, FrameReader};
+use crate::filter::{Chain, Decision, RequestState, RewriteError, Rewritten};
 use crate::metrics::{ApiMetrics, Metrics};
 
 /// Most requests one client may have outstanding before the proxy stops
@@ -48,28 +50,19 @@ pub struct InFlight {
     pub sent_at: Instant,
     /// Metric handles of its API.
     pub metrics: ApiMetrics,
-    /// What the listener decided about the request, for its response.
-    pub plan: Option<Plan>,
-    /// Answered by the proxy itself: nothing is read from upstream for it.
-    pub local: bool,
+    /// What a filter attached to the request, for its response.
+    pub state: Option<RequestState>,
+    /// Answered by the proxy itself (by this filter of the chain): nothing
+    /// is read from upstream for it.
+    pub answered_by: Option<usize>,
     /// A Produce with `acks=0`: Kafka sends no response, but some brokers
     /// (Tansu) do; such a response is recognised by its id and dropped.
     pub unanswered: bool,
     /// The request as forwarded, kept by listeners that can answer it
-    /// themselves if the upstream fails ([`ResponseRewriter::serves_offline`]).
+    /// themselves if the upstream fails ([`Chain::serves_offline`]).
     pub request: Option<BytesMut>,
     /// When the upstream's answer is overdue (offline-capable listeners).
     pub deadline: Option<Instant>,
-}
-
-/// A response built by the listener in place of the upstream's.
-pub struct OfflineAnswer {
-    /// The frame, as the upstream would have sent it (it is rewritten like
-    /// an upstream response).
-    pub frame: BytesMut,
-    /// Not sent before `sent_at + not_before` (a Fetch's MaxWaitMs: no hot
-    /// retry loop for a fetcher that gets nothing).
-    pub not_before: Duration,
 }
 
 /// Whether a listener's upstream answers, shared by its connections.
@@ -104,110 +97,8 @@ impl UpstreamHealth {
     }
 }
 
-/// Listener-specific notes carried from a request to its response.
-pub type Plan = Box<dyn std::any::Any + Send>;
-
-/// What to do with a client request.
-pub enum RequestAction {
-    /// Forward it upstream (or `replacement` instead of the original frame).
-    Forward {
-        /// A rewritten request frame to send instead of the original.
-        replacement: Option<BytesMut>,
-        /// Handed to [`ResponseRewriter::rewrite`] with the response.
-        plan: Option<Plan>,
-    },
-    /// Do not forward; [`ResponseRewriter::answer`] builds the response.
-    Answer(Plan),
-    /// Do not forward and do not answer (a refused `acks=0` Produce).
-    Drop,
-}
-
-/// Rewrites the responses (and, where needed, intercepts the requests) of
-/// the API keys a listener decodes.
-pub trait ResponseRewriter: Send + Sync {
-    /// Decides about a request before it is forwarded. The default forwards
-    /// everything untouched.
-    fn on_request(
-        &self,
-        _header: &RequestHeader,
-        _frame: &[u8],
-    ) -> Result<RequestAction, RewriteError> {
-        Ok(RequestAction::Forward {
-            replacement: None,
-            plan: None,
-        })
-    }
-    /// Whether responses to this request must pass through [`rewrite`](Self::rewrite)
-    /// (always the case when `on_request` attached a plan).
-    fn wants(&self, header: &RequestHeader) -> bool;
-    /// Rewrites a whole response frame (size prefix included). Errors close
-    /// the connection: an unparseable response might carry an upstream
-    /// address, which a client must never see.
-    fn rewrite(
-        &self,
-        header: &RequestHeader,
-        plan: Option<&mut Plan>,
-        frame: BytesMut,
-    ) -> Result<Rewritten, RewriteError>;
-    /// Builds the response to a request answered locally (`RequestAction::Answer`).
-    fn answer(&self, header: &RequestHeader, _plan: &mut Plan) -> Result<Rewritten, RewriteError> {
-        Err(RewriteError {
-            api: api::api_name(header.api_key).unwrap_or("unknown"),
-            version: header.api_version,
-            message: "this listener cannot answer requests itself".into(),
-        })
-    }
-    /// Whether this listener keeps its clients when the upstream is gone
-    /// (then requests are kept until answered and get deadlines).
-    fn serves_offline(&self) -> bool {
-        false
-    }
-    /// How long the upstream may take to answer this request before the
-    /// connection goes offline (`None`: forever).
-    fn upstream_deadline(&self, _header: &RequestHeader, _frame: &[u8]) -> Option<Duration> {
-        None
-    }
-    /// The answer to `request` built without the upstream; `None` when this
-    /// API cannot be answered locally (the connection then closes).
-    fn offline_answer(
-        &self,
-        _header: &RequestHeader,
-        _request: &[u8],
-    ) -> Option<Result<OfflineAnswer, RewriteError>> {
-        None
-    }
-}
-
-/// Result of [`ResponseRewriter::rewrite`].
-pub enum Rewritten {
-    /// The frame to send to the client.
-    Ready(BytesMut),
-    /// The frame cannot leave until `wait` completes (for example a collision
-    /// salt being persisted); then `rewrite` is called again with `frame`.
-    /// Rewriters must be idempotent on a partly rewritten frame.
-    Blocked {
-        /// The frame, possibly partly rewritten (`None` for a local answer,
-        /// which is built again).
-        frame: Option<BytesMut>,
-        /// What must complete first.
-        wait: std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), RewriteError>> + Send>>,
-    },
-}
-
 /// How many times one response may block before the connection gives up.
 const MAX_REWRITE_ROUNDS: usize = 16;
-
-/// A response that could not be rewritten.
-#[derive(Debug, thiserror::Error)]
-#[error("cannot rewrite {api} v{version} response: {message}")]
-pub struct RewriteError {
-    /// API name.
-    pub api: &'static str,
-    /// API version.
-    pub version: i16,
-    /// What went wrong.
-    pub message: String,
-}
 
 /// What a connection needs from its listener.
 pub struct ConnectionContext {
@@ -217,8 +108,8 @@ pub struct ConnectionContext {
     pub max_frame: usize,
     /// Metrics.
     pub metrics: Arc<Metrics>,
-    /// Response rewriting for decoded APIs.
-    pub rewriter: Arc<dyn ResponseRewriter>,
+    /// The listener's filters, for the APIs they decode.
+    pub chain: Arc<Chain>,
     /// The listener's view of its upstream (offline connections close once
     /// it recovers).
     pub health: Arc<UpstreamHealth>,
@@ -295,8 +186,8 @@ where
 }
 
 /// Serves a client whose upstream could not be reached: every request is
-/// answered by [`ResponseRewriter::offline_answer`] (listeners that
-/// [`serve offline`](ResponseRewriter::serves_offline) only).
+/// answered by [`Chain::offline_answer`] (listeners that
+/// [`serve offline`](Chain::serves_offline) only).
 pub async fn serve_offline<C>(
     client: C,
     peer: SocketAddr,
@@ -395,7 +286,7 @@ where
 {
     let mut reader = FrameReader::new(client_rd, ctx.max_frame);
     let mut api_metrics: HashMap<i16, ApiMetrics> = HashMap::new();
-    let keeps = ctx.rewriter.serves_offline();
+    let keeps = ctx.chain.serves_offline();
     loop {
         if mode.upstream_back(ctx) {
             // Deliver what is owed, then close: the client reconnects to the
@@ -446,12 +337,10 @@ where
             .or_insert_with(|| ctx.metrics.api(&ctx.listener, header.api_key));
         m.requests.inc();
         m.bytes_in.inc_by(frame.len() as u64);
-        let (frame, plan, local) = match ctx.rewriter.on_request(&header, &frame) {
-            Ok(RequestAction::Forward { replacement, plan }) => {
-                (replacement.unwrap_or(frame), plan, false)
-            }
-            Ok(RequestAction::Answer(plan)) => (frame, Some(plan), true),
-            Ok(RequestAction::Drop) => continue,
+        let (frame, state, answered_by) = match ctx.chain.on_request(&header, frame) {
+            Ok(Decision::Forward { frame, state }) => (frame, state, None),
+            Ok(Decision::Answer { by, state }) => (BytesMut::new(), Some(state), Some(by)),
+            Ok(Decision::Drop) => continue,
             Err(e) => {
                 Metrics::count(&ctx.metrics.frame_errors, &ctx.listener, "bad_request");
                 tracing::warn!(listener = %ctx.listener, %peer, error = %e,
@@ -459,9 +348,10 @@ where
                 return ConnectionEnd::ClientProtocol(e.to_string());
             }
         };
+        let local = answered_by.is_some();
         let unanswered = !local && !expects_response(&header, &frame);
         let (request, deadline) = if keeps && !local && !unanswered {
-            let wait = ctx.rewriter.upstream_deadline(&header, &frame);
+            let wait = ctx.chain.upstream_deadline(&header, &frame);
             (Some(frame.clone()), wait.map(|w| Instant::now() + w))
         } else {
             (None, None)
@@ -472,8 +362,8 @@ where
                 header,
                 sent_at: Instant::now(),
                 metrics: m.clone(),
-                plan,
-                local,
+                state,
+                answered_by,
                 unanswered,
                 request,
                 deadline,
@@ -511,7 +401,7 @@ async fn offline_frame(
     request: Option<&BytesMut>,
     sent_at: Instant,
 ) -> Result<BytesMut, ConnectionEnd> {
-    let answer = request.and_then(|r| ctx.rewriter.offline_answer(h, r));
+    let answer = request.and_then(|r| ctx.chain.offline_answer(h, r));
     match answer {
         Some(Ok(a)) => {
             let at = sent_at + a.not_before;
@@ -535,26 +425,25 @@ async fn offline_frame(
     }
 }
 
-/// Runs the rewriter, awaiting whatever it blocks on, until the frame is ready.
+/// Runs the chain (or, for a request a filter answers itself, that
+/// filter), awaiting whatever it blocks on, until the frame is ready.
 async fn rewrite_until_ready(
     ctx: &ConnectionContext,
     h: &RequestHeader,
-    plan: &mut Option<Plan>,
+    state: &mut Option<RequestState>,
+    answered_by: Option<usize>,
     mut frame: Option<BytesMut>,
 ) -> Result<BytesMut, RewriteError> {
     for _ in 0..MAX_REWRITE_ROUNDS {
-        let step = match frame {
-            Some(f) => ctx.rewriter.rewrite(h, plan.as_mut(), f)?,
-            None => match plan.as_mut() {
-                Some(p) => ctx.rewriter.answer(h, p)?,
-                None => {
-                    return Err(RewriteError {
-                        api: api::api_name(h.api_key).unwrap_or("unknown"),
-                        version: h.api_version,
-                        message: "local answer without a plan".into(),
-                    })
-                }
-            },
+        let step = match (frame, answered_by, state.as_mut()) {
+            (Some(f), _, _) => ctx.chain.on_response(h, state, f)?,
+            (None, Some(by), Some(s)) => ctx.chain.answer(h, by, s)?,
+            (None, _, _) => {
+                return Err(RewriteError::new(
+                    h,
+                    "local answer without a filter's state",
+                ))
+            }
         };
         match step {
             Rewritten::Ready(f) => return Ok(f),
@@ -564,11 +453,10 @@ async fn rewrite_until_ready(
             }
         }
     }
-    Err(RewriteError {
-        api: api::api_name(h.api_key).unwrap_or("unknown"),
-        version: h.api_version,
-        message: format!("response still blocked after {MAX_REWRITE_ROUNDS} rounds"),
-    })
+    Err(RewriteError::new(
+        h,
+        format!("response still blocked after {MAX_REWRITE_ROUNDS} rounds"),
+    ))
 }
 
 /// Reads the upstream frame answering `correlation_id`, dropping responses
@@ -630,8 +518,16 @@ where
             unanswered.push_back(h.correlation_id);
             continue;
         }
-        if entry.local {
-            let frame = match rewrite_until_ready(ctx, &h, &mut entry.plan, None).await {
+        if entry.answered_by.is_some() {
+            let frame = match rewrite_until_ready(
+                ctx,
+                &h,
+                &mut entry.state,
+                entry.answered_by,
+                None,
+            )
+            .await
+            {
                 Ok(f) => f,
                 Err(e) => {
                     Metrics::count(&ctx.metrics.rewrite_errors, &ctx.listener, "local_answer");
@@ -728,8 +624,8 @@ where
                 h.correlation_id
             ));
         }
-        let frame = if entry.plan.is_some() || ctx.rewriter.wants(&h) {
-            match rewrite_until_ready(ctx, &h, &mut entry.plan, Some(frame)).await {
+        let frame = if entry.state.is_some() || ctx.chain.wants(&h) {
+            match rewrite_until_ready(ctx, &h, &mut entry.state, None, Some(frame)).await {
                 Ok(f) => f,
                 Err(e) => {
                     Metrics::count(

@@ -15,9 +15,10 @@ use tokio::net::TcpListener;
 use tokio::sync::{watch, Notify};
 
 use crate::config::{split_host_port, ListenerConfig};
+use crate::filter::Chain;
 use crate::metrics::{ListenerLabels, Metrics};
 use crate::proxy::connection::{
-    relay, serve_offline, ConnectionContext, ConnectionEnd, ResponseRewriter, UpstreamHealth,
+    relay, serve_offline, ConnectionContext, ConnectionEnd, UpstreamHealth,
 };
 use crate::proxy::nodes::{NodeBinder, NodeRegistry};
 use crate::proxy::refresh::RefreshHook;
@@ -90,15 +91,15 @@ pub struct Listener {
 }
 
 impl Listener {
-    /// Builds a listener; `make_rewriter` receives the node registry so the
-    /// rewriter can translate addresses.
+    /// Builds a listener; `make_chain` receives the node registry so the
+    /// listener's filters can translate addresses.
     pub fn new(
         config: ListenerConfig,
         max_frame: usize,
         metrics: Arc<Metrics>,
         shutdown: watch::Receiver<bool>,
         tracker: Arc<ConnectionTracker>,
-        make_rewriter: impl FnOnce(Arc<NodeRegistry>) -> Arc<dyn ResponseRewriter>,
+        make_chain: impl FnOnce(Arc<NodeRegistry>) -> Chain,
     ) -> Arc<Self> {
         let nodes = Arc::new(NodeRegistry::new(
             &config.name,
@@ -110,7 +111,7 @@ impl Listener {
             listener: config.name.clone(),
             max_frame,
             metrics: metrics.clone(),
-            rewriter: make_rewriter(nodes.clone()),
+            chain: Arc::new(make_chain(nodes.clone())),
             health: Arc::new(UpstreamHealth::default()),
         });
         // Validated at config load.
@@ -214,7 +215,7 @@ impl Listener {
             Ok(u) => Some(u),
             Err(e) => {
                 Metrics::count(&self.metrics.upstream_errors, &self.config.name, e.kind());
-                if !self.ctx.rewriter.serves_offline() {
+                if !self.ctx.chain.serves_offline() {
                     tracing::warn!(listener = %self.config.name, %peer, ?target, error = %e,
                         "closing client connection: upstream unavailable");
                     open.dec();

@@ -3,12 +3,11 @@
 //! A [`listener::Listener`] owns a bootstrap port and one port per upstream
 //! node ([`nodes`]); each accepted client connection is relayed to its
 //! upstream by [`connection::relay`], which keeps the per-connection
-//! correlation queue and applies the listener's response rewriter
-//! ([`rewrite`]).
+//! correlation queue and passes the APIs the listener decodes through its
+//! filter chain ([`crate::filter`]).
 
 pub mod connection;
 pub mod listener;
 pub mod nodes;
 pub mod refresh;
-pub mod rewrite;
 pub mod upstream;

@@ -5,8 +5,10 @@
 //! (sealed). Produce requests naming partitions that are MIRRORING, PAUSED,
 //! STOPPING or FAILED get POLICY_VIOLATION (a non-retriable error) with a
 //! message naming the mirror; the other partitions of the same request are
-//! forwarded untouched and the two answers are merged. Every other API key
-//! passes through (with the usual address rewriting).
+//! forwarded untouched and the two answers are merged (the refusals travel
+//! to the response as [`RequestState::Guard`]). Every other API key passes
+//! through this filter untouched; the rest of the guard listener's chain
+//! rewrites addresses as usual.
 //!
 //! The guard fails closed at start-up: until every mirror knows its source
 //! topology (read from the source, or restored from `__mirror_state`, which
@@ -15,12 +17,16 @@
 //! saying why; clients retry and are served once the status is known.
 
 use std::collections::BTreeMap;
+use std::ops::RangeInclusive;
 use std::sync::Arc;
 
-use bytes::{BufMut, BytesMut};
+use bytes::BytesMut;
 
+use super::{
+    response_body_at, with_body, Filter, RequestAction, RequestState, RewriteError, Rewritten,
+};
 use crate::codec::api;
-use crate::codec::header::{request_body_offset, response_body_offset};
+use crate::codec::header::request_body_offset;
 use crate::codec::RequestHeader;
 use crate::handlers::{
     self, build_produce_response, merge_produce_responses, parse_produce_request,
@@ -30,9 +36,6 @@ use crate::lifecycle::Lifecycle;
 use crate::metrics::{ListenerLabels, Metrics};
 use crate::mirror::MirrorContext;
 use crate::producer_state::PartitionKey;
-use crate::proxy::connection::{Plan, RequestAction, ResponseRewriter, RewriteError, Rewritten};
-use crate::proxy::nodes::NodeRegistry;
-use crate::proxy::rewrite::{needs_address_rewrite, rewrite_addresses};
 use crate::state_store::schema::MirrorPartitionState as State;
 
 /// Kafka's POLICY_VIOLATION: not retriable, carries a message.
@@ -42,39 +45,38 @@ pub const POLICY_VIOLATION: i16 = 44;
 /// refresh); answered while the guard does not know yet what is mirrored.
 pub const NOT_ENOUGH_REPLICAS: i16 = 19;
 
-/// Highest Produce version the guard lets clients use (v13 names topics by
-/// id, which the guard cannot match against mirrored topic names).
-const MAX_PRODUCE_VERSION: i16 = 12;
+/// Produce versions the guard parses (v13 names topics by id, which the
+/// guard cannot match against mirrored topic names; below v3 there is no
+/// transactional id). The chain's ApiVersions clamp offers no more.
+const PRODUCE_VERSIONS: [(i16, RangeInclusive<i16>); 1] = [(api::PRODUCE, 3..=12)];
 
 /// One refused partition: index, error code, message.
 type Refused = (i32, i16, String);
 
 /// Partitions refused in one request, with their error codes and messages.
-struct Refusals {
+#[derive(Debug)]
+pub struct Refusals {
     topics: Vec<(String, Vec<Refused>)>,
 }
 
-/// The guard's rewriter.
-pub struct GuardRewriter {
+/// The produce guard filter.
+pub struct ProduceGuard {
     listener: String,
-    nodes: Arc<NodeRegistry>,
     lifecycle: Arc<Lifecycle>,
     mirrors: Vec<Arc<MirrorContext>>,
     metrics: Arc<Metrics>,
 }
 
-impl GuardRewriter {
+impl ProduceGuard {
     /// A guard for `mirrors`' topics using the shared life cycle.
     pub fn new(
         listener: &str,
-        nodes: Arc<NodeRegistry>,
         lifecycle: Arc<Lifecycle>,
         mirrors: Vec<Arc<MirrorContext>>,
         metrics: Arc<Metrics>,
     ) -> Self {
         Self {
             listener: listener.to_string(),
-            nodes,
             lifecycle,
             mirrors,
             metrics,
@@ -130,11 +132,7 @@ impl GuardRewriter {
     }
 
     fn err(h: &RequestHeader, message: String) -> RewriteError {
-        RewriteError {
-            api: api::api_name(h.api_key).unwrap_or("unknown"),
-            version: h.api_version,
-            message,
-        }
+        RewriteError::new(h, message)
     }
 }
 
@@ -165,16 +163,18 @@ fn results(refusals: &Refusals) -> Vec<(FetchTopic<'_>, Vec<ProducePartitionResu
         .collect()
 }
 
-impl ResponseRewriter for GuardRewriter {
+impl Filter for ProduceGuard {
+    fn decodes(&self) -> &[(i16, RangeInclusive<i16>)] {
+        &PRODUCE_VERSIONS
+    }
+
+    fn handles(&self, api_key: i16, _api_version: i16) -> bool {
+        api_key == api::PRODUCE
+    }
+
     fn on_request(&self, h: &RequestHeader, frame: &[u8]) -> Result<RequestAction, RewriteError> {
-        let forward = RequestAction::Forward {
-            replacement: None,
-            plan: None,
-        };
-        if h.api_key != api::PRODUCE {
-            return Ok(forward);
-        }
-        if h.api_version > MAX_PRODUCE_VERSION || h.api_version < 3 {
+        let forward = RequestAction::forward();
+        if !PRODUCE_VERSIONS[0].1.contains(&h.api_version) {
             // Clients only use what the clamped ApiVersions offered.
             return Err(Self::err(
                 h,
@@ -230,7 +230,7 @@ impl ResponseRewriter for GuardRewriter {
             return Ok(if acks_zero {
                 RequestAction::Drop
             } else {
-                RequestAction::Answer(Box::new(refusals))
+                RequestAction::Answer(RequestState::Guard(refusals))
             });
         }
         let is_refused = |topic: &FetchTopic<'_>, partition: i32| match topic {
@@ -243,74 +243,45 @@ impl ResponseRewriter for GuardRewriter {
         let kept = split_produce_request(h.api_version, body, &mut |t, p| !is_refused(t, p))
             .map_err(|e| Self::err(h, e.to_string()))?
             .ok_or_else(|| Self::err(h, "split kept everything".into()))?;
-        let mut replacement = BytesMut::with_capacity(at + kept.len());
-        replacement.put_i32((at - 4 + kept.len()) as i32);
-        replacement.extend_from_slice(&frame[4..at]);
-        replacement.extend_from_slice(&kept);
         Ok(RequestAction::Forward {
-            replacement: Some(replacement),
-            plan: if acks_zero {
+            replacement: Some(with_body(frame, at, &kept)),
+            state: if acks_zero {
                 None
             } else {
-                Some(Box::new(refusals))
+                Some(RequestState::Guard(refusals))
             },
         })
     }
 
-    fn wants(&self, h: &RequestHeader) -> bool {
-        needs_address_rewrite(h)
-    }
-
-    fn rewrite(
+    fn on_response(
         &self,
         h: &RequestHeader,
-        plan: Option<&mut Plan>,
+        state: Option<&mut RequestState>,
         frame: BytesMut,
     ) -> Result<Rewritten, RewriteError> {
-        let mut frame = frame;
-        if let Some(refusals) = plan.and_then(|p| p.downcast_ref::<Refusals>()) {
-            let hv = handlers::response_header_version(h.api_key, h.api_version)
-                .ok_or_else(|| Self::err(h, "unknown response header version".into()))?;
-            let body_at = response_body_offset(&frame, hv)
-                .ok_or_else(|| Self::err(h, "response header truncated".into()))?;
-            let merged =
-                merge_produce_responses(h.api_version, &frame[body_at..], &results(refusals))
-                    .map_err(|e| Self::err(h, e.to_string()))?;
-            frame = frame_with_body(h, hv, &merged);
-        }
-        if !needs_address_rewrite(h) {
+        let Some(RequestState::Guard(refusals)) = state else {
             return Ok(Rewritten::Ready(frame));
-        }
-        let mut map =
-            |node_id: i32, host: &str, port: i32| Some(self.nodes.advertise(node_id, host, port));
-        let mut out = rewrite_addresses(h, frame, &mut map)?;
-        if h.api_key == api::API_VERSIONS {
-            out = clamp_produce(h, out)?;
-        }
-        Ok(Rewritten::Ready(out))
+        };
+        let hv = handlers::response_header_version(h.api_key, h.api_version)
+            .ok_or_else(|| Self::err(h, "unknown response header version".into()))?;
+        let body_at = response_body_at(h, &frame)?;
+        let merged = merge_produce_responses(h.api_version, &frame[body_at..], &results(refusals))
+            .map_err(|e| Self::err(h, e.to_string()))?;
+        Ok(Rewritten::Ready(frame_with_body(h, hv, &merged)))
     }
 
-    fn answer(&self, h: &RequestHeader, plan: &mut Plan) -> Result<Rewritten, RewriteError> {
-        let refusals = plan
-            .downcast_ref::<Refusals>()
-            .ok_or_else(|| Self::err(h, "wrong plan type".into()))?;
+    fn answer(
+        &self,
+        h: &RequestHeader,
+        state: &mut RequestState,
+    ) -> Result<Rewritten, RewriteError> {
+        let RequestState::Guard(refusals) = state else {
+            return Err(Self::err(h, "the guard answers only its refusals".into()));
+        };
         let hv = handlers::response_header_version(h.api_key, h.api_version)
             .ok_or_else(|| Self::err(h, "unknown response header version".into()))?;
         let body = build_produce_response(h.api_version, &results(refusals), 0)
             .map_err(|e| Self::err(h, e.to_string()))?;
         Ok(Rewritten::Ready(frame_with_body(h, hv, &body)))
-    }
-}
-
-/// Lowers Produce's max version in an ApiVersions response to what the guard accepts.
-fn clamp_produce(h: &RequestHeader, frame: BytesMut) -> Result<BytesMut, RewriteError> {
-    let body_at =
-        response_body_offset(&frame, 0).ok_or_else(|| GuardRewriter::err(h, "truncated".into()))?;
-    let table: &[(i16, i16)] = &[(api::PRODUCE, MAX_PRODUCE_VERSION)];
-    match handlers::clamp_api_versions_response(h.api_version, &frame[body_at..], table)
-        .map_err(|e| GuardRewriter::err(h, e.to_string()))?
-    {
-        None => Ok(frame),
-        Some(body) => Ok(frame_with_body(h, 0, &body)),
     }
 }

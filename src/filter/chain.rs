@@ -1,0 +1,238 @@
+//! A listener's filters, composed: requests go through them in order,
+//! responses too, and the ApiVersions clamp is computed from what they decode.
+
+use std::ops::RangeInclusive;
+use std::time::Duration;
+
+use bytes::BytesMut;
+
+use super::api_versions::ApiVersionsClamp;
+use super::{Filter, OfflineAnswer, RequestAction, RequestState, RewriteError, Rewritten};
+use crate::codec::RequestHeader;
+
+/// The filters of one listener, shared by its connections.
+pub struct Chain {
+    filters: Vec<Box<dyn Filter>>,
+    /// Whether some filter answers without the upstream (fixed at build).
+    serves_offline: bool,
+}
+
+/// What the chain decided about a request.
+pub enum Decision {
+    /// Forward `frame` (the original or a filter's replacement).
+    Forward {
+        /// The frame to send upstream.
+        frame: BytesMut,
+        /// State for the response's filters.
+        state: Option<RequestState>,
+    },
+    /// Filter number `by` answers it ([`Chain::answer`]).
+    Answer {
+        /// Index of the answering filter.
+        by: usize,
+        /// Its state.
+        state: RequestState,
+    },
+    /// Neither forward nor answer.
+    Drop,
+}
+
+impl Chain {
+    /// A chain of `filters` in data-path order, followed by the ApiVersions
+    /// clamp to what they decode.
+    pub fn new(mut filters: Vec<Box<dyn Filter>>) -> Self {
+        let clamp = ApiVersionsClamp::for_filters(&filters);
+        filters.push(Box::new(clamp));
+        let serves_offline = filters.iter().any(|f| f.serves_offline());
+        Self {
+            filters,
+            serves_offline,
+        }
+    }
+
+    /// The decode set: per API key a filter parses, the versions every
+    /// filter that parses it understands (sorted by key).
+    pub fn decode_set(&self) -> Vec<(i16, RangeInclusive<i16>)> {
+        decode_set(&self.filters)
+    }
+
+    /// Whether a response to `h` passes through some filter (else it is
+    /// forwarded untouched).
+    pub fn wants(&self, h: &RequestHeader) -> bool {
+        self.filters
+            .iter()
+            .any(|f| f.handles(h.api_key, h.api_version))
+    }
+
+    /// Offers a request to every filter that handles it, in order; a
+    /// replacement frame is what the next filter sees. At most one filter
+    /// may attach state to a request.
+    pub fn on_request(&self, h: &RequestHeader, frame: BytesMut) -> Result<Decision, RewriteError> {
+        let mut frame = frame;
+        let mut state: Option<RequestState> = None;
+        for (i, f) in self.filters.iter().enumerate() {
+            if !f.handles(h.api_key, h.api_version) {
+                continue;
+            }
+            match f.on_request(h, &frame)? {
+                RequestAction::Forward {
+                    replacement,
+                    state: s,
+                } => {
+                    if let Some(r) = replacement {
+                        frame = r;
+                    }
+                    if let Some(s) = s {
+                        if state.is_some() {
+                            return Err(RewriteError::new(
+                                h,
+                                "two filters attached state to one request",
+                            ));
+                        }
+                        state = Some(s);
+                    }
+                }
+                RequestAction::Answer(s) => return Ok(Decision::Answer { by: i, state: s }),
+                RequestAction::Drop => return Ok(Decision::Drop),
+            }
+        }
+        Ok(Decision::Forward { frame, state })
+    }
+
+    /// Passes a response through every filter that handles it, in order,
+    /// stopping at the first that blocks (the caller runs the chain again
+    /// on the returned frame once the wait completes).
+    pub fn on_response(
+        &self,
+        h: &RequestHeader,
+        state: &mut Option<RequestState>,
+        frame: BytesMut,
+    ) -> Result<Rewritten, RewriteError> {
+        let mut frame = frame;
+        for f in &self.filters {
+            if !f.handles(h.api_key, h.api_version) {
+                continue;
+            }
+            frame = match f.on_response(h, state.as_mut(), frame)? {
+                Rewritten::Ready(next) => next,
+                blocked => return Ok(blocked),
+            };
+        }
+        Ok(Rewritten::Ready(frame))
+    }
+
+    /// The answer of filter `by` to a request it kept ([`Decision::Answer`]).
+    pub fn answer(
+        &self,
+        h: &RequestHeader,
+        by: usize,
+        state: &mut RequestState,
+    ) -> Result<Rewritten, RewriteError> {
+        match self.filters.get(by) {
+            Some(f) => f.answer(h, state),
+            None => Err(RewriteError::new(h, "no filter answers this request")),
+        }
+    }
+
+    /// Whether the listener keeps its clients when the upstream is gone.
+    pub fn serves_offline(&self) -> bool {
+        self.serves_offline
+    }
+
+    /// The first deadline a filter sets for the upstream's answer to `h`.
+    pub fn upstream_deadline(&self, h: &RequestHeader, frame: &[u8]) -> Option<Duration> {
+        self.filters
+            .iter()
+            .find_map(|f| f.upstream_deadline(h, frame))
+    }
+
+    /// The first filter's answer to `request` without the upstream; `None`
+    /// when no filter can answer it (the connection then closes).
+    pub fn offline_answer(
+        &self,
+        h: &RequestHeader,
+        request: &[u8],
+    ) -> Option<Result<OfflineAnswer, RewriteError>> {
+        self.filters
+            .iter()
+            .find_map(|f| f.offline_answer(h, request))
+    }
+}
+
+/// Per API key any of `filters` decodes, the intersection of their version
+/// ranges, sorted by key.
+pub(super) fn decode_set(filters: &[Box<dyn Filter>]) -> Vec<(i16, RangeInclusive<i16>)> {
+    let mut set: Vec<(i16, RangeInclusive<i16>)> = Vec::new();
+    for (key, r) in filters.iter().flat_map(|f| f.decodes().iter()) {
+        match set.iter_mut().find(|(k, _)| k == key) {
+            Some((_, have)) => {
+                *have = (*have.start()).max(*r.start())..=(*have.end()).min(*r.end());
+            }
+            None => set.push((*key, r.clone())),
+        }
+    }
+    set.sort_by_key(|(k, _)| *k);
+    set
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::codec::api;
+    use crate::filter::address::AddressRewrite;
+    use crate::filter::produce_guard::ProduceGuard;
+    use crate::metrics::Metrics;
+    use crate::proxy::nodes::NodeRegistry;
+
+    fn nodes() -> Arc<NodeRegistry> {
+        Arc::new(NodeRegistry::new("t", "127.0.0.1", 0, Metrics::new()))
+    }
+
+    fn header(api_key: i16, api_version: i16) -> RequestHeader {
+        RequestHeader {
+            api_key,
+            api_version,
+            correlation_id: 7,
+        }
+    }
+
+    /// A plain listener clamps to exactly what the handlers parse.
+    #[test]
+    fn plain_chain_decodes_the_handler_table() {
+        let chain = Chain::new(vec![Box::new(AddressRewrite::new(nodes()))]);
+        let mut expected = crate::handlers::DECODED_VERSIONS.to_vec();
+        expected.sort_by_key(|(k, _)| *k);
+        assert_eq!(chain.decode_set(), expected);
+        assert!(chain.wants(&header(api::METADATA, 0)));
+        assert!(chain.wants(&header(api::API_VERSIONS, 3)));
+        assert!(!chain.wants(&header(api::PRODUCE, 9)));
+        assert!(chain.wants(&header(api::PRODUCE, 10)));
+        assert!(!chain.wants(&header(api::FETCH, 15)));
+        assert!(chain.wants(&header(api::FETCH, 16)));
+        assert!(!chain.wants(&header(2, 8)));
+    }
+
+    /// The guard's own Produce limit lowers the chain's clamp; nothing else moves.
+    #[test]
+    fn guard_chain_clamps_produce_to_what_the_guard_parses() {
+        let metrics = Metrics::new();
+        let guard = ProduceGuard::new(
+            "g",
+            crate::lifecycle::Lifecycle::new(metrics.clone()),
+            Vec::new(),
+            metrics,
+        );
+        let chain = Chain::new(vec![
+            Box::new(guard),
+            Box::new(AddressRewrite::new(nodes())),
+        ]);
+        let set = chain.decode_set();
+        let produce = set.iter().find(|(k, _)| *k == api::PRODUCE).unwrap();
+        assert_eq!(produce.1, 3..=12);
+        let fetch = set.iter().find(|(k, _)| *k == api::FETCH).unwrap();
+        assert_eq!(fetch.1, 4..=18);
+        assert!(chain.wants(&header(api::PRODUCE, 3)));
+    }
+}
