@@ -20,6 +20,7 @@
 use bytes::BytesMut;
 
 use crate::codec::api;
+use crate::codec::api::error::{UNKNOWN_TOPIC_OR_PARTITION, UNSUPPORTED_VERSION};
 use crate::codec::header::{request_body_offset, response_frame};
 use crate::codec::RequestHeader;
 use crate::handlers::{
@@ -32,11 +33,6 @@ use crate::wire::{Reader, WireError, WireResult, Writer};
 pub const SOURCE_TOPOLOGY_TYPE: i16 = 8;
 /// Value version this code writes and reads.
 pub const SOURCE_TOPOLOGY_VERSION: i16 = 0;
-
-/// Kafka's UNKNOWN_TOPIC_OR_PARTITION.
-const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;
-/// Kafka's UNSUPPORTED_VERSION.
-const UNSUPPORTED_VERSION: i16 = 35;
 
 /// API versions answered offline (what the local ApiVersions offers).
 const OFFLINE_VERSIONS: &[(i16, i16, i16)] = &[

@@ -88,7 +88,7 @@ pub async fn refresh_nodes(
     if response_correlation_id(&frame) != Some(correlation_id) {
         anyhow::bail!("Metadata response has the wrong correlation id");
     }
-    let header_version = if version >= 9 { 1 } else { 0 };
+    let header_version = crate::codec::api::response_header_version(METADATA, version).unwrap_or(0);
     let body_at = response_body_offset(&frame, header_version)
         .ok_or_else(|| anyhow::anyhow!("Metadata response too short"))?;
     let body = &frame[body_at..];
