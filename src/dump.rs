@@ -45,7 +45,6 @@ use crate::pid;
 use crate::records::batch::{increment_sequence, BatchHeader, Compression, Entry};
 use crate::records::control::{self, ControlValue};
 use crate::records::record::{records, Record};
-use crate::records::varint::Cursor;
 use crate::records::{self as rec, BatchError};
 use crate::state_store::schema::{self, MirrorPartitionState, SchemaError, StateKey, StateRecord};
 use crate::wire::{Reader, WireError};
@@ -761,19 +760,22 @@ struct LegacyEntry<'a> {
 
 impl<'a> LegacyEntry<'a> {
     fn parse(e: &'a [u8], position: usize) -> Self {
-        let mut c = Cursor::new(e);
-        let offset = c.i64().unwrap_or(-1);
-        let _size = c.i32();
+        let offset = Reader::new(e).read_i64("LegacyEntry.offset").unwrap_or(-1);
         let crc = rec::read_u32(e, 12).unwrap_or(0);
         let covered = e.get(16..).unwrap_or_default();
         let magic = e.get(16).copied().unwrap_or(0);
         let attributes = e.get(17).copied().unwrap_or(0);
-        let mut body = Cursor::new(e.get(18..).unwrap_or_default());
-        let timestamp = if magic == 1 { body.i64() } else { Some(-1) };
+        let mut body = Reader::new(e.get(18..).unwrap_or_default());
+        let timestamp = if magic == 1 {
+            body.read_i64("LegacyEntry.timestamp").ok()
+        } else {
+            Some(-1)
+        };
+        // Legacy key and value: int32 length (negative = null), then bytes.
         let mut field = || -> Option<Option<&'a [u8]>> {
-            let len = body.i32()?;
+            let len = body.read_i32("LegacyEntry.field").ok()?;
             match usize::try_from(len) {
-                Ok(n) => Some(Some(body.bytes(n)?)),
+                Ok(n) => Some(Some(body.take(n, "LegacyEntry.field").ok()?)),
                 Err(_) => Some(None),
             }
         };
