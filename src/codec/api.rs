@@ -164,6 +164,13 @@ pub fn response_header_version(api_key: i16, api_version: i16) -> Option<i16> {
     Some(if api_version >= *flex { 1 } else { 0 })
 }
 
+/// Whether `api_key`'s messages are flexible (compact strings and arrays,
+/// tagged fields) at `api_version`: exactly when its request header is v2,
+/// so the answer comes from the same table. `false` for unknown keys.
+pub fn is_flexible(api_key: i16, api_version: i16) -> bool {
+    request_header_version(api_key, api_version) == Some(2)
+}
+
 /// Kafka error codes, by their names in Kafka's `Errors` (the numbers come
 /// from the crate's table, so none is typed by hand).
 pub mod error {
@@ -342,6 +349,30 @@ mod tests {
             assert_eq!(response_header_version(key, 0), None);
         }
         assert_eq!(request_header_version(PRODUCE, -1), None);
+    }
+
+    /// The first flexible version of each API mirrorguard encodes or
+    /// decodes, as in Kafka 4.4's message schemas (`flexibleVersions`).
+    #[test]
+    fn flexible_versions_of_the_apis_we_speak() {
+        for (key, first) in [
+            (PRODUCE, 9),
+            (FETCH, 12),
+            (METADATA, 9),
+            (FIND_COORDINATOR, 3),
+            (API_VERSIONS, 3),
+            (ApiKey::CreateTopics as i16, 5),
+            (ApiKey::InitProducerId as i16, 2),
+            (ApiKey::DescribeConfigs as i16, 4),
+            (ApiKey::DescribeProducers as i16, 0),
+            (DESCRIBE_CLUSTER, 0),
+        ] {
+            for v in 0..=20 {
+                assert_eq!(is_flexible(key, v), v >= first, "key {key} v{v}");
+            }
+        }
+        assert!(!is_flexible(ApiKey::SaslHandshake as i16, 1));
+        assert!(!is_flexible(93, 0));
     }
 
     #[test]

@@ -255,7 +255,7 @@ fn api_versions(h: &RequestHeader) -> Result<BytesMut, RewriteError> {
     } else {
         (0, UNSUPPORTED_VERSION)
     };
-    let flexible = v >= 3;
+    let flexible = api::is_flexible(api::API_VERSIONS, v);
     let mut w = Writer::new(Vec::with_capacity(64));
     w.put_i16(error);
     w.put_array_len_v(flexible, Some(OFFLINE_VERSIONS.len()), "api_keys")
@@ -285,7 +285,7 @@ enum Wanted {
 }
 
 fn parse_metadata_topics(version: i16, body: &[u8]) -> WireResult<Wanted> {
-    let flexible = version >= 9;
+    let flexible = api::is_flexible(api::METADATA, version);
     let mut r = Reader::new(body);
     let n = if flexible {
         r.read_compact_array_len(17, "topics")?
@@ -326,7 +326,7 @@ fn metadata(
     }
     let body = request_body(h, frame)?;
     let wanted = parse_metadata_topics(v, body).map_err(|e| err(h, e.to_string()))?;
-    let flexible = v >= 9;
+    let flexible = api::is_flexible(api::METADATA, v);
     let e = |x: WireError| err(h, x.to_string());
     let mut w = Writer::new(Vec::with_capacity(256));
     if v >= 3 {

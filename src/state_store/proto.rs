@@ -11,7 +11,7 @@ use std::ops::RangeInclusive;
 
 use kafka_protocol::messages::ApiKey;
 
-use crate::codec::api::{request_header_version, response_header_version};
+use crate::codec::api::{is_flexible, request_header_version, response_header_version};
 use crate::wire::{Reader, WireError, WireResult, Writer};
 
 /// Produce.
@@ -139,7 +139,7 @@ pub(crate) fn parse_api_versions(body: &[u8]) -> WireResult<(i16, Vec<ApiRange>)
 /// Metadata request for one topic, never auto-creating it (the store creates
 /// it itself, compacted).
 pub(crate) fn metadata_request(v: i16, topic: &str, w: &mut Writer<Vec<u8>>) -> WireResult<()> {
-    let flex = v >= 9;
+    let flex = is_flexible(METADATA, v);
     w.put_array_len_v(flex, Some(1), "MetadataRequest.topics")?;
     if v >= 10 {
         w.put_uuid(&[0; 16]);
@@ -201,7 +201,7 @@ fn skip_i32_array(r: &mut Reader<'_>, flex: bool, field: &'static str) -> WireRe
 
 /// Parses a Metadata response body at `v` (4..=12).
 pub(crate) fn parse_metadata(v: i16, body: &[u8]) -> WireResult<MetadataInfo> {
-    let flex = v >= 9;
+    let flex = is_flexible(METADATA, v);
     let mut r = Reader::new(body);
     r.read_i32("MetadataResponse.throttle_time_ms")?;
     let nb = r.read_array_len_v(flex, 10, "MetadataResponse.brokers")?;
@@ -280,7 +280,7 @@ pub(crate) fn create_topics_request(
     timeout_ms: i32,
     w: &mut Writer<Vec<u8>>,
 ) -> WireResult<()> {
-    let flex = v >= 5;
+    let flex = is_flexible(CREATE_TOPICS, v);
     w.put_array_len_v(flex, Some(1), "CreateTopicsRequest.topics")?;
     w.put_string_v(flex, topic, "CreateTopicsRequest.topics.name")?;
     w.put_i32(partitions);
@@ -373,7 +373,7 @@ pub(crate) fn parse_create_topics(
     v: i16,
     body: &[u8],
 ) -> WireResult<Vec<(String, i16, Option<String>)>> {
-    let flex = v >= 5;
+    let flex = is_flexible(CREATE_TOPICS, v);
     let mut r = Reader::new(body);
     r.read_i32("CreateTopicsResponse.throttle_time_ms")?;
     let n = r.read_array_len_v(flex, 4, "CreateTopicsResponse.topics")?;
@@ -414,7 +414,7 @@ pub(crate) fn parse_create_topics(
 /// InitProducerId for an idempotent (non-transactional) producer: always
 /// asks for a fresh producer id.
 pub(crate) fn init_producer_id_request(v: i16, w: &mut Writer<Vec<u8>>) -> WireResult<()> {
-    let flex = v >= 2;
+    let flex = is_flexible(INIT_PRODUCER_ID, v);
     w.put_nullable_string_v(flex, None, "InitProducerIdRequest.transactional_id")?;
     w.put_i32(i32::MAX); // transaction_timeout_ms: unused without a transactional id
     if v >= 3 {
@@ -434,7 +434,10 @@ pub(crate) fn parse_init_producer_id(v: i16, body: &[u8]) -> WireResult<(i16, i6
     let err = r.read_i16("InitProducerIdResponse.error_code")?;
     let pid = r.read_i64("InitProducerIdResponse.producer_id")?;
     let epoch = r.read_i16("InitProducerIdResponse.producer_epoch")?;
-    r.skip_tagged_fields_v(v >= 2, "InitProducerIdResponse._tagged_fields")?;
+    r.skip_tagged_fields_v(
+        is_flexible(INIT_PRODUCER_ID, v),
+        "InitProducerIdResponse._tagged_fields",
+    )?;
     Ok((err, pid, epoch))
 }
 
@@ -451,7 +454,7 @@ pub(crate) fn produce_request(
     batch: &[u8],
     w: &mut Writer<Vec<u8>>,
 ) -> WireResult<()> {
-    let flex = v >= 9;
+    let flex = is_flexible(PRODUCE, v);
     w.put_nullable_string_v(flex, None, "ProduceRequest.transactional_id")?;
     w.put_i16(acks);
     w.put_i32(timeout_ms);
@@ -481,7 +484,7 @@ pub(crate) struct ProducePartition {
 
 /// Parses the partition results of a Produce response at `v` (3..=12).
 pub(crate) fn parse_produce(v: i16, body: &[u8]) -> WireResult<Vec<ProducePartition>> {
-    let flex = v >= 9;
+    let flex = is_flexible(PRODUCE, v);
     let mut r = Reader::new(body);
     let nt = r.read_array_len_v(flex, 2, "ProduceResponse.responses")?;
     let mut out = Vec::new();
@@ -543,7 +546,7 @@ pub(crate) fn fetch_request(
     max_bytes: i32,
     w: &mut Writer<Vec<u8>>,
 ) -> WireResult<()> {
-    let flex = v >= 12;
+    let flex = is_flexible(FETCH, v);
     w.put_i32(-1); // replica_id: a consumer
     w.put_i32(FETCH_MAX_WAIT_MS);
     w.put_i32(0); // min_bytes
