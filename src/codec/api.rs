@@ -67,7 +67,8 @@ pub const NOT_IN_CRATE: &[(i16, &str, i16)] = &[
     (5, "StopReplica", 2),
     (6, "UpdateMetadata", 6),
     (7, "ControlledShutdown", 3),
-    // Stable since Kafka 4.1's successors; flexible from version 0.
+    // In Kafka 4.4 (versions 0-1), unstable and so left out in 4.1;
+    // flexible from version 0.
     (88, "StreamsGroupHeartbeat", 0),
     (89, "StreamsGroupDescribe", 0),
 ];
