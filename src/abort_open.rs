@@ -34,8 +34,8 @@ use crate::codec::FrameReader;
 use crate::proxy::upstream::connect;
 use crate::wire::{Reader, WireResult};
 
-const DESCRIBE_PRODUCERS: i16 = 61;
-const WRITE_TXN_MARKERS: i16 = 27;
+const DESCRIBE_PRODUCERS: i16 = kafka_protocol::messages::ApiKey::DescribeProducers as i16;
+const WRITE_TXN_MARKERS: i16 = kafka_protocol::messages::ApiKey::WriteTxnMarkers as i16;
 const CLIENT_ID: &[u8] = b"mirrorguard-abort-open";
 
 /// One transaction found open on the destination.

@@ -56,7 +56,9 @@ pub struct MirrorConfig {
     /// Interface the per-node listeners bind to.
     #[serde(default = "default_listen_host")]
     pub listen_host: String,
-    /// Host name handed to the fetcher in Metadata and friends.
+    /// Host name handed to the fetcher in Metadata and friends; defaults to
+    /// `listen_host` (as `[[listener]]`), which must then not be a wildcard.
+    #[serde(default)]
     pub advertised_host: String,
     /// Source broker node N is served at `node_port_base + N`.
     pub node_port_base: u16,
@@ -363,7 +365,9 @@ pub struct ListenerConfig {
     /// Interface the per-node listeners bind to.
     #[serde(default = "default_listen_host")]
     pub listen_host: String,
-    /// Host name handed to clients in Metadata and friends.
+    /// Host name handed to clients in Metadata and friends; defaults to
+    /// `listen_host`, which must then not be a wildcard (0.0.0.0, ::).
+    #[serde(default)]
     pub advertised_host: String,
     /// Broker node N is served at `node_port_base + N`.
     pub node_port_base: u16,
@@ -436,13 +440,66 @@ impl Config {
             path: path.to_path_buf(),
             message: e.to_string(),
         })?;
-        let config: Config =
+        let mut config: Config =
             serde_path_to_error::deserialize(de).map_err(|e| ConfigError::Parse {
                 path: path.to_path_buf(),
                 message: format!("at `{}`: {}", e.path(), e.inner()),
             })?;
+        config.default_advertised_hosts(path)?;
         config.validate(path)?;
         Ok(config)
+    }
+
+    /// `advertised_host` left out of a `[[listener]]`, `[[guard]]` or
+    /// `[[mirror]]` is its `listen_host`: what a client on that interface
+    /// connects to. A wildcard `listen_host` cannot be advertised, so it
+    /// needs an explicit `advertised_host`.
+    fn default_advertised_hosts(&mut self, path: &Path) -> Result<(), ConfigError> {
+        let sections = self
+            .listeners
+            .iter_mut()
+            .enumerate()
+            .map(|(i, l)| {
+                (
+                    format!("listener[{i}]"),
+                    &l.listen_host,
+                    &mut l.advertised_host,
+                )
+            })
+            .chain(self.guards.iter_mut().enumerate().map(|(i, l)| {
+                (
+                    format!("guard[{i}]"),
+                    &l.listen_host,
+                    &mut l.advertised_host,
+                )
+            }))
+            .chain(self.mirrors.iter_mut().enumerate().map(|(i, m)| {
+                (
+                    format!("mirror[{i}]"),
+                    &m.listen_host,
+                    &mut m.advertised_host,
+                )
+            }));
+        for (section, listen_host, advertised_host) in sections {
+            if !advertised_host.is_empty() {
+                continue;
+            }
+            if listen_host
+                .parse::<IpAddr>()
+                .is_ok_and(|ip| ip.is_unspecified())
+            {
+                return Err(ConfigError::Invalid {
+                    path: path.to_path_buf(),
+                    field: format!("{section}.advertised_host"),
+                    message: format!(
+                        "required when listen_host is {listen_host:?}: a wildcard address \
+                         cannot be handed to clients"
+                    ),
+                });
+            }
+            advertised_host.clone_from(listen_host);
+        }
+        Ok(())
     }
 
     /// Checks the values types cannot express.
@@ -698,6 +755,57 @@ upstream_bootstrap = ["127.0.0.1:9092"]
 
     fn parse(text: &str) -> Result<Config, ConfigError> {
         Config::parse(text, Path::new("proxy.toml"))
+    }
+
+    /// `advertised_host` defaults to `listen_host` in every listener kind,
+    /// `[[mirror]]` included (README: its keys are those of `[[listener]]`).
+    #[test]
+    fn advertised_host_defaults_to_listen_host() {
+        let text = r#"
+[admin]
+listen = "127.0.0.1:9644"
+
+[[listener]]
+name = "plain"
+bootstrap = "127.0.0.1:19092"
+node_port_base = 19100
+upstream_bootstrap = ["127.0.0.1:9092"]
+
+[[guard]]
+name = "guard"
+bootstrap = "127.0.0.1:29092"
+listen_host = "127.0.0.2"
+node_port_base = 29100
+upstream_bootstrap = ["127.0.0.1:9092"]
+
+[[mirror]]
+name = "a-to-b"
+bootstrap = "127.0.0.1:39092"
+listen_host = "127.0.0.3"
+node_port_base = 39100
+source_bootstrap = ["127.0.0.1:9093"]
+pid_mode = "preserve"
+
+[[mirror]]
+name = "c-to-b"
+bootstrap = "127.0.0.1:49092"
+advertised_host = "mirror.example"
+node_port_base = 49100
+source_bootstrap = ["127.0.0.1:9094"]
+pid_mode = "preserve"
+"#;
+        let c = parse(text).unwrap();
+        assert_eq!(c.listeners[0].advertised_host, "127.0.0.1");
+        assert_eq!(c.guards[0].advertised_host, "127.0.0.2");
+        assert_eq!(c.mirrors[0].advertised_host, "127.0.0.3");
+        assert_eq!(c.mirrors[0].listener().advertised_host, "127.0.0.3");
+        assert_eq!(c.mirrors[1].advertised_host, "mirror.example");
+
+        // A wildcard listen_host cannot be the default: the error names the field.
+        let wild = text.replace("listen_host = \"127.0.0.3\"", "listen_host = \"0.0.0.0\"");
+        let err = parse(&wild).unwrap_err().to_string();
+        assert!(err.contains("mirror[0].advertised_host"), "{err}");
+        assert!(err.contains("wildcard"), "{err}");
     }
 
     #[test]

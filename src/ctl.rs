@@ -1,10 +1,9 @@
 //! `mirrorguard ctl`: the admin API from a shell.
 //!
-//! A deliberately small HTTP/1.1 client over `std::net` (the admin listener
-//! is local and plain HTTP), so the command line needs no extra stack.
+//! The admin listener is local and plain HTTP/1.1; requests go through
+//! hyper's HTTP/1 client connection (hyper already serves the admin API), on
+//! a current-thread runtime for the one call.
 
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -132,7 +131,14 @@ fn call(args: &CtlArgs) -> Result<(u16, String), String> {
     http(&args.admin, method, &path, body.as_ref(), token.as_deref())
 }
 
+/// How long one admin call may take, connect to last body byte.
+const CALL_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// One HTTP/1.1 request with `Connection: close`; returns status and body.
+///
+/// The response is read by hyper's HTTP/1 client, so framing is checked: a
+/// chunked body is decoded whole (chunk extensions included), and a body
+/// shorter than its `Content-Length` is an error, never a silent success.
 pub fn http(
     addr: &str,
     method: &str,
@@ -140,82 +146,157 @@ pub fn http(
     body: Option<&serde_json::Value>,
     token: Option<&str>,
 ) -> Result<(u16, String), String> {
-    let mut stream = TcpStream::connect(addr)
-        .map_err(|e| format!("cannot reach the admin API at {addr}: {e}"))?;
-    let _ = stream.set_read_timeout(Some(Duration::from_secs(60)));
-    let payload = body.map(|b| b.to_string()).unwrap_or_default();
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
-    if let Some(t) = token {
-        req.push_str(&format!("Authorization: Bearer {t}\r\n"));
-    }
-    if body.is_some() {
-        req.push_str(&format!(
-            "Content-Type: application/json\r\nContent-Length: {}\r\n",
-            payload.len()
-        ));
-    }
-    req.push_str("\r\n");
-    req.push_str(&payload);
-    stream
-        .write_all(req.as_bytes())
-        .map_err(|e| e.to_string())?;
-    let mut resp = Vec::new();
-    stream.read_to_end(&mut resp).map_err(|e| e.to_string())?;
-    let split = resp
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .ok_or("malformed HTTP response")?;
-    let head = String::from_utf8_lossy(&resp[..split]);
-    let rest = &resp[split + 4..];
-    let status: u16 = head
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .ok_or("malformed HTTP status line")?;
-    let chunked = head
-        .to_ascii_lowercase()
-        .contains("transfer-encoding: chunked");
-    let body = if chunked {
-        dechunk(rest)
-    } else {
-        rest.to_vec()
-    };
-    let body = String::from_utf8_lossy(&body).into_owned();
-    Ok((status, body))
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("cannot start the HTTP client: {e}"))?;
+    rt.block_on(async {
+        tokio::time::timeout(CALL_TIMEOUT, http_async(addr, method, path, body, token))
+            .await
+            .map_err(|_| {
+                format!("no answer from the admin API at {addr} within {CALL_TIMEOUT:?}")
+            })?
+    })
 }
 
-/// Joins the chunks of a chunked HTTP body (byte-wise: chunk sizes count
-/// bytes, not characters).
-fn dechunk(mut s: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    while let Some(eol) = s.windows(2).position(|w| w == b"\r\n") {
-        let size = String::from_utf8_lossy(&s[..eol]);
-        let Ok(n) = usize::from_str_radix(size.trim(), 16) else {
-            break;
-        };
-        let rest = &s[eol + 2..];
-        if n == 0 || rest.len() < n {
-            break;
-        }
-        out.extend_from_slice(&rest[..n]);
-        s = rest[n..].strip_prefix(b"\r\n").unwrap_or(&rest[n..]);
+async fn http_async(
+    addr: &str,
+    method: &str,
+    path: &str,
+    body: Option<&serde_json::Value>,
+    token: Option<&str>,
+) -> Result<(u16, String), String> {
+    use http_body_util::{BodyExt, Full};
+    use hyper::body::Bytes;
+    use hyper::header;
+
+    let stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .map_err(|e| format!("cannot reach the admin API at {addr}: {e}"))?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Full<Bytes>>(
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .map_err(|e| format!("admin API at {addr}: {e}"))?;
+    // Drives the connection; it ends when the response has been read (or
+    // the peer goes away, which the response future then reports).
+    let conn = tokio::spawn(conn);
+
+    let mut req = hyper::Request::builder()
+        .method(method)
+        .uri(path)
+        .header(header::HOST, addr)
+        .header(header::CONNECTION, "close");
+    if let Some(t) = token {
+        req = req.header(header::AUTHORIZATION, format!("Bearer {t}"));
     }
-    out
+    let payload = match body {
+        Some(b) => {
+            req = req.header(header::CONTENT_TYPE, "application/json");
+            Bytes::from(b.to_string())
+        }
+        None => Bytes::new(),
+    };
+    let req = req
+        .body(Full::new(payload))
+        .map_err(|e| format!("cannot build the request: {e}"))?;
+    let resp = sender
+        .send_request(req)
+        .await
+        .map_err(|e| format!("admin API at {addr}: {}", error_chain(&e)))?;
+    let status = resp.status().as_u16();
+    let bytes = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| {
+            format!(
+                "admin API at {addr}: incomplete response body (HTTP {status}): {}",
+                error_chain(&e)
+            )
+        })?
+        .to_bytes();
+    conn.abort();
+    Ok((status, String::from_utf8_lossy(&bytes).into_owned()))
+}
+
+/// An error and its causes, `outer: inner: ...` (hyper's own messages are
+/// terse; the cause says what actually went wrong).
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cause = c.source();
+    }
+    s
 }
 
 #[cfg(test)]
 mod tests {
-    use super::dechunk;
+    use std::io::{Read, Write};
+    use std::net::TcpListener;
+
+    use super::http;
+
+    /// A one-shot HTTP peer on 127.0.0.1: reads the request head, answers
+    /// `response` verbatim, closes. Returns its address.
+    fn peer(response: &'static [u8]) -> String {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut req = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !req.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => req.extend_from_slice(&buf[..n]),
+                }
+            }
+            let _ = s.write_all(response);
+        });
+        addr
+    }
 
     #[test]
-    fn dechunk_counts_bytes() {
-        // "é" is two bytes: a chunk boundary may fall between them.
-        let mut bytes = b"2\r\na".to_vec();
-        bytes.push(0xc3);
-        bytes.extend_from_slice(b"\r\n2\r\n");
-        bytes.push(0xa9);
-        bytes.extend_from_slice(b"b\r\n0\r\n\r\n");
-        assert_eq!(String::from_utf8(dechunk(&bytes)).unwrap(), "aéb");
-        assert_eq!(dechunk(b"zz\r\n"), Vec::<u8>::new());
+    fn chunked_body_with_extensions_is_read_whole() {
+        let addr = peer(
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n\
+              5;name=value\r\n{\"a\":\r\n3;x\r\n\xc3\xa91\r\n1\r\n}\r\n0\r\n\r\n",
+        );
+        let (status, body) = http(&addr, "GET", "/v1/partitions", None, None).unwrap();
+        assert_eq!((status, body.as_str()), (200, "{\"a\":é1}"));
+    }
+
+    #[test]
+    fn body_shorter_than_content_length_is_an_error() {
+        let addr = peer(b"HTTP/1.1 200 OK\r\nContent-Length: 40\r\n\r\n{\"partitions\": []}");
+        let err = http(&addr, "GET", "/v1/partitions", None, None).unwrap_err();
+        assert!(err.contains("incomplete response body"), "{err}");
+    }
+
+    #[test]
+    fn status_and_body_of_an_error_answer() {
+        let addr = peer(
+            b"HTTP/1.1 409 Conflict\r\nContent-Length: 13\r\nConnection: close\r\n\r\n{\"error\":\"x\"}",
+        );
+        let body = serde_json::json!({"mirror": "m", "all": true});
+        let (status, text) =
+            http(&addr, "POST", "/v1/partitions/stop", Some(&body), Some("t")).unwrap();
+        assert_eq!((status, text.as_str()), (409, "{\"error\":\"x\"}"));
+    }
+
+    #[test]
+    fn unreachable_admin_api_is_a_clear_error() {
+        // Bind then drop: nothing listens on the port any more.
+        let addr = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .to_string();
+        let err = http(&addr, "GET", "/v1/partitions", None, None).unwrap_err();
+        assert!(err.contains("cannot reach the admin API"), "{err}");
     }
 }

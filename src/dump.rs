@@ -40,12 +40,14 @@ use std::process::ExitCode;
 
 use serde_json::{json, Map, Value};
 
+use crate::mirror::offline::SOURCE_TOPOLOGY_TYPE;
 use crate::pid;
 use crate::records::batch::{increment_sequence, BatchHeader, Compression, Entry};
 use crate::records::control::{self, ControlValue};
 use crate::records::record::{records, Record};
-use crate::records::varint::Cursor;
 use crate::records::{self as rec, BatchError};
+use crate::state_store::schema::{self, MirrorPartitionState, SchemaError, StateKey, StateRecord};
+use crate::wire::{Reader, WireError};
 
 /// Arguments of `mirrorguard dump`.
 #[derive(Debug, Clone, clap::Args)]
@@ -467,87 +469,9 @@ fn record_json(h: &BatchHeader, r: &Record<'_>, opts: DumpOptions) -> Value {
 
 // ---------------------------------------------------------------------------
 // __mirror_state records (SPEC 2.2): key = int16 record type + fields,
-// value = int16 version + fields. New record types are added as rows of
-// MIRROR_STATE_TYPES; nothing else has to change.
-
-/// Decoder of one `__mirror_state` record type.
-struct MirrorStateType {
-    /// Record type (first int16 of the key).
-    record_type: i16,
-    /// Decodes the key fields after the type, consuming them all.
-    key: fn(&mut Cursor<'_>) -> Result<Fields, &'static str>,
-    /// Decodes the value fields after the version.
-    value: fn(&mut Cursor<'_>, i16) -> Result<Fields, &'static str>,
-}
-
-/// All known `__mirror_state` record types.
-const MIRROR_STATE_TYPES: &[MirrorStateType] = &[
-    MirrorStateType {
-        record_type: 3,
-        key: collision_key,
-        value: collision_value,
-    },
-    MirrorStateType {
-        record_type: 4,
-        key: topic_partition_key,
-        value: partition_state_value,
-    },
-    MirrorStateType {
-        record_type: 5,
-        key: topic_partition_key,
-        value: producer_snapshot_value,
-    },
-    MirrorStateType {
-        record_type: crate::mirror::offline::SOURCE_TOPOLOGY_TYPE,
-        key: mirror_name_key,
-        value: source_topology_value,
-    },
-    MirrorStateType {
-        record_type: crate::state_store::schema::PRODUCER_CLAIM_TYPE,
-        key: producer_claim_key,
-        value: producer_claim_value,
-    },
-    MirrorStateType {
-        record_type: crate::state_store::schema::PRODUCER_SNAPSHOT_CHUNK_TYPE,
-        key: snapshot_chunk_key,
-        value: snapshot_chunk_value,
-    },
-];
-
-fn mirror_name_key(c: &mut Cursor<'_>) -> Result<Fields, &'static str> {
-    Ok(Fields(vec![("mirror", json!(string16(c)?))]))
-}
-
-/// Type 8 (decoded by `mirror::offline`, which owns the schema).
-fn source_topology_value(c: &mut Cursor<'_>, version: i16) -> Result<Fields, &'static str> {
-    let rest = c.bytes(c.remaining()).ok_or("truncated")?;
-    let mut with_version = version.to_be_bytes().to_vec();
-    with_version.extend_from_slice(rest);
-    let (t, ts) = crate::mirror::offline::Topology::decode_value(&with_version)
-        .map_err(|_| "malformed source topology")?
-        .ok_or("source topology value version newer than this code")?;
-    let brokers: Vec<Value> = t
-        .brokers
-        .iter()
-        .map(|b| json!({"nodeId": b.node_id, "host": b.host, "port": b.port}))
-        .collect();
-    let topics: Vec<Value> = t
-        .topics
-        .iter()
-        .map(|x| {
-            json!({
-                "name": x.name,
-                "partitions": x.partitions.iter().map(|p| json!({"partition": p.index, "leader": p.leader, "leaderEpoch": p.leader_epoch})).collect::<Vec<_>>(),
-            })
-        })
-        .collect();
-    Ok(Fields(vec![
-        ("sourceClusterId", json!(t.source_cluster_id)),
-        ("timestampMs", json!(ts)),
-        ("brokers", Value::Array(brokers)),
-        ("topics", Value::Array(topics)),
-    ]))
-}
+// value = int16 version + fields. Types 3 to 7 are decoded by
+// `state_store::schema` (the decoder the state store itself uses), type 8 by
+// `mirror::offline`, which owns it; this part only renders them.
 
 /// A decoded `__mirror_state` record.
 enum MirrorState {
@@ -586,237 +510,209 @@ impl Fields {
     }
 }
 
-fn uuid_b64(c: &mut Cursor<'_>) -> Option<String> {
-    let b: [u8; 16] = c.bytes(16)?.try_into().ok()?;
-    Some(pid::ClusterId(b).to_base64())
+fn uuid_b64(id: &[u8; 16]) -> String {
+    pid::ClusterId(*id).to_base64()
 }
 
-/// Non-flexible string: int16 length, then UTF-8 bytes (null refused).
-fn string16(c: &mut Cursor<'_>) -> Result<String, &'static str> {
-    let len = c.i16().ok_or("truncated string length")?;
-    let len = usize::try_from(len).map_err(|_| "null string")?;
-    let b = c.bytes(len).ok_or("string extends past the record")?;
-    std::str::from_utf8(b)
-        .map(str::to_owned)
-        .map_err(|_| "string is not UTF-8")
-}
-
-/// Compact string: unsigned varint length + 1, then UTF-8 bytes.
-fn compact_string(c: &mut Cursor<'_>) -> Result<String, &'static str> {
-    let n = c.uvarint().ok_or("bad compact string length")?;
-    let len = n.checked_sub(1).ok_or("null string")?;
-    let len = usize::try_from(len).map_err(|_| "bad compact string length")?;
-    let b = c.bytes(len).ok_or("string extends past the record")?;
-    std::str::from_utf8(b)
-        .map(str::to_owned)
-        .map_err(|_| "string is not UTF-8")
-}
-
-/// `MirrorPidCollisionKey` (type 3, version 0, not flexible).
-fn collision_key(c: &mut Cursor<'_>) -> Result<Fields, &'static str> {
-    let topic_id = uuid_b64(c).ok_or("truncated TopicId")?;
-    let partition = c.i32().ok_or("truncated Partition")?;
-    let source = string16(c)?;
-    let original = c.i64().ok_or("truncated OriginalPid")?;
-    Ok(Fields(vec![
-        ("topicId", json!(topic_id)),
+/// `topicId`, `partition`: the first two fields of every key of types 4-7.
+fn topic_partition(topic_id: &[u8; 16], partition: i32) -> Vec<(&'static str, Value)> {
+    vec![
+        ("topicId", json!(uuid_b64(topic_id))),
         ("partition", json!(partition)),
-        ("sourceClusterId", json!(source)),
-        ("originalPid", json!(original)),
-    ]))
+    ]
 }
 
-/// `MirrorPidCollisionValue` (version 0, flexible).
-fn collision_value(c: &mut Cursor<'_>, _version: i16) -> Result<Fields, &'static str> {
-    let salt = c.i64().ok_or("truncated Salt")?;
-    let colliding = compact_string(c)?;
-    let ts = c.i64().ok_or("truncated TimestampMs")?;
-    c.skip_tagged_fields().ok_or("bad tagged fields")?;
-    Ok(Fields(vec![
-        ("salt", json!(salt)),
-        ("collidingClusterId", json!(colliding)),
-        ("timestampMs", json!(ts)),
-    ]))
+fn producers_json(producers: &[schema::SnapshotProducer]) -> Value {
+    Value::Array(
+        producers
+            .iter()
+            .map(|p| {
+                json!({
+                    "producerId": p.producer_id,
+                    "originClusterId": uuid_b64(&p.origin_cluster_id),
+                    "originalPid": p.original_pid,
+                    "producerEpoch": p.producer_epoch,
+                    "lastSequence": p.last_sequence,
+                    "lastOffset": p.last_offset,
+                    "coordinatorEpoch": p.coordinator_epoch,
+                    "txnFirstOffset": p.txn_first_offset,
+                    "lastTimestamp": p.last_timestamp,
+                })
+            })
+            .collect(),
+    )
 }
 
-/// Compact nullable string: unsigned varint length + 1, 0 = null.
-fn compact_nullable_string(c: &mut Cursor<'_>) -> Result<Option<String>, &'static str> {
-    let n = c.uvarint().ok_or("bad compact string length")?;
-    if n == 0 {
-        return Ok(None);
-    }
-    let b = c
-        .bytes(usize::try_from(n - 1).map_err(|_| "bad compact string length")?)
-        .ok_or("string extends past the record")?;
-    std::str::from_utf8(b)
-        .map(|s| Some(s.to_owned()))
-        .map_err(|_| "string is not UTF-8")
+/// The key fields of a known record type.
+fn key_fields(key: &StateKey) -> Fields {
+    Fields(match key {
+        StateKey::PidCollision(k) => vec![
+            ("topicId", json!(uuid_b64(&k.topic_id))),
+            ("partition", json!(k.partition)),
+            ("sourceClusterId", json!(k.source_cluster_id)),
+            ("originalPid", json!(k.original_pid)),
+        ],
+        StateKey::PartitionState(k) => topic_partition(&k.topic_id, k.partition),
+        StateKey::ProducerSnapshot(k) => topic_partition(&k.topic_id, k.partition),
+        StateKey::ProducerClaim(k) => {
+            let mut f = topic_partition(&k.topic_id, k.partition);
+            f.push(("producerId", json!(k.producer_id)));
+            f
+        }
+        StateKey::ProducerSnapshotChunk(k) => {
+            let mut f = topic_partition(&k.topic_id, k.partition);
+            f.push(("generation", json!(k.generation)));
+            f.push(("chunk", json!(k.chunk)));
+            f
+        }
+    })
 }
 
-/// Key of types 4 (`MirrorPartitionStateKey`) and 5
-/// (`MirrorProducerSnapshotKey`): TopicId, Partition (not flexible).
-fn topic_partition_key(c: &mut Cursor<'_>) -> Result<Fields, &'static str> {
-    let topic_id = uuid_b64(c).ok_or("truncated TopicId")?;
-    let partition = c.i32().ok_or("truncated Partition")?;
-    Ok(Fields(vec![
-        ("topicId", json!(topic_id)),
-        ("partition", json!(partition)),
-    ]))
-}
-
-/// `MirrorPartitionStateValue` (version 0, flexible); schema in
-/// `state_store::schema`.
-fn partition_state_value(c: &mut Cursor<'_>, _version: i16) -> Result<Fields, &'static str> {
-    let mirror = compact_string(c)?;
-    let topic = compact_string(c)?;
-    let state = c.u8().ok_or("truncated State")? as i8;
-    let state_name = match state {
-        0 => "MIRRORING".to_owned(),
-        1 => "PAUSED".to_owned(),
-        2 => "STOPPING".to_owned(),
-        3 => "STOPPED".to_owned(),
-        4 => "FAILED".to_owned(),
-        other => format!("UNKNOWN({other})"),
+/// The key and (unless a tombstone) the value fields of a decoded record.
+fn record_fields(rec: &StateRecord) -> Option<(StateKey, Option<Fields>)> {
+    let key = rec.key()?;
+    let value = match rec {
+        StateRecord::PidCollision { value, .. } => value.as_ref().map(|v| {
+            vec![
+                ("salt", json!(v.salt)),
+                ("collidingClusterId", json!(v.colliding_cluster_id)),
+                ("timestampMs", json!(v.timestamp_ms)),
+            ]
+        }),
+        StateRecord::PartitionState { value, .. } => value.as_ref().map(|v| {
+            let state = match v.state {
+                MirrorPartitionState::Other(c) => format!("UNKNOWN({c})"),
+                s => s.name().to_owned(),
+            };
+            vec![
+                ("mirror", json!(v.mirror)),
+                ("topicName", json!(v.topic_name)),
+                ("state", json!(state)),
+                ("sourceClusterId", json!(v.source_cluster_id)),
+                ("cutOffset", json!(v.cut_offset)),
+                ("sealBatches", json!(v.seal_batches)),
+                ("reason", json!(v.reason)),
+                ("timestampMs", json!(v.timestamp_ms)),
+            ]
+        }),
+        StateRecord::ProducerSnapshot { value, .. } => value.as_ref().map(|v| {
+            vec![
+                ("snapshotOffset", json!(v.snapshot_offset)),
+                ("producers", producers_json(&v.producers)),
+            ]
+        }),
+        StateRecord::ProducerClaim { value, .. } => value.as_ref().map(|v| {
+            vec![
+                ("originClusterId", json!(uuid_b64(&v.origin_cluster_id))),
+                ("originalPid", json!(v.original_pid)),
+                ("timestampMs", json!(v.timestamp_ms)),
+            ]
+        }),
+        StateRecord::ProducerSnapshotChunk { value, .. } => value.as_ref().map(|v| {
+            vec![
+                ("snapshotOffset", json!(v.snapshot_offset)),
+                ("chunkCount", json!(v.chunk_count)),
+                ("producers", producers_json(&v.producers)),
+            ]
+        }),
+        StateRecord::NewerVersion { .. } | StateRecord::Unknown { .. } => None,
     };
-    let source = compact_string(c)?;
-    let cut = c.i64().ok_or("truncated CutOffset")?;
-    let seal = c.i32().ok_or("truncated SealBatches")?;
-    let reason = compact_nullable_string(c)?;
-    let ts = c.i64().ok_or("truncated TimestampMs")?;
-    c.skip_tagged_fields().ok_or("bad tagged fields")?;
-    Ok(Fields(vec![
-        ("mirror", json!(mirror)),
-        ("topicName", json!(topic)),
-        ("state", json!(state_name)),
-        ("sourceClusterId", json!(source)),
-        ("cutOffset", json!(cut)),
-        ("sealBatches", json!(seal)),
-        ("reason", json!(reason)),
-        ("timestampMs", json!(ts)),
-    ]))
+    Some((key, value.map(Fields)))
 }
 
-/// Key of type 6 (`MirrorProducerClaimKey`): TopicId, Partition, ProducerId.
-fn producer_claim_key(c: &mut Cursor<'_>) -> Result<Fields, &'static str> {
-    let mut f = topic_partition_key(c)?;
-    let pid = c.i64().ok_or("truncated ProducerId")?;
-    f.0.push(("producerId", json!(pid)));
-    Ok(f)
-}
-
-/// `MirrorProducerClaimValue` (version 0, flexible).
-fn producer_claim_value(c: &mut Cursor<'_>, _version: i16) -> Result<Fields, &'static str> {
-    let origin = uuid_b64(c).ok_or("truncated OriginClusterId")?;
-    let original = c.i64().ok_or("truncated OriginalPid")?;
-    let ts = c.i64().ok_or("truncated TimestampMs")?;
-    c.skip_tagged_fields().ok_or("bad tagged fields")?;
-    Ok(Fields(vec![
-        ("originClusterId", json!(origin)),
-        ("originalPid", json!(original)),
-        ("timestampMs", json!(ts)),
-    ]))
-}
-
-/// Key of type 7 (`MirrorProducerSnapshotChunkKey`): TopicId, Partition,
-/// Generation, Chunk.
-fn snapshot_chunk_key(c: &mut Cursor<'_>) -> Result<Fields, &'static str> {
-    let mut f = topic_partition_key(c)?;
-    let generation = c.i64().ok_or("truncated Generation")?;
-    let chunk = c.i32().ok_or("truncated Chunk")?;
-    f.0.push(("generation", json!(generation)));
-    f.0.push(("chunk", json!(chunk)));
-    Ok(f)
-}
-
-/// `MirrorProducerSnapshotChunkValue` (version 0, flexible).
-fn snapshot_chunk_value(c: &mut Cursor<'_>, _version: i16) -> Result<Fields, &'static str> {
-    let snapshot_offset = c.i64().ok_or("truncated SnapshotOffset")?;
-    let count = c.i32().ok_or("truncated ChunkCount")?;
-    let producers = producer_entries(c)?;
-    c.skip_tagged_fields().ok_or("bad tagged fields")?;
-    Ok(Fields(vec![
-        ("snapshotOffset", json!(snapshot_offset)),
-        ("chunkCount", json!(count)),
-        ("producers", Value::Array(producers)),
-    ]))
-}
-
-/// `MirrorProducerSnapshotValue` (version 0, flexible). The producer array
-/// is read entry by entry; nothing is sized from the wire count.
-fn producer_snapshot_value(c: &mut Cursor<'_>, _version: i16) -> Result<Fields, &'static str> {
-    let snapshot_offset = c.i64().ok_or("truncated SnapshotOffset")?;
-    let producers = producer_entries(c)?;
-    c.skip_tagged_fields().ok_or("bad tagged fields")?;
-    Ok(Fields(vec![
-        ("snapshotOffset", json!(snapshot_offset)),
-        ("producers", Value::Array(producers)),
-    ]))
-}
-
-/// The producer array of types 5 and 7, entry by entry.
-fn producer_entries(c: &mut Cursor<'_>) -> Result<Vec<Value>, &'static str> {
-    let n = c.uvarint().ok_or("bad Producers length")?;
-    let count = n.checked_sub(1).ok_or("null Producers array")?;
-    let mut producers = Vec::new();
-    for _ in 0..count {
-        let t = "truncated producer entry";
-        let pid = c.i64().ok_or(t)?;
-        let origin = uuid_b64(c).ok_or(t)?;
-        let original = c.i64().ok_or(t)?;
-        let epoch = c.i16().ok_or(t)?;
-        let last_seq = c.i32().ok_or(t)?;
-        let last_offset = c.i64().ok_or(t)?;
-        let coord = c.i32().ok_or(t)?;
-        let txn_first = c.i64().ok_or(t)?;
-        let last_ts = c.i64().ok_or(t)?;
-        c.skip_tagged_fields().ok_or("bad tagged fields")?;
-        producers.push(json!({
-            "producerId": pid,
-            "originClusterId": origin,
-            "originalPid": original,
-            "producerEpoch": epoch,
-            "lastSequence": last_seq,
-            "lastOffset": last_offset,
-            "coordinatorEpoch": coord,
-            "txnFirstOffset": txn_first,
-            "lastTimestamp": last_ts,
-        }));
+/// A schema error in the short phrasing of the dump lines: a truncated field
+/// is named by its last path segment (`truncated Partition`).
+fn schema_error_text(e: &SchemaError) -> String {
+    match e {
+        SchemaError::ShortKey(_) => "key shorter than its record type".to_owned(),
+        SchemaError::Wire(WireError::Truncated { field, .. })
+            if *field == "MirrorStateValue.version" =>
+        {
+            "value shorter than its version".to_owned()
+        }
+        SchemaError::Wire(WireError::Truncated { field, .. }) => {
+            format!("truncated {}", field.rsplit('.').next().unwrap_or(field))
+        }
+        SchemaError::TrailingBytes { what, .. } => format!("unexpected bytes after the {what}"),
+        SchemaError::InvalidVersion { version, .. } => format!("invalid value version {version}"),
+        SchemaError::Wire(w) => w.to_string(),
     }
-    Ok(producers)
 }
 
-fn decode_mirror_state(key: Option<&[u8]>, value: Option<&[u8]>) -> Result<MirrorState, String> {
-    let key = key.ok_or("missing key")?;
-    let mut kc = Cursor::new(key);
-    let t = kc.i16().ok_or("key shorter than its record type")?;
-    let Some(d) = MIRROR_STATE_TYPES.iter().find(|d| d.record_type == t) else {
-        return Ok(MirrorState::UnknownType(t));
-    };
-    let key = (d.key)(&mut kc)?;
-    if kc.remaining() != 0 {
+/// Type 8 (decoded by `mirror::offline`, which owns the schema).
+fn source_topology(key: &[u8], value: Option<&[u8]>) -> Result<MirrorState, String> {
+    let mut kr = Reader::at(key, 2);
+    let mirror = kr
+        .read_string("MirrorSourceTopologyKey.Mirror")
+        .map_err(|e| schema_error_text(&e.into()))?;
+    if !kr.is_empty() {
         return Err("unexpected bytes after the key".into());
     }
+    let key = Fields(vec![("mirror", json!(mirror))]);
     let Some(value) = value else {
         return Ok(MirrorState::Known {
-            record_type: t,
+            record_type: SOURCE_TOPOLOGY_TYPE,
             key,
             value: None,
         });
     };
-    let mut vc = Cursor::new(value);
-    let version = vc.i16().ok_or("value shorter than its version")?;
+    let version = Reader::new(value)
+        .read_i16("MirrorStateValue.version")
+        .map_err(|_| "value shorter than its version")?;
     if version < 0 {
         return Err(format!("invalid value version {version}"));
     }
-    let data = (d.value)(&mut vc, version)?;
-    // Version 0 must be consumed exactly; later versions may append fields.
-    if version == 0 && vc.remaining() != 0 {
-        return Err("unexpected bytes after the value".into());
-    }
+    let (t, ts) = crate::mirror::offline::Topology::decode_value(value)
+        .map_err(|_| "malformed source topology")?
+        .ok_or("source topology value version newer than this code")?;
+    let brokers: Vec<Value> = t
+        .brokers
+        .iter()
+        .map(|b| json!({"nodeId": b.node_id, "host": b.host, "port": b.port}))
+        .collect();
+    let topics: Vec<Value> = t
+        .topics
+        .iter()
+        .map(|x| {
+            json!({
+                "name": x.name,
+                "partitions": x.partitions.iter().map(|p| json!({"partition": p.index, "leader": p.leader, "leaderEpoch": p.leader_epoch})).collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let data = Fields(vec![
+        ("sourceClusterId", json!(t.source_cluster_id)),
+        ("timestampMs", json!(ts)),
+        ("brokers", Value::Array(brokers)),
+        ("topics", Value::Array(topics)),
+    ]);
     Ok(MirrorState::Known {
-        record_type: t,
+        record_type: SOURCE_TOPOLOGY_TYPE,
         key,
         value: Some((version, data)),
+    })
+}
+
+fn decode_mirror_state(key: Option<&[u8]>, value: Option<&[u8]>) -> Result<MirrorState, String> {
+    let key = key.ok_or("missing key")?;
+    if key.get(..2) == Some(&SOURCE_TOPOLOGY_TYPE.to_be_bytes()[..]) {
+        return source_topology(key, value);
+    }
+    let rec = schema::decode_for_display(key, value).map_err(|e| schema_error_text(&e))?;
+    if let StateRecord::Unknown { record_type } = rec {
+        return Ok(MirrorState::UnknownType(record_type));
+    }
+    let (skey, fields) = record_fields(&rec).ok_or("undecodable record")?;
+    let record_type = Reader::new(key)
+        .read_i16("MirrorStateKey.type")
+        .map_err(|e| e.to_string())?;
+    let version = value
+        .and_then(|v| Reader::new(v).read_i16("MirrorStateValue.version").ok())
+        .unwrap_or(0);
+    Ok(MirrorState::Known {
+        record_type,
+        key: key_fields(&skey),
+        value: fields.map(|f| (version, f)),
     })
 }
 
@@ -864,19 +760,22 @@ struct LegacyEntry<'a> {
 
 impl<'a> LegacyEntry<'a> {
     fn parse(e: &'a [u8], position: usize) -> Self {
-        let mut c = Cursor::new(e);
-        let offset = c.i64().unwrap_or(-1);
-        let _size = c.i32();
+        let offset = Reader::new(e).read_i64("LegacyEntry.offset").unwrap_or(-1);
         let crc = rec::read_u32(e, 12).unwrap_or(0);
         let covered = e.get(16..).unwrap_or_default();
         let magic = e.get(16).copied().unwrap_or(0);
         let attributes = e.get(17).copied().unwrap_or(0);
-        let mut body = Cursor::new(e.get(18..).unwrap_or_default());
-        let timestamp = if magic == 1 { body.i64() } else { Some(-1) };
+        let mut body = Reader::new(e.get(18..).unwrap_or_default());
+        let timestamp = if magic == 1 {
+            body.read_i64("LegacyEntry.timestamp").ok()
+        } else {
+            Some(-1)
+        };
+        // Legacy key and value: int32 length (negative = null), then bytes.
         let mut field = || -> Option<Option<&'a [u8]>> {
-            let len = body.i32()?;
+            let len = body.read_i32("LegacyEntry.field").ok()?;
             match usize::try_from(len) {
-                Ok(n) => Some(Some(body.bytes(n)?)),
+                Ok(n) => Some(Some(body.take(n, "LegacyEntry.field").ok()?)),
                 Err(_) => Some(None),
             }
         };
@@ -968,32 +867,8 @@ impl<'a> LegacyEntry<'a> {
     }
 }
 
-/// IEEE CRC-32 table (reflected polynomial 0xEDB88320), for legacy entries.
-const CRC32_TABLE: [u32; 256] = {
-    let mut t = [0u32; 256];
-    let mut i = 0;
-    while i < 256 {
-        let mut c = i as u32;
-        let mut k = 0;
-        while k < 8 {
-            c = if c & 1 != 0 {
-                0xEDB8_8320 ^ (c >> 1)
-            } else {
-                c >> 1
-            };
-            k += 1;
-        }
-        t[i] = c;
-        i += 1;
-    }
-    t
-};
-
-/// IEEE CRC-32 (`java.util.zip.CRC32`).
+/// IEEE CRC-32 (`java.util.zip.CRC32`), the checksum of legacy v0/v1
+/// messages only (v2 batches use CRC-32C).
 pub fn crc32_ieee(data: &[u8]) -> u32 {
-    let mut c = !0u32;
-    for &b in data {
-        c = CRC32_TABLE[((c ^ u32::from(b)) & 0xff) as usize] ^ (c >> 8);
-    }
-    !c
+    crc32fast::hash(data)
 }

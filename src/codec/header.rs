@@ -5,6 +5,8 @@
 //! proxy looks into; it depends on the header version (v0: no client id,
 //! v1: nullable client id, v2: client id plus a tagged-field section).
 
+use crate::wire::Reader;
+
 /// The fixed part of a request header.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RequestHeader {
@@ -114,32 +116,16 @@ pub fn response_correlation_id(frame: &[u8]) -> Option<i32> {
 }
 
 /// Skips a tagged-field section starting at `pos`; `None` if it overruns.
-pub fn skip_tagged_fields(buf: &[u8], mut pos: usize) -> Option<usize> {
-    let (count, n) = read_uvarint(buf.get(pos..)?)?;
-    pos += n;
-    for _ in 0..count {
-        let (_tag, n) = read_uvarint(buf.get(pos..)?)?;
-        pos += n;
-        let (size, n) = read_uvarint(buf.get(pos..)?)?;
-        pos += n;
-        pos = pos.checked_add(size as usize)?;
-        if pos > buf.len() {
-            return None;
-        }
+/// Varints are read as the broker reads header tagged fields (Kafka's
+/// lenient `readUnsignedVarint`).
+pub fn skip_tagged_fields(buf: &[u8], pos: usize) -> Option<usize> {
+    if pos > buf.len() {
+        return None;
     }
-    Some(pos)
-}
-
-/// Reads an unsigned varint (at most 5 bytes); returns the value and its length.
-pub fn read_uvarint(buf: &[u8]) -> Option<(u32, usize)> {
-    let mut value: u32 = 0;
-    for (i, &b) in buf.iter().take(5).enumerate() {
-        value |= ((b & 0x7f) as u32) << (7 * i);
-        if b & 0x80 == 0 {
-            return Some((value, i + 1));
-        }
-    }
-    None
+    let mut r = Reader::at(buf, pos);
+    r.skip_tagged_fields_lenient("RequestHeader._tagged_fields")
+        .ok()?;
+    Some(r.position())
 }
 
 /// The `acks` of a Produce request: `Some(0)` means the broker sends no
@@ -149,8 +135,11 @@ pub fn produce_acks(frame: &[u8], api_version: i16, header_version: i16) -> Opti
     if api_version >= 3 {
         // transactional_id: nullable string (compact from v9).
         if api_version >= 9 {
-            let (len_plus_one, n) = read_uvarint(frame.get(pos..)?)?;
-            pos += n + (len_plus_one as usize).saturating_sub(1);
+            let mut r = Reader::at(frame, pos);
+            let len_plus_one = r
+                .read_uvarint_lenient("ProduceRequest.transactional_id")
+                .ok()?;
+            pos = r.position() + (len_plus_one as usize).saturating_sub(1);
         } else {
             let b = frame.get(pos..pos + 2)?;
             let len = i16::from_be_bytes([b[0], b[1]]);
@@ -202,6 +191,12 @@ mod tests {
         assert_eq!(skip_tagged_fields(&[0], 0), Some(1));
         assert_eq!(skip_tagged_fields(&[1, 0, 2, 9, 9], 0), Some(5));
         assert_eq!(skip_tagged_fields(&[1, 0, 9, 9], 0), None);
+        // An over-long count of 0 is read as the broker reads it.
+        assert_eq!(
+            skip_tagged_fields(&[0x80, 0x80, 0x80, 0x80, 0x10], 0),
+            Some(5)
+        );
+        assert_eq!(skip_tagged_fields(&[0], 2), None);
         assert_eq!(
             skip_tagged_fields(&[0xff, 0xff, 0xff, 0xff, 0xff, 0xff], 0),
             None

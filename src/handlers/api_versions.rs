@@ -21,6 +21,7 @@
 //! truncated success response is never reinterpreted).
 
 use super::check_version;
+use crate::codec::api;
 use crate::wire::{Reader, Splicer, WireResult, Writer};
 
 /// One entry of the api_keys array, with its byte range.
@@ -39,7 +40,7 @@ fn parse(
     body: &[u8],
     mut each: impl FnMut(Entry),
 ) -> WireResult<(i16, std::ops::Range<usize>)> {
-    let flexible = version >= 3;
+    let flexible = api::is_flexible(api::API_VERSIONS, version);
     let mut r = Reader::new(body);
     let error_code = r.read_i16("ApiVersionsResponse.error_code")?;
     let len_start = r.position();
@@ -131,7 +132,7 @@ pub fn clamp_api_versions_response<M: MaxVersion>(
         },
         Err(e) => return Err(e),
     };
-    let flexible = version >= 3;
+    let flexible = api::is_flexible(api::API_VERSIONS, version);
     let mut sp = Splicer::new(body);
     let mut err = None;
     let (_, len_range) = parse(version, body, |e| {

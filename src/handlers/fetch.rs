@@ -15,6 +15,7 @@
 use std::ops::Range;
 
 use super::check_version;
+use crate::codec::api;
 use crate::wire::{Reader, TaggedSection, WireResult};
 
 /// A topic as a FetchResponse names it.
@@ -130,7 +131,7 @@ pub fn walk_fetch_response<'a>(
     visit: &mut dyn FnMut(&FetchPartition<'a>),
 ) -> WireResult<FetchResponseInfo<'a>> {
     check_version("FetchResponse", version, 4..=18)?;
-    let flexible = version >= 12;
+    let flexible = api::is_flexible(api::FETCH, version);
     let mut r = Reader::new(body);
     let throttle_time_ms = r.read_i32("FetchResponse.throttle_time_ms")?;
     let (error_code, session_id) = if version >= 7 {

@@ -24,6 +24,7 @@ use std::ops::Range;
 
 use super::check_version;
 use super::fetch::{walk_fetch_response, FetchPartition, FetchTopic};
+use crate::codec::api;
 use crate::wire::{Reader, Splicer, WireError, WireResult, Writer};
 
 /// A topic of a FetchResponse: name for v4-v12, topic id for v13+.
@@ -110,7 +111,7 @@ impl<'a> FetchPartitionResponse<'a> {
     /// Appends this entry, encoded for FetchResponse `version`, to `w`.
     pub fn encode(&self, version: i16, w: &mut Writer<&mut Vec<u8>>) -> WireResult<()> {
         check_version("FetchResponse", version, VERSIONS)?;
-        let flexible = version >= 12;
+        let flexible = api::is_flexible(api::FETCH, version);
         w.put_i32(self.partition_index);
         w.put_i16(self.error_code);
         w.put_i64(self.high_watermark);
@@ -199,7 +200,7 @@ fn put_topic_entry(
     topic: &FetchTopic<'_>,
     partitions: &[&FetchPartitionResponse<'_>],
 ) -> WireResult<()> {
-    let flexible = version >= 12;
+    let flexible = api::is_flexible(api::FETCH, version);
     put_topic(
         w,
         topic,
@@ -236,7 +237,7 @@ pub fn build_fetch_response(
     topics: &[(FetchTopicRef<'_>, Vec<FetchPartitionResponse<'_>>)],
 ) -> WireResult<Vec<u8>> {
     check_version("FetchResponse", version, VERSIONS)?;
-    let flexible = version >= 12;
+    let flexible = api::is_flexible(api::FETCH, version);
     let mut out = Vec::with_capacity(
         64 + topics
             .iter()
@@ -315,7 +316,7 @@ pub fn splice_fetch_response_dropping<'b>(
     add: &[(FetchTopicRef<'_>, Vec<FetchPartitionResponse<'_>>)],
 ) -> WireResult<Vec<u8>> {
     check_version("FetchResponse", version, VERSIONS)?;
-    let flexible = version >= 12;
+    let flexible = api::is_flexible(api::FETCH, version);
     for (t, _) in add {
         check_topic_kind(t, version, 13, "FetchResponse.responses.topic")?;
     }

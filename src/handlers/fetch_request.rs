@@ -23,6 +23,7 @@ use std::ops::Range;
 
 use super::check_version;
 use super::fetch::FetchTopic;
+use crate::codec::api;
 use crate::wire::{Reader, Splicer, WireResult, Writer};
 
 /// One partition a FetchRequest asks for.
@@ -127,7 +128,7 @@ const REPLICA_STATE_TAG: u32 = 1;
 /// parsing stopped), as in Kafka's own request parsing.
 pub fn parse_fetch_request(version: i16, body: &[u8]) -> WireResult<FetchRequestInfo<'_>> {
     check_version("FetchRequest", version, 4..=18)?;
-    let flexible = version >= 12;
+    let flexible = api::is_flexible(api::FETCH, version);
     let mut r = Reader::new(body);
     let mut replica_id = if version <= 14 {
         r.read_i32("FetchRequest.replica_id")?
@@ -339,7 +340,7 @@ pub fn rewrite_fetch_request(
     max_wait_ms: Option<i32>,
 ) -> WireResult<Vec<u8>> {
     let info = parse_fetch_request(version, body)?;
-    let flexible = version >= 12;
+    let flexible = api::is_flexible(api::FETCH, version);
     let mut sp = Splicer::new(body);
     if let Some(ms) = max_wait_ms {
         let at = if version <= 14 { 4 } else { 0 };

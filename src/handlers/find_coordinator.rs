@@ -8,6 +8,7 @@
 //! Error entries carry node id -1 and are left as they are.
 
 use super::{check_version, rewrite_host_port, NodeMapper};
+use crate::codec::api;
 use crate::wire::{Reader, Splicer, WireResult};
 
 /// Rewrites the coordinator address(es) of a FindCoordinatorResponse body.
@@ -20,7 +21,7 @@ pub fn rewrite_find_coordinator_response(
     nodes: &mut NodeMapper<'_>,
 ) -> WireResult<Option<Vec<u8>>> {
     check_version("FindCoordinatorResponse", version, 0..=6)?;
-    let flexible = version >= 3;
+    let flexible = api::is_flexible(api::FIND_COORDINATOR, version);
     let mut r = Reader::new(body);
     let mut sp = Splicer::new(body);
     if version >= 1 {

@@ -7,6 +7,7 @@
 //! verbatim without being parsed: it carries node ids but no addresses.
 
 use super::{check_version, rewrite_host_port, NodeMapper};
+use crate::codec::api;
 use crate::wire::{Reader, Splicer, WireResult};
 
 /// Rewrites every broker address of a MetadataResponse body at `version`.
@@ -20,7 +21,7 @@ pub fn rewrite_metadata_response(
     nodes: &mut NodeMapper<'_>,
 ) -> WireResult<Option<Vec<u8>>> {
     check_version("MetadataResponse", version, 0..=13)?;
-    let flexible = version >= 9;
+    let flexible = api::is_flexible(api::METADATA, version);
     let mut r = Reader::new(body);
     let mut sp = Splicer::new(body);
     if version >= 3 {

@@ -11,10 +11,10 @@
 //! All rewriters take the response *body*: the bytes after the response
 //! header (correlation id and, for flexible header v1, its tagged fields).
 //!
-//! This module also holds [`request_header_version`] /
-//! [`response_header_version`] for every standard API key, so the core can
-//! find the correlation id and header tagged fields of any frame, and
-//! [`DECODED_VERSIONS`], the versions the rewriters understand. What a
+//! This module also re-exports [`request_header_version`] /
+//! [`response_header_version`] (kept in [`crate::codec::api`]), so the core
+//! can find the correlation id and header tagged fields of any frame, and
+//! holds [`DECODED_VERSIONS`], the versions the rewriters understand. What a
 //! listener clamps ApiVersions to is computed from its filter chain
 //! (`crate::filter`), whose filters declare their decode sets from this table.
 
@@ -34,6 +34,7 @@ pub mod produce;
 pub mod produce_build;
 pub mod produce_request;
 
+pub use crate::codec::api::{request_header_version, response_header_version};
 pub use api_versions::{clamp_api_versions_response, MaxVersion};
 pub use describe_cluster::rewrite_describe_cluster_response;
 pub use fetch::{walk_fetch_response, AbortedTxn, FetchPartition, FetchResponseInfo, FetchTopic};
@@ -62,18 +63,9 @@ pub type NodeMapper<'f> = dyn FnMut(i32, &str, i32) -> Option<(String, i32)> + '
 
 /// API key numbers of the messages decoded here.
 pub mod api_key {
-    /// Produce.
-    pub const PRODUCE: i16 = 0;
-    /// Fetch.
-    pub const FETCH: i16 = 1;
-    /// Metadata.
-    pub const METADATA: i16 = 3;
-    /// FindCoordinator.
-    pub const FIND_COORDINATOR: i16 = 10;
-    /// ApiVersions.
-    pub const API_VERSIONS: i16 = 18;
-    /// DescribeCluster.
-    pub const DESCRIBE_CLUSTER: i16 = 60;
+    pub use crate::codec::api::{
+        API_VERSIONS, DESCRIBE_CLUSTER, FETCH, FIND_COORDINATOR, METADATA, PRODUCE,
+    };
 }
 
 /// `(api_key, versions)` whose responses the handlers here can parse.
@@ -115,104 +107,6 @@ pub fn is_decoded(api_key: i16, version: i16) -> bool {
     DECODED_VERSIONS
         .iter()
         .any(|(k, r)| *k == api_key && r.contains(&version))
-}
-
-/// The first flexible version of each standard API key (`Some(i16::MAX)`
-/// where the API never became flexible), from the `flexibleVersions` of the
-/// Kafka message schemas (clients/src/main/resources/common/message/*.json,
-/// up to Kafka 4.1). `None` for keys we do not know.
-fn first_flexible_version(api_key: i16) -> Option<i16> {
-    const NEVER: i16 = i16::MAX;
-    Some(match api_key {
-        0 => 9,       // Produce
-        1 => 12,      // Fetch
-        2 => 6,       // ListOffsets
-        3 => 9,       // Metadata
-        4 => 4,       // LeaderAndIsr (removed in 4.0)
-        5 => 2,       // StopReplica (removed in 4.0)
-        6 => 6,       // UpdateMetadata (removed in 4.0)
-        7 => 3,       // ControlledShutdown (removed in 4.0)
-        8 => 8,       // OffsetCommit
-        9 => 6,       // OffsetFetch
-        10 => 3,      // FindCoordinator
-        11 => 6,      // JoinGroup
-        12 => 4,      // Heartbeat
-        13 => 4,      // LeaveGroup
-        14 => 4,      // SyncGroup
-        15 => 5,      // DescribeGroups
-        16 => 3,      // ListGroups
-        17 => NEVER,  // SaslHandshake
-        18 => 3,      // ApiVersions (request only; see response_header_version)
-        19 => 5,      // CreateTopics
-        20 => 4,      // DeleteTopics
-        21 => 2,      // DeleteRecords
-        22 => 2,      // InitProducerId
-        23 => 4,      // OffsetForLeaderEpoch
-        24 => 3,      // AddPartitionsToTxn
-        25 => 3,      // AddOffsetsToTxn
-        26 => 3,      // EndTxn
-        27 => 1,      // WriteTxnMarkers
-        28 => 3,      // TxnOffsetCommit
-        29 => 2,      // DescribeAcls
-        30 => 2,      // CreateAcls
-        31 => 2,      // DeleteAcls
-        32 => 4,      // DescribeConfigs
-        33 => 2,      // AlterConfigs
-        34 => 2,      // AlterReplicaLogDirs
-        35 => 2,      // DescribeLogDirs
-        36 => 2,      // SaslAuthenticate
-        37 => 2,      // CreatePartitions
-        38 => 2,      // CreateDelegationToken
-        39 => 2,      // RenewDelegationToken
-        40 => 2,      // ExpireDelegationToken
-        41 => 2,      // DescribeDelegationToken
-        42 => 2,      // DeleteGroups
-        43 => 2,      // ElectLeaders
-        44 => 1,      // IncrementalAlterConfigs
-        45 | 46 => 0, // Alter/ListPartitionReassignments
-        47 => NEVER,  // OffsetDelete
-        48 | 49 => 1, // Describe/AlterClientQuotas
-        50 | 51 => 0, // Describe/AlterUserScramCredentials
-        52 => 0,      // Vote
-        53 | 54 => 1, // Begin/EndQuorumEpoch
-        // DescribeQuorum .. DescribeShareGroupOffsets and later: every API
-        // added after KIP-482 is flexible from version 0.
-        55..=92 => 0,
-        _ => return None,
-    })
-}
-
-/// Request header version (0, 1 or 2) for `api_key` at `api_version`, or
-/// `None` for an API key this table does not know (the caller must then
-/// forward the frame without touching anything past the correlation id,
-/// because it cannot know whether header tagged fields follow).
-pub fn request_header_version(api_key: i16, api_version: i16) -> Option<i16> {
-    if api_version < 0 {
-        return None;
-    }
-    let flex = first_flexible_version(api_key)?;
-    // ControlledShutdown v0 used a header without client id (header v0).
-    if api_key == 7 && api_version == 0 {
-        return Some(0);
-    }
-    Some(if api_version >= flex { 2 } else { 1 })
-}
-
-/// Response header version (0 or 1) for `api_key` at `api_version`, or
-/// `None` for an unknown API key.
-///
-/// ApiVersions responses always use header v0, even for flexible versions:
-/// a client must be able to read the response before it knows which versions
-/// the broker supports.
-pub fn response_header_version(api_key: i16, api_version: i16) -> Option<i16> {
-    if api_version < 0 {
-        return None;
-    }
-    let flex = first_flexible_version(api_key)?;
-    if api_key == api_key::API_VERSIONS {
-        return Some(0);
-    }
-    Some(if api_version >= flex { 1 } else { 0 })
 }
 
 /// Reads `host` and `port` (the two are adjacent in every broker structure)

@@ -11,6 +11,7 @@
 //! tags (v9+)]`, `throttle_time_ms: i32 (v1+)`, tags (v9+).
 
 use super::check_version;
+use crate::codec::api;
 use crate::wire::{Reader, TaggedSection, WireResult};
 
 /// What [`walk_produce_response`] learned about a ProduceResponse body.
@@ -28,7 +29,7 @@ pub struct ProduceResponseInfo<'a> {
 /// and locates its top-level tagged fields.
 pub fn walk_produce_response(version: i16, body: &[u8]) -> WireResult<ProduceResponseInfo<'_>> {
     check_version("ProduceResponse", version, 0..=13)?;
-    let flexible = version >= 9;
+    let flexible = api::is_flexible(api::PRODUCE, version);
     let mut r = Reader::new(body);
     // Smallest topic: name/uuid + empty partitions array (+ tags) >= 2 bytes.
     let topics = r.read_array_len_v(flexible, 2, "ProduceResponse.responses")?;

@@ -18,6 +18,7 @@ use super::check_version;
 use super::fetch::FetchTopic;
 use super::fetch_build::put_topic;
 use super::produce_request::ProduceTopic;
+use crate::codec::api;
 use crate::wire::{Reader, Splicer, WireResult, Writer};
 
 /// Versions of ProduceResponse the builders here encode.
@@ -57,7 +58,7 @@ impl<'a> ProducePartitionResult<'a> {
     /// Appends this entry, encoded for ProduceResponse `version`, to `w`.
     pub fn encode(&self, version: i16, w: &mut Writer<&mut Vec<u8>>) -> WireResult<()> {
         check_version("ProduceResponse", version, VERSIONS)?;
-        let flexible = version >= 9;
+        let flexible = api::is_flexible(api::PRODUCE, version);
         w.put_i32(self.index);
         w.put_i16(self.error_code);
         w.put_i64(self.base_offset);
@@ -91,7 +92,7 @@ fn put_topic_entry(
     topic: &ProduceTopic<'_>,
     partitions: &[&ProducePartitionResult<'_>],
 ) -> WireResult<()> {
-    let flexible = version >= 9;
+    let flexible = api::is_flexible(api::PRODUCE, version);
     put_topic(
         w,
         topic,
@@ -126,7 +127,7 @@ pub fn build_produce_response(
     throttle_ms: i32,
 ) -> WireResult<Vec<u8>> {
     check_version("ProduceResponse", version, VERSIONS)?;
-    let flexible = version >= 9;
+    let flexible = api::is_flexible(api::PRODUCE, version);
     let mut out = Vec::with_capacity(16 + topics.len() * 64);
     let mut w = Writer::new(&mut out);
     w.put_array_len_v(flexible, Some(topics.len()), "ProduceResponse.responses")?;
@@ -159,7 +160,7 @@ fn layout(
     version: i16,
     body: &[u8],
 ) -> WireResult<(std::ops::Range<usize>, Vec<TopicLayout<'_>>, usize)> {
-    let flexible = version >= 9;
+    let flexible = api::is_flexible(api::PRODUCE, version);
     let mut r = Reader::new(body);
     let n = r.read_array_len_v(flexible, 2, "ProduceResponse.responses")?;
     let count_range = 0..r.position();
@@ -246,7 +247,7 @@ pub fn merge_produce_responses(
     local: &[(ProduceTopic<'_>, Vec<ProducePartitionResult<'_>>)],
 ) -> WireResult<Vec<u8>> {
     check_version("ProduceResponse", version, VERSIONS)?;
-    let flexible = version >= 9;
+    let flexible = api::is_flexible(api::PRODUCE, version);
     for (t, _) in local {
         super::fetch_build::check_topic_kind(t, version, 13, "ProduceResponse.responses.name")?;
     }

@@ -15,6 +15,7 @@ use std::ops::Range;
 
 use super::check_version;
 use super::fetch::FetchTopic;
+use crate::codec::api;
 use crate::wire::{Reader, Splicer, WireResult, Writer};
 
 /// A topic as a Produce message names it: by name (v3-v12) or by topic id
@@ -78,7 +79,7 @@ impl ProduceRequestInfo<'_> {
 /// are not an error (`end` says where parsing stopped).
 pub fn parse_produce_request(version: i16, body: &[u8]) -> WireResult<ProduceRequestInfo<'_>> {
     check_version("ProduceRequest", version, 3..=13)?;
-    let flexible = version >= 9;
+    let flexible = api::is_flexible(api::PRODUCE, version);
     let mut r = Reader::new(body);
     let transactional_id = r.read_nullable_string_v(flexible, "ProduceRequest.transactional_id")?;
     let acks = r.read_i16("ProduceRequest.acks")?;
@@ -155,7 +156,7 @@ pub fn split_produce_request(
     keep: &mut dyn FnMut(&ProduceTopic<'_>, i32) -> bool,
 ) -> WireResult<Option<Vec<u8>>> {
     let info = parse_produce_request(version, body)?;
-    let flexible = version >= 9;
+    let flexible = api::is_flexible(api::PRODUCE, version);
     // Decide first: the topics count prefix precedes everything it counts.
     // One bool per parsed partition: bounded by the bytes actually present.
     let mut decisions = Vec::new();

@@ -20,6 +20,7 @@
 use bytes::BytesMut;
 
 use crate::codec::api;
+use crate::codec::api::error::{UNKNOWN_TOPIC_OR_PARTITION, UNSUPPORTED_VERSION};
 use crate::codec::header::{request_body_offset, response_frame};
 use crate::codec::RequestHeader;
 use crate::filter::{OfflineAnswer, RewriteError};
@@ -32,11 +33,6 @@ use crate::wire::{Reader, WireError, WireResult, Writer};
 pub const SOURCE_TOPOLOGY_TYPE: i16 = 8;
 /// Value version this code writes and reads.
 pub const SOURCE_TOPOLOGY_VERSION: i16 = 0;
-
-/// Kafka's UNKNOWN_TOPIC_OR_PARTITION.
-const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;
-/// Kafka's UNSUPPORTED_VERSION.
-const UNSUPPORTED_VERSION: i16 = 35;
 
 /// API versions answered offline (what the local ApiVersions offers).
 const OFFLINE_VERSIONS: &[(i16, i16, i16)] = &[
@@ -259,7 +255,7 @@ fn api_versions(h: &RequestHeader) -> Result<BytesMut, RewriteError> {
     } else {
         (0, UNSUPPORTED_VERSION)
     };
-    let flexible = v >= 3;
+    let flexible = api::is_flexible(api::API_VERSIONS, v);
     let mut w = Writer::new(Vec::with_capacity(64));
     w.put_i16(error);
     w.put_array_len_v(flexible, Some(OFFLINE_VERSIONS.len()), "api_keys")
@@ -289,7 +285,7 @@ enum Wanted {
 }
 
 fn parse_metadata_topics(version: i16, body: &[u8]) -> WireResult<Wanted> {
-    let flexible = version >= 9;
+    let flexible = api::is_flexible(api::METADATA, version);
     let mut r = Reader::new(body);
     let n = if flexible {
         r.read_compact_array_len(17, "topics")?
@@ -330,7 +326,7 @@ fn metadata(
     }
     let body = request_body(h, frame)?;
     let wanted = parse_metadata_topics(v, body).map_err(|e| err(h, e.to_string()))?;
-    let flexible = v >= 9;
+    let flexible = api::is_flexible(api::METADATA, v);
     let e = |x: WireError| err(h, x.to_string());
     let mut w = Writer::new(Vec::with_capacity(256));
     if v >= 3 {

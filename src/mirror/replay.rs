@@ -16,6 +16,7 @@ use std::time::Duration;
 use bytes::BufMut;
 use tokio::io::AsyncWriteExt;
 
+use crate::codec::api::error::OFFSET_OUT_OF_RANGE;
 use crate::codec::header::{response_body_offset, response_correlation_id};
 use crate::codec::FrameReader;
 use crate::handlers::{walk_fetch_response, FetchTopic};
@@ -41,8 +42,6 @@ pub struct ReplayJob {
 }
 
 const MAX_BYTES: i32 = 4 << 20;
-/// Kafka's OFFSET_OUT_OF_RANGE.
-const OFFSET_OUT_OF_RANGE: i16 = 1;
 const CLIENT_ID: &[u8] = b"mirrorguard-replay";
 
 fn fetch_v4_request(correlation_id: i32, topic: &str, partition: i32, offset: i64) -> Vec<u8> {

@@ -488,7 +488,7 @@ fn expects_response(header: &RequestHeader, frame: &[u8]) -> bool {
     if header.api_key != api::PRODUCE {
         return true;
     }
-    let header_version = if header.api_version >= 9 { 2 } else { 1 };
+    let header_version = api::request_header_version(api::PRODUCE, header.api_version).unwrap_or(1);
     produce_acks(frame, header.api_version, header_version) != Some(0)
 }
 

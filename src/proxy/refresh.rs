@@ -11,6 +11,7 @@
 use bytes::BufMut;
 use tokio::io::AsyncWriteExt;
 
+use crate::codec::api;
 use crate::codec::api::METADATA;
 use crate::codec::header::{response_body_offset, response_correlation_id};
 use crate::codec::FrameReader;
@@ -88,7 +89,7 @@ pub async fn refresh_nodes(
     if response_correlation_id(&frame) != Some(correlation_id) {
         anyhow::bail!("Metadata response has the wrong correlation id");
     }
-    let header_version = if version >= 9 { 1 } else { 0 };
+    let header_version = crate::codec::api::response_header_version(METADATA, version).unwrap_or(0);
     let body_at = response_body_offset(&frame, header_version)
         .ok_or_else(|| anyhow::anyhow!("Metadata response too short"))?;
     let body = &frame[body_at..];
@@ -105,7 +106,7 @@ pub async fn refresh_nodes(
 
 /// Reads the cluster id (v2+) and, for v10+, the topic names and ids.
 pub fn parse_cluster_view(version: i16, body: &[u8]) -> WireResult<ClusterView> {
-    let flexible = version >= 9;
+    let flexible = api::is_flexible(api::METADATA, version);
     let mut r = Reader::new(body);
     if version >= 3 {
         r.read_i32("throttle_time_ms")?;

@@ -6,8 +6,8 @@
 
 use super::batch::{ATTR_CONTROL, ATTR_TRANSACTIONAL};
 use super::control::{ABORT_TYPE, COMMIT_TYPE, MIRROR_PID_RESET_TYPE};
-use super::varint::{put_uvarint, put_varint, put_varlong};
 use super::{ATTRIBUTES_OFFSET, CRC_OFFSET, LOG_OVERHEAD};
+use crate::wire::Writer;
 
 /// Header fields of a batch to build (everything the caller chooses; lengths,
 /// counts and the CRC are derived).
@@ -63,6 +63,10 @@ pub struct RecordSpec<'a> {
     pub headers: &'a [(&'a [u8], Option<&'a [u8]>)],
 }
 
+fn put_varint(out: &mut Vec<u8>, v: i32) {
+    Writer::new(out).put_varint(v);
+}
+
 fn put_bytes(out: &mut Vec<u8>, b: Option<&[u8]>) {
     match b {
         // Record fields above i32::MAX bytes cannot exist in a batch whose
@@ -98,7 +102,7 @@ pub fn build_batch(spec: &BatchSpec, records: &[RecordSpec<'_>]) -> Vec<u8> {
     for r in records {
         body.clear();
         body.push(0); // record attributes: unused, always 0
-        put_varlong(&mut body, r.timestamp_delta);
+        Writer::new(&mut body).put_varlong(r.timestamp_delta);
         put_varint(&mut body, r.offset_delta);
         put_bytes(&mut body, r.key);
         put_bytes(&mut body, r.value);
@@ -144,9 +148,9 @@ fn control_key(type_id: i16) -> [u8; 4] {
 pub fn mirror_pid_reset_value(source_cluster_id: &str) -> Vec<u8> {
     let mut v = Vec::with_capacity(source_cluster_id.len() + 4);
     v.extend_from_slice(&0i16.to_be_bytes());
-    put_uvarint(&mut v, source_cluster_id.len() as u64 + 1);
+    Writer::new(&mut v).put_uvarlong(source_cluster_id.len() as u64 + 1);
     v.extend_from_slice(source_cluster_id.as_bytes());
-    put_uvarint(&mut v, 0);
+    Writer::new(&mut v).put_uvarint(0);
     v
 }
 

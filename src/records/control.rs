@@ -10,7 +10,7 @@
 
 use super::batch::{next_entry, Entry};
 use super::record::{records, RecordError};
-use super::varint::Cursor;
+use crate::wire::Reader;
 
 /// Control type id of ABORT markers.
 pub const ABORT_TYPE: i16 = 0;
@@ -141,8 +141,11 @@ pub enum ControlError {
 
 /// Parses a control record key.
 pub fn parse_key(key: &[u8]) -> Result<ControlKey, ControlError> {
-    let mut c = Cursor::new(key);
-    let (Some(version), Some(id)) = (c.i16(), c.i16()) else {
+    let mut c = Reader::new(key);
+    let (Ok(version), Ok(id)) = (
+        c.read_i16("ControlRecordKey.version"),
+        c.read_i16("ControlRecordKey.type"),
+    ) else {
         return Err(ControlError::ShortKey(key.len()));
     };
     if version < 0 {
@@ -156,8 +159,11 @@ pub fn parse_key(key: &[u8]) -> Result<ControlKey, ControlError> {
 
 /// Parses an EndTxnMarker value: `(version, coordinator_epoch)`.
 pub fn parse_end_txn_marker(value: &[u8]) -> Result<(i16, i32), ControlError> {
-    let mut c = Cursor::new(value);
-    let (Some(version), Some(epoch)) = (c.i16(), c.i32()) else {
+    let mut c = Reader::new(value);
+    let (Ok(version), Ok(epoch)) = (
+        c.read_i16("EndTxnMarker.version"),
+        c.read_i32("EndTxnMarker.coordinatorEpoch"),
+    ) else {
         return Err(ControlError::ShortEndTxnValue(value.len()));
     };
     if version < 0 {
@@ -172,22 +178,27 @@ pub fn parse_end_txn_marker(value: &[u8]) -> Result<(i16, i32), ControlError> {
 /// and may carry more fields after ours (flexible-version evolution).
 pub fn parse_mirror_pid_reset(value: &[u8]) -> Result<(i16, &str), ControlError> {
     let bad = ControlError::BadMirrorPidReset;
-    let mut c = Cursor::new(value);
-    let version = c.i16().ok_or(bad("truncated version"))?;
+    let mut c = Reader::new(value);
+    let version = c
+        .read_i16("MirrorPidResetRecord.version")
+        .map_err(|_| bad("truncated version"))?;
     if version < 0 {
         return Err(ControlError::NegativeVersion(version));
     }
-    let len_plus_one = c.uvarint().ok_or(bad("bad SourceClusterId length"))?;
+    let len_plus_one = c
+        .read_uvarint_lenient("MirrorPidResetRecord.SourceClusterId")
+        .map_err(|_| bad("bad SourceClusterId length"))?;
     let len = len_plus_one
         .checked_sub(1)
         .ok_or(bad("null SourceClusterId"))?;
     let len = usize::try_from(len).map_err(|_| bad("bad SourceClusterId length"))?;
     let raw = c
-        .bytes(len)
-        .ok_or(bad("SourceClusterId extends past the value"))?;
+        .take(len, "MirrorPidResetRecord.SourceClusterId")
+        .map_err(|_| bad("SourceClusterId extends past the value"))?;
     let id = std::str::from_utf8(raw).map_err(|_| bad("SourceClusterId is not UTF-8"))?;
     if version == 0 {
-        c.skip_tagged_fields().ok_or(bad("bad tagged fields"))?;
+        c.skip_tagged_fields_lenient("MirrorPidResetRecord._tagged_fields")
+            .map_err(|_| bad("bad tagged fields"))?;
         if c.remaining() != 0 {
             return Err(bad("trailing bytes"));
         }

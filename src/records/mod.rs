@@ -20,7 +20,6 @@ pub mod builder;
 pub mod control;
 pub mod record;
 pub mod rewrite;
-pub(crate) mod varint;
 
 pub use batch::{walk, BatchError, BatchHeader, BatchWalker, Compression, Entry};
 pub use rewrite::{rewrite_all, rewrite_producer_id, rewrite_producer_id_checked, RewriteOutcome};

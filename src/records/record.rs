@@ -7,8 +7,8 @@
 //! hot path never calls it.
 
 use super::batch::{BatchHeader, Compression};
-use super::varint::Cursor;
 use super::RECORD_BATCH_OVERHEAD;
+use crate::wire::Reader;
 
 /// One record, borrowing from the batch bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,15 +41,15 @@ impl<'a> Record<'a> {
 
     /// Iterates over `(key, value)` header pairs (already validated).
     pub fn headers(&self) -> impl Iterator<Item = (&'a [u8], Option<&'a [u8]>)> + 'a {
-        let mut c = Cursor::new(self.headers);
+        let mut c = Reader::new(self.headers);
         let mut left = self.header_count;
         std::iter::from_fn(move || {
             if left <= 0 {
                 return None;
             }
             left -= 1;
-            let key = c.varint_bytes()??;
-            let value = c.varint_bytes()?;
+            let key = c.read_varint_bytes("Record.headers.key").ok()??;
+            let value = c.read_varint_bytes("Record.headers.value").ok()?;
             Some((key, value))
         })
     }
@@ -80,7 +80,7 @@ pub enum RecordError {
 /// Iterator over the records of one batch; stops after the first error.
 #[derive(Debug, Clone)]
 pub struct RecordIter<'a> {
-    cursor: Cursor<'a>,
+    cursor: Reader<'a>,
     index: i32,
     count: i32,
     failed: bool,
@@ -102,7 +102,7 @@ pub fn records<'a>(header: &BatchHeader, batch: &'a [u8]) -> Result<RecordIter<'
         .get(RECORD_BATCH_OVERHEAD..end)
         .ok_or(RecordError::NotV2)?;
     Ok(RecordIter {
-        cursor: Cursor::new(body),
+        cursor: Reader::new(body),
         index: 0,
         count: header.records_count,
         failed: false,
@@ -134,27 +134,47 @@ impl<'a> Iterator for RecordIter<'a> {
     }
 }
 
-fn parse_record<'a>(c: &mut Cursor<'a>) -> Result<Record<'a>, &'static str> {
-    let len = c.varint().ok_or("bad length varint")?;
+// The reasons stay short phrases (they end up in `RecordError`, which is
+// compared and logged); the wire error's offsets add nothing inside a record.
+fn parse_record<'a>(c: &mut Reader<'a>) -> Result<Record<'a>, &'static str> {
+    let len = c
+        .read_varint_lenient("Record.length")
+        .map_err(|_| "bad length varint")?;
     let len = usize::try_from(len).map_err(|_| "negative record length")?;
-    let body = c.bytes(len).ok_or("record extends past the batch")?;
-    let mut b = Cursor::new(body);
-    let attributes = b.u8().ok_or("truncated attributes")? as i8;
-    let timestamp_delta = b.varlong().ok_or("bad timestamp delta")?;
-    let offset_delta = b.varint().ok_or("bad offset delta")?;
-    let key = b.varint_bytes().ok_or("bad key")?;
-    let value = b.varint_bytes().ok_or("bad value")?;
-    let header_count = b.varint().ok_or("bad header count")?;
+    let body = c
+        .take(len, "Record")
+        .map_err(|_| "record extends past the batch")?;
+    let mut b = Reader::new(body);
+    let attributes = b
+        .read_i8("Record.attributes")
+        .map_err(|_| "truncated attributes")?;
+    let timestamp_delta = b
+        .read_varlong_lenient("Record.timestampDelta")
+        .map_err(|_| "bad timestamp delta")?;
+    let offset_delta = b
+        .read_varint_lenient("Record.offsetDelta")
+        .map_err(|_| "bad offset delta")?;
+    let key = b.read_varint_bytes("Record.key").map_err(|_| "bad key")?;
+    let value = b
+        .read_varint_bytes("Record.value")
+        .map_err(|_| "bad value")?;
+    let header_count = b
+        .read_varint_lenient("Record.headers.count")
+        .map_err(|_| "bad header count")?;
     if header_count < 0 || usize::try_from(header_count).map_or(true, |n| n > b.remaining()) {
         return Err("invalid header count");
     }
     let headers_start = b.position();
     for _ in 0..header_count {
-        match b.varint_bytes().ok_or("bad header key")? {
+        match b
+            .read_varint_bytes("Record.headers.key")
+            .map_err(|_| "bad header key")?
+        {
             Some(_) => {}
             None => return Err("null header key"),
         }
-        b.varint_bytes().ok_or("bad header value")?;
+        b.read_varint_bytes("Record.headers.value")
+            .map_err(|_| "bad header value")?;
     }
     if b.remaining() != 0 {
         return Err("record body has unread bytes");

@@ -9,149 +9,57 @@
 
 use std::ops::RangeInclusive;
 
-use crate::handlers::{request_header_version, response_header_version};
+use kafka_protocol::messages::ApiKey;
+
+use crate::codec::api::{is_flexible, request_header_version, response_header_version};
 use crate::wire::{Reader, WireError, WireResult, Writer};
 
 /// Produce.
-pub(crate) const PRODUCE: i16 = 0;
+pub(crate) const PRODUCE: i16 = ApiKey::Produce as i16;
 /// Fetch.
-pub(crate) const FETCH: i16 = 1;
+pub(crate) const FETCH: i16 = ApiKey::Fetch as i16;
 /// Metadata.
-pub(crate) const METADATA: i16 = 3;
+pub(crate) const METADATA: i16 = ApiKey::Metadata as i16;
 /// ApiVersions.
-pub(crate) const API_VERSIONS: i16 = 18;
+pub(crate) const API_VERSIONS: i16 = ApiKey::ApiVersions as i16;
 /// CreateTopics.
-pub(crate) const CREATE_TOPICS: i16 = 19;
+pub(crate) const CREATE_TOPICS: i16 = ApiKey::CreateTopics as i16;
 /// InitProducerId.
-pub(crate) const INIT_PRODUCER_ID: i16 = 22;
+pub(crate) const INIT_PRODUCER_ID: i16 = ApiKey::InitProducerId as i16;
 /// DescribeConfigs (optional: only to check an existing topic's config).
-pub(crate) const DESCRIBE_CONFIGS: i16 = 32;
+pub(crate) const DESCRIBE_CONFIGS: i16 = ApiKey::DescribeConfigs as i16;
 /// The DescribeConfigs version sent (v1: non-flexible, with synonyms; Kafka
 /// 4 answers v1..=v4).
 pub(crate) const DESCRIBE_CONFIGS_VERSION: i16 = 1;
 
-/// `(api_key, name, versions this code speaks)`.
+/// `(api_key, versions this code speaks)`.
 ///
 /// Fetch stops at v12 because v13+ addresses topics by id only; Produce stops
 /// at v12 for the same reason (v13). ApiVersions is always sent at v0, which
 /// every broker answers, so it is not negotiated.
-pub(crate) const SUPPORTED: &[(i16, &str, RangeInclusive<i16>)] = &[
-    (PRODUCE, "Produce", 3..=12),
-    (FETCH, "Fetch", 4..=12),
-    (METADATA, "Metadata", 4..=12),
-    (CREATE_TOPICS, "CreateTopics", 2..=7),
-    (INIT_PRODUCER_ID, "InitProducerId", 0..=5),
+pub(crate) const SUPPORTED: &[(i16, RangeInclusive<i16>)] = &[
+    (PRODUCE, 3..=12),
+    (FETCH, 4..=12),
+    (METADATA, 4..=12),
+    (CREATE_TOPICS, 2..=7),
+    (INIT_PRODUCER_ID, 0..=5),
 ];
 
 /// Name of an API key, for error messages.
-pub(crate) fn api_name(key: i16) -> &'static str {
-    SUPPORTED
-        .iter()
-        .find(|(k, _, _)| *k == key)
-        .map(|(_, n, _)| *n)
-        .unwrap_or(match key {
-            API_VERSIONS => "ApiVersions",
-            DESCRIBE_CONFIGS => "DescribeConfigs",
-            _ => "unknown",
-        })
-}
+pub(crate) use crate::codec::api::api_label as api_name;
 
 /// Kafka error codes the state store reacts to.
-pub(crate) mod code {
-    pub const NONE: i16 = 0;
-    pub const OFFSET_OUT_OF_RANGE: i16 = 1;
-    pub const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;
-    pub const LEADER_NOT_AVAILABLE: i16 = 5;
-    pub const NOT_LEADER_OR_FOLLOWER: i16 = 6;
-    pub const REQUEST_TIMED_OUT: i16 = 7;
-    pub const MESSAGE_TOO_LARGE: i16 = 10;
-    pub const RECORD_LIST_TOO_LARGE: i16 = 18;
-    pub const NETWORK_EXCEPTION: i16 = 13;
-    pub const COORDINATOR_LOAD_IN_PROGRESS: i16 = 14;
-    pub const COORDINATOR_NOT_AVAILABLE: i16 = 15;
-    pub const NOT_ENOUGH_REPLICAS: i16 = 19;
-    pub const NOT_ENOUGH_REPLICAS_AFTER_APPEND: i16 = 20;
-    pub const TOPIC_AUTHORIZATION_FAILED: i16 = 29;
-    pub const CLUSTER_AUTHORIZATION_FAILED: i16 = 31;
-    pub const TOPIC_ALREADY_EXISTS: i16 = 36;
-    pub const OUT_OF_ORDER_SEQUENCE_NUMBER: i16 = 45;
-    pub const DUPLICATE_SEQUENCE_NUMBER: i16 = 46;
-    pub const INVALID_PRODUCER_EPOCH: i16 = 47;
-    pub const KAFKA_STORAGE_ERROR: i16 = 56;
-    pub const UNKNOWN_PRODUCER_ID: i16 = 59;
-    pub const FENCED_LEADER_EPOCH: i16 = 74;
-    pub const UNKNOWN_LEADER_EPOCH: i16 = 75;
-    pub const PRODUCER_FENCED: i16 = 90;
-    pub const THROTTLING_QUOTA_EXCEEDED: i16 = 89;
-}
-
-/// Human name of a Kafka error code (the common ones; others by number).
-pub(crate) fn error_name(c: i16) -> &'static str {
-    match c {
-        0 => "NONE",
-        1 => "OFFSET_OUT_OF_RANGE",
-        2 => "CORRUPT_MESSAGE",
-        3 => "UNKNOWN_TOPIC_OR_PARTITION",
-        5 => "LEADER_NOT_AVAILABLE",
-        6 => "NOT_LEADER_OR_FOLLOWER",
-        7 => "REQUEST_TIMED_OUT",
-        10 => "MESSAGE_TOO_LARGE",
-        13 => "NETWORK_EXCEPTION",
-        14 => "COORDINATOR_LOAD_IN_PROGRESS",
-        15 => "COORDINATOR_NOT_AVAILABLE",
-        17 => "INVALID_TOPIC_EXCEPTION",
-        18 => "RECORD_LIST_TOO_LARGE",
-        19 => "NOT_ENOUGH_REPLICAS",
-        20 => "NOT_ENOUGH_REPLICAS_AFTER_APPEND",
-        29 => "TOPIC_AUTHORIZATION_FAILED",
-        31 => "CLUSTER_AUTHORIZATION_FAILED",
-        35 => "UNSUPPORTED_VERSION",
-        36 => "TOPIC_ALREADY_EXISTS",
-        37 => "INVALID_PARTITIONS",
-        38 => "INVALID_REPLICATION_FACTOR",
-        40 => "INVALID_CONFIG",
-        41 => "NOT_CONTROLLER",
-        42 => "INVALID_REQUEST",
-        45 => "OUT_OF_ORDER_SEQUENCE_NUMBER",
-        46 => "DUPLICATE_SEQUENCE_NUMBER",
-        47 => "INVALID_PRODUCER_EPOCH",
-        56 => "KAFKA_STORAGE_ERROR",
-        59 => "UNKNOWN_PRODUCER_ID",
-        74 => "FENCED_LEADER_EPOCH",
-        75 => "UNKNOWN_LEADER_EPOCH",
-        87 => "INVALID_RECORD",
-        89 => "THROTTLING_QUOTA_EXCEEDED",
-        90 => "PRODUCER_FENCED",
-        _ => "UNKNOWN_SERVER_ERROR_CODE",
-    }
-}
-
-/// Whether a partition/topic-level error may go away on retry.
-pub(crate) fn is_retriable(c: i16) -> bool {
-    use code::*;
-    matches!(
-        c,
-        UNKNOWN_TOPIC_OR_PARTITION
-            | LEADER_NOT_AVAILABLE
-            | NOT_LEADER_OR_FOLLOWER
-            | REQUEST_TIMED_OUT
-            | NETWORK_EXCEPTION
-            | COORDINATOR_LOAD_IN_PROGRESS
-            | COORDINATOR_NOT_AVAILABLE
-            | NOT_ENOUGH_REPLICAS
-            | NOT_ENOUGH_REPLICAS_AFTER_APPEND
-            | KAFKA_STORAGE_ERROR
-            | FENCED_LEADER_EPOCH
-            | UNKNOWN_LEADER_EPOCH
-            | THROTTLING_QUOTA_EXCEEDED
-    )
-}
+pub(crate) use crate::codec::api::error as code;
+/// Kafka's name of an error code and its retriability.
+pub(crate) use crate::codec::api::{error_name, is_retriable};
 
 /// Whether the error code is an authorization failure.
 pub(crate) fn is_authorization(c: i16) -> bool {
     matches!(
         c,
-        code::TOPIC_AUTHORIZATION_FAILED | code::CLUSTER_AUTHORIZATION_FAILED | 53
+        code::TOPIC_AUTHORIZATION_FAILED
+            | code::CLUSTER_AUTHORIZATION_FAILED
+            | code::TRANSACTIONAL_ID_AUTHORIZATION_FAILED
     )
 }
 
@@ -231,7 +139,7 @@ pub(crate) fn parse_api_versions(body: &[u8]) -> WireResult<(i16, Vec<ApiRange>)
 /// Metadata request for one topic, never auto-creating it (the store creates
 /// it itself, compacted).
 pub(crate) fn metadata_request(v: i16, topic: &str, w: &mut Writer<Vec<u8>>) -> WireResult<()> {
-    let flex = v >= 9;
+    let flex = is_flexible(METADATA, v);
     w.put_array_len_v(flex, Some(1), "MetadataRequest.topics")?;
     if v >= 10 {
         w.put_uuid(&[0; 16]);
@@ -293,7 +201,7 @@ fn skip_i32_array(r: &mut Reader<'_>, flex: bool, field: &'static str) -> WireRe
 
 /// Parses a Metadata response body at `v` (4..=12).
 pub(crate) fn parse_metadata(v: i16, body: &[u8]) -> WireResult<MetadataInfo> {
-    let flex = v >= 9;
+    let flex = is_flexible(METADATA, v);
     let mut r = Reader::new(body);
     r.read_i32("MetadataResponse.throttle_time_ms")?;
     let nb = r.read_array_len_v(flex, 10, "MetadataResponse.brokers")?;
@@ -372,7 +280,7 @@ pub(crate) fn create_topics_request(
     timeout_ms: i32,
     w: &mut Writer<Vec<u8>>,
 ) -> WireResult<()> {
-    let flex = v >= 5;
+    let flex = is_flexible(CREATE_TOPICS, v);
     w.put_array_len_v(flex, Some(1), "CreateTopicsRequest.topics")?;
     w.put_string_v(flex, topic, "CreateTopicsRequest.topics.name")?;
     w.put_i32(partitions);
@@ -465,7 +373,7 @@ pub(crate) fn parse_create_topics(
     v: i16,
     body: &[u8],
 ) -> WireResult<Vec<(String, i16, Option<String>)>> {
-    let flex = v >= 5;
+    let flex = is_flexible(CREATE_TOPICS, v);
     let mut r = Reader::new(body);
     r.read_i32("CreateTopicsResponse.throttle_time_ms")?;
     let n = r.read_array_len_v(flex, 4, "CreateTopicsResponse.topics")?;
@@ -506,7 +414,7 @@ pub(crate) fn parse_create_topics(
 /// InitProducerId for an idempotent (non-transactional) producer: always
 /// asks for a fresh producer id.
 pub(crate) fn init_producer_id_request(v: i16, w: &mut Writer<Vec<u8>>) -> WireResult<()> {
-    let flex = v >= 2;
+    let flex = is_flexible(INIT_PRODUCER_ID, v);
     w.put_nullable_string_v(flex, None, "InitProducerIdRequest.transactional_id")?;
     w.put_i32(i32::MAX); // transaction_timeout_ms: unused without a transactional id
     if v >= 3 {
@@ -526,7 +434,10 @@ pub(crate) fn parse_init_producer_id(v: i16, body: &[u8]) -> WireResult<(i16, i6
     let err = r.read_i16("InitProducerIdResponse.error_code")?;
     let pid = r.read_i64("InitProducerIdResponse.producer_id")?;
     let epoch = r.read_i16("InitProducerIdResponse.producer_epoch")?;
-    r.skip_tagged_fields_v(v >= 2, "InitProducerIdResponse._tagged_fields")?;
+    r.skip_tagged_fields_v(
+        is_flexible(INIT_PRODUCER_ID, v),
+        "InitProducerIdResponse._tagged_fields",
+    )?;
     Ok((err, pid, epoch))
 }
 
@@ -543,7 +454,7 @@ pub(crate) fn produce_request(
     batch: &[u8],
     w: &mut Writer<Vec<u8>>,
 ) -> WireResult<()> {
-    let flex = v >= 9;
+    let flex = is_flexible(PRODUCE, v);
     w.put_nullable_string_v(flex, None, "ProduceRequest.transactional_id")?;
     w.put_i16(acks);
     w.put_i32(timeout_ms);
@@ -573,7 +484,7 @@ pub(crate) struct ProducePartition {
 
 /// Parses the partition results of a Produce response at `v` (3..=12).
 pub(crate) fn parse_produce(v: i16, body: &[u8]) -> WireResult<Vec<ProducePartition>> {
-    let flex = v >= 9;
+    let flex = is_flexible(PRODUCE, v);
     let mut r = Reader::new(body);
     let nt = r.read_array_len_v(flex, 2, "ProduceResponse.responses")?;
     let mut out = Vec::new();
@@ -635,7 +546,7 @@ pub(crate) fn fetch_request(
     max_bytes: i32,
     w: &mut Writer<Vec<u8>>,
 ) -> WireResult<()> {
-    let flex = v >= 12;
+    let flex = is_flexible(FETCH, v);
     w.put_i32(-1); // replica_id: a consumer
     w.put_i32(FETCH_MAX_WAIT_MS);
     w.put_i32(0); // min_bytes
@@ -681,7 +592,8 @@ pub(crate) fn fetch_request(
 /// common version (`None` range: the broker does not offer it at all).
 pub(crate) fn negotiate(broker: &[ApiRange]) -> Result<Vec<(i16, i16)>, NoCommonVersion> {
     let mut out = Vec::with_capacity(SUPPORTED.len());
-    for (key, name, ours) in SUPPORTED {
+    for (key, ours) in SUPPORTED {
+        let name = api_name(*key);
         let Some(&(_, bmin, bmax)) = broker.iter().find(|(k, _, _)| k == key) else {
             return Err((name, None));
         };

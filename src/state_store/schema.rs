@@ -458,6 +458,22 @@ pub enum StateRecord {
 /// Returns `Err` only for a malformed record of a known type at a known
 /// version; unknown types and newer versions are not errors.
 pub fn decode(key: &[u8], value: Option<&[u8]>) -> Result<StateRecord, SchemaError> {
+    decode_inner(key, value, false)
+}
+
+/// As [`decode`], for display (`mirrorguard dump`): a value whose version is
+/// newer than this code is read as its version-0 prefix (later versions only
+/// append fields) instead of coming back as [`StateRecord::NewerVersion`];
+/// the version itself is the value's first int16.
+pub fn decode_for_display(key: &[u8], value: Option<&[u8]>) -> Result<StateRecord, SchemaError> {
+    decode_inner(key, value, true)
+}
+
+fn decode_inner(
+    key: &[u8],
+    value: Option<&[u8]>,
+    newer_as_v0: bool,
+) -> Result<StateRecord, SchemaError> {
     let mut kr = Reader::new(key);
     let record_type = kr
         .read_i16("MirrorStateKey.type")
@@ -515,7 +531,7 @@ pub fn decode(key: &[u8], value: Option<&[u8]>) -> Result<StateRecord, SchemaErr
             version,
         });
     }
-    if version > LATEST_VALUE_VERSION {
+    if version > LATEST_VALUE_VERSION && !newer_as_v0 {
         return Ok(StateRecord::NewerVersion { key: skey, version });
     }
     let rec = match skey {
@@ -541,8 +557,8 @@ pub fn decode(key: &[u8], value: Option<&[u8]>) -> Result<StateRecord, SchemaErr
         },
     };
     // Version 0 must be consumed exactly (later versions may append fields,
-    // but those are NewerVersion above).
-    if !vr.is_empty() {
+    // but those are NewerVersion above, or read as their v0 prefix).
+    if version <= LATEST_VALUE_VERSION && !vr.is_empty() {
         return Err(SchemaError::TrailingBytes {
             record_type,
             what: "value",

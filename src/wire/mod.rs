@@ -9,7 +9,10 @@
 //!
 //! - [`Reader`]: cursor over `&[u8]` reading INT8..INT64, UUID, (unsigned)
 //!   varints, classic and compact strings/bytes/array lengths, and
-//!   tagged-field sections.
+//!   tagged-field sections; also record fields and request-header tagged
+//!   fields with Kafka's lenient `ByteUtils` varints (`read_*_lenient`). It
+//!   is the crate's one field-by-field reader (fixed-offset fields such as
+//!   batch headers are read in place by `records`).
 //! - [`Writer`]: the same types onto any `bytes::BufMut`.
 //! - [`Splicer`]: builds an output that is the input with a few byte ranges
 //!   replaced, copying everything else verbatim, and allocating only once a

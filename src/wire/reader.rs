@@ -583,4 +583,163 @@ impl<'a> Reader<'a> {
         }
         Ok(())
     }
+
+    // -----------------------------------------------------------------------
+    // Kafka's lenient varints (`ByteUtils.readVarint` / `readVarlong` /
+    // `readUnsignedVarint`). The broker reads record fields and request
+    // header tagged fields this way: at most 5 (int32) or 10 (int64) bytes,
+    // and bits the last byte carries past the type's width are dropped, not
+    // refused. The record walkers and the header parser must accept exactly
+    // what the broker accepts, so they use these; message bodies use the
+    // strict readers above.
+
+    /// An unsigned LEB128 varint of at most `max_bytes` bytes, excess high
+    /// bits dropped. Consumes nothing on error.
+    fn read_raw_varint_lenient(
+        &mut self,
+        max_bytes: usize,
+        field: &'static str,
+    ) -> WireResult<u64> {
+        let start = self.pos;
+        let mut value: u64 = 0;
+        for i in 0..max_bytes {
+            let Some(&b) = self.buf.get(start + i) else {
+                return Err(WireError::Truncated {
+                    field,
+                    offset: start,
+                    needed: i + 1,
+                    available: i,
+                });
+            };
+            // Shifts stay below 64 (at most 7 * 9 = 63): no overflow.
+            value |= u64::from(b & 0x7f) << (7 * i);
+            if b & 0x80 == 0 {
+                self.pos = start + i + 1;
+                return Ok(value);
+            }
+        }
+        Err(WireError::MalformedVarint {
+            field,
+            offset: start,
+        })
+    }
+
+    /// Reads an unsigned varint as Kafka's `readUnsignedVarint` does (at most
+    /// 5 bytes, bits past 32 dropped).
+    pub fn read_uvarint_lenient(&mut self, field: &'static str) -> WireResult<u32> {
+        Ok(self.read_raw_varint_lenient(5, field)? as u32)
+    }
+
+    /// Reads a zig-zag varint as Kafka's `readVarint` does (record fields).
+    pub fn read_varint_lenient(&mut self, field: &'static str) -> WireResult<i32> {
+        let raw = self.read_uvarint_lenient(field)?;
+        Ok(((raw >> 1) as i32) ^ -((raw & 1) as i32))
+    }
+
+    /// Reads a zig-zag varlong as Kafka's `readVarlong` does (record fields).
+    pub fn read_varlong_lenient(&mut self, field: &'static str) -> WireResult<i64> {
+        let raw = self.read_raw_varint_lenient(10, field)?;
+        Ok(((raw >> 1) as i64) ^ -((raw & 1) as i64))
+    }
+
+    /// Reads a record key, value or header field: a lenient zig-zag varint
+    /// length, then that many bytes; any negative length is null (as Kafka's
+    /// `DefaultRecord` reads it). Consumes nothing on error.
+    pub fn read_varint_bytes(&mut self, field: &'static str) -> WireResult<Option<&'a [u8]>> {
+        let at = self.pos;
+        let len = self.read_varint_lenient(field)?;
+        let Ok(n) = usize::try_from(len) else {
+            return Ok(None);
+        };
+        self.take(n, field).map(Some).inspect_err(|_| self.pos = at)
+    }
+
+    /// Skips a tagged-field section read with lenient varints (request
+    /// headers, control record values). Consumes nothing on error.
+    pub fn skip_tagged_fields_lenient(&mut self, field: &'static str) -> WireResult<()> {
+        let at = self.pos;
+        let result = (|| {
+            let count = self.read_uvarint_lenient(field)?;
+            for _ in 0..count {
+                self.read_uvarint_lenient(field)?;
+                let size = self.read_uvarint_lenient(field)?;
+                self.skip(size as usize, field)?;
+            }
+            Ok(())
+        })();
+        result.inspect_err(|_| self.pos = at)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::Writer;
+
+    #[test]
+    fn lenient_zigzag_round_trip() {
+        for v in [0, 1, -1, 63, -64, 64, i32::MAX, i32::MIN] {
+            let mut w = Writer::new(Vec::new());
+            w.put_varint(v);
+            let b = w.into_inner();
+            let mut r = Reader::new(&b);
+            assert_eq!(r.read_varint_lenient("v"), Ok(v));
+            assert!(r.is_empty());
+        }
+        for v in [0i64, -1, i64::MAX, i64::MIN, 1 << 40] {
+            let mut w = Writer::new(Vec::new());
+            w.put_varlong(v);
+            let b = w.into_inner();
+            assert_eq!(Reader::new(&b).read_varlong_lenient("v"), Ok(v));
+        }
+        assert_eq!(Reader::new(&[0x01]).read_varint_lenient("v"), Ok(-1));
+    }
+
+    #[test]
+    fn lenient_varints_drop_excess_bits_like_kafka() {
+        // 5-byte encodings whose last byte carries bits past 32: Kafka's
+        // ByteUtils keeps the low 32 bits; the strict reader refuses them.
+        let overlong_zero = [0x80, 0x80, 0x80, 0x80, 0x10];
+        assert_eq!(Reader::new(&overlong_zero).read_uvarint_lenient("v"), Ok(0));
+        assert!(Reader::new(&overlong_zero).read_uvarint("v").is_err());
+        assert_eq!(
+            Reader::new(&[0xff, 0xff, 0xff, 0xff, 0x7f]).read_uvarint_lenient("v"),
+            Ok(u32::MAX)
+        );
+        // Too long (a sixth byte) and truncated: errors that consume nothing.
+        let mut r = Reader::new(&[0xff; 6]);
+        assert!(matches!(
+            r.read_varint_lenient("v"),
+            Err(WireError::MalformedVarint { .. })
+        ));
+        assert_eq!(r.position(), 0);
+        let mut r = Reader::new(&[0x80, 0x80]);
+        assert!(matches!(
+            r.read_varlong_lenient("v"),
+            Err(WireError::Truncated { .. })
+        ));
+        assert_eq!(r.position(), 0);
+    }
+
+    #[test]
+    fn varint_bytes_and_lenient_tagged_fields() {
+        // length 2 ("ab"), then null (-1), then -5 (also null).
+        let b = [0x04, b'a', b'b', 0x01, 0x09];
+        let mut r = Reader::new(&b);
+        assert_eq!(r.read_varint_bytes("k"), Ok(Some(&b"ab"[..])));
+        assert_eq!(r.read_varint_bytes("k"), Ok(None));
+        assert_eq!(r.read_varint_bytes("k"), Ok(None));
+        assert!(r.is_empty());
+        // A length past the end fails without consuming.
+        let mut r = Reader::new(&[0x06, b'a']);
+        assert!(r.read_varint_bytes("k").is_err());
+        assert_eq!(r.position(), 0);
+
+        let mut r = Reader::new(&[1, 0, 2, 9, 9, 7]);
+        assert_eq!(r.skip_tagged_fields_lenient("t"), Ok(()));
+        assert_eq!(r.position(), 5);
+        let mut r = Reader::new(&[1, 0, 9, 9]);
+        assert!(r.skip_tagged_fields_lenient("t").is_err());
+        assert_eq!(r.position(), 0);
+    }
 }

@@ -5,6 +5,7 @@ producers; the destination is the STAND-IN fetcher of mirror_harness.py (SPEC 7)
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -254,6 +255,13 @@ def test_api_errors_change_nothing(kafka_factory, kafka1, mirror_factory):
     text = out.stdout + out.stderr
     assert out.returncode != 0 and ("409" in text or "transition_not_allowed" in text), out
     assert mg.partitions() == snapshot
+    # and a successful read through `mirrorguard ctl`: exit 0, the API's JSON
+    out = subprocess.run(
+        [str(harness.MIRRORGUARD_BIN), "ctl", "--admin", f"127.0.0.1:{mg.admin_port}", "partitions"],
+        capture_output=True, text=True, timeout=20,
+    )
+    assert out.returncode == 0, out
+    assert json.loads(out.stdout)["partitions"] == snapshot, out
 
 
 def _kill9_mid_seal(kafka_factory, kafka1, mirror_factory, appended: bool):

@@ -95,3 +95,52 @@ def test_flexible_fetch_byte_identical(kafka, version):
             assert (fv.log_start_offset, fv.preferred_read_replica) == (fd.log_start_offset, fd.preferred_read_replica)
             for node, host, nport in fv.node_endpoints():
                 assert (host, nport) == expected, f"NodeEndpoints leaks {node}@{host}:{nport}"
+
+
+def _exchange(port: int, frame: bytes) -> bytes | None:
+    """Sends one raw request frame; returns the raw response frame (size
+    prefix excluded), or None when the broker closes the connection instead."""
+    import socket
+    import struct
+
+    with socket.create_connection((HOST, port), timeout=10) as s:
+        s.sendall(struct.pack(">i", len(frame)) + frame)
+        try:
+            head = s.recv(4, socket.MSG_WAITALL)
+            if len(head) < 4:
+                return None
+            size = struct.unpack(">i", head)[0]
+            body = s.recv(size, socket.MSG_WAITALL)
+        except ConnectionResetError:
+            return None
+        return body if len(body) == size else None
+
+
+def test_keys_and_versions_newer_than_the_protocol_tables(kafka):
+    """kafka-protocol 0.18 (the proxy's protocol tables) knows Kafka 4.1; the
+    broker is 4.4. StreamsGroupDescribe (89, a hand-kept row), a key no table
+    here knows (93, StreamsGroupTopologyDescriptionUpdate, and 200) and a
+    Metadata version past every table all get the broker's own answer,
+    byte for byte, through the proxy (or, where the broker hangs up, the
+    proxy hangs up too)."""
+    r = rawkafka
+    flex_header = lambda key, version, corr: (  # noqa: E731 - request header v2
+        r.i16(key) + r.i16(version) + r.i32(corr) + r.string("tables") + r.NO_TAGS
+    )
+    frames = [
+        # StreamsGroupDescribe v0: group_ids ["g"], include_authorized_operations false.
+        flex_header(89, 0, 1) + r.compact_array([r.compact_string("g")]) + r.i8(0) + r.NO_TAGS,
+        # Key 93 v0 with an empty body, and a key that does not exist at all.
+        flex_header(93, 0, 2) + r.NO_TAGS,
+        flex_header(200, 0, 3) + r.NO_TAGS,
+        # Metadata v14 (no broker speaks it yet): the broker answers or closes.
+        flex_header(3, 14, 4) + r.compact_array([]) + r.i8(0) + r.i8(0) + r.NO_TAGS,
+    ]
+    ports = [kafka.broker.port]
+    if kafka.via_proxy:
+        ports.append(kafka.proxy.ports.node_port)
+    for frame in frames:
+        answers = [_exchange(port, frame) for port in ports]
+        assert answers[1:] == answers[:1], (frame[:4], answers)
+    # The hand-kept row is exercised: the 4.4 broker answers StreamsGroupDescribe.
+    assert _exchange(ports[-1], frames[0]) is not None
