@@ -29,6 +29,7 @@ pub mod offline;
 pub mod replay;
 pub mod seal_path;
 pub mod state_sync;
+pub mod topic_lookup;
 
 use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -159,6 +160,9 @@ pub struct MirrorMetrics {
     oversized: Counter,
     corrupt: Counter,
     state_limit: Counter,
+    /// Partitions answered with no records while their destination topic
+    /// id is looked up.
+    held: Counter,
     anomalies: Family<MirrorKindLabels, Counter>,
     mirror: String,
 }
@@ -183,6 +187,7 @@ impl MirrorMetrics {
             oversized: m("oversized_source_pid"),
             corrupt: m("corrupt_records"),
             state_limit: m("state_limit"),
+            held: m("held_unknown_topic"),
             anomalies: metrics.anomalies.clone(),
             mirror: mirror.to_string(),
         }
@@ -226,6 +231,8 @@ pub struct MirrorContext {
     topology_live: std::sync::atomic::AtomicBool,
     /// Controlled partitions taken out of upstream fetch sessions (KIP-227).
     sessions: seal_path::SessionMemory,
+    /// Destination topic ids looked up for held partitions.
+    lookups: Arc<topic_lookup::TopicIdLookups>,
 }
 
 /// Seal metric handles of one mirror.
@@ -621,6 +628,7 @@ impl MirrorContext {
             persisted_topology: Default::default(),
             topology_live: Default::default(),
             sessions: Default::default(),
+            lookups: Default::default(),
         };
         if let Some(text) = &cfg.source_cluster_id {
             ctx.set_source(SourceIdentity::parse(text)?)?;
@@ -796,10 +804,25 @@ impl ResponseRewriter for MirrorRewriter {
                 seal_path::is_controlled(fetch_plan, t, p)
                     || seal_path::is_stray(&self.mirror, fetch_plan, t, p)
             };
-            if let Some(pending) =
-                rewrite_fetch_body_as(&self.mirror, h.api_version, body, &skip, self.fetcher)
-                    .map_err(err)?
-            {
+            let mut held = Vec::new();
+            let pending = rewrite_fetch_body_holding(
+                &self.mirror,
+                h.api_version,
+                body,
+                &skip,
+                self.fetcher,
+                Some(&mut held),
+            )
+            .map_err(err)?;
+            if let (None, false) = (&pending, held.is_empty()) {
+                // Everything else is rewritten: answer the held partitions
+                // with no records and look their topic ids up.
+                match topic_lookup::hold_partitions(&self.mirror, h, body_at, frame, &held)? {
+                    Rewritten::Ready(f) => frame = f,
+                    blocked => return Ok(blocked),
+                }
+            }
+            if let Some(pending) = pending {
                 let salts = self.mirror.salts.clone();
                 let mirror = self.mirror.clone();
                 let servers = self.mirror.replay_servers();
@@ -873,6 +896,24 @@ pub fn rewrite_fetch_body_as(
     skip: &dyn Fn(&FetchTopic<'_>, i32) -> bool,
     fetcher: bool,
 ) -> Result<Option<Pending>, String> {
+    rewrite_fetch_body_holding(mirror, version, body, skip, fetcher, None)
+}
+
+/// [`rewrite_fetch_body_as`] that holds partitions whose destination topic
+/// id is not known yet, when `held` is given: their records (which cannot
+/// be claimed nor salted without the id) are neither observed nor changed,
+/// their keys are pushed to `held` (the caller answers them with no
+/// records), and every other partition is rewritten as usual.
+pub fn rewrite_fetch_body_holding(
+    mirror: &MirrorContext,
+    version: i16,
+    body: &mut [u8],
+    skip: &dyn Fn(&FetchTopic<'_>, i32) -> bool,
+    fetcher: bool,
+    mut held: Option<&mut Vec<PartitionKey>>,
+) -> Result<Option<Pending>, String> {
+    // Without a durable store no record needs the id (preserve mode only).
+    let holding = held.is_some() && mirror.salts.durable();
     let Some(source) = mirror.source() else {
         return Err(format!(
             "mirror {}: the source cluster id is not known yet (not learned from the source's \
@@ -901,6 +942,12 @@ pub fn rewrite_fetch_body_as(
                 return;
             }
         };
+        if holding && mirror.salts.topic_id(&handle.key().topic).is_none() {
+            if let Some(held) = held.as_deref_mut() {
+                held.push(handle.key().clone());
+            }
+            return;
+        }
         slices.push(PartitionSlice {
             key: handle.key().clone(),
             handle,
