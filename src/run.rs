@@ -117,6 +117,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             })
             .await
             .map_err(|e| anyhow::anyhow!("state cluster ({}): {e}", st.bootstrap.join(",")))?;
+            crate::state_store::checks::check(&config, store.report()).await?;
             // Destination topic ids are read on the destination, which may
             // be another cluster than the one holding __mirror_state.
             let bootstrap = config
