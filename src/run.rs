@@ -159,6 +159,10 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         mirrors.push((mc.clone(), mirror));
     }
     if let Some(s) = &state_sync {
+        // The destination's topics are read as often as the sources'.
+        if let Some(ms) = config.mirrors.iter().map(|m| m.metadata_refresh_ms).min() {
+            s.set_destination_refresh(Duration::from_millis(ms));
+        }
         s.load().await?;
         tokio::spawn(s.clone().tail(Duration::from_secs(1)));
         tokio::spawn(s.clone().snapshot_loop(Duration::from_millis(

@@ -272,8 +272,8 @@ impl SealMetrics {
 
 /// Partition handles by source topic (name or resolved id) and partition
 /// index, so the steady Fetch path finds a partition's state without
-/// formatting its destination key and hashing it in the registry (the
-/// registry never replaces or removes a handle, so a cached one stays valid).
+/// formatting its destination key and hashing it in the registry (a handle
+/// the registry removed says so, and is then looked up again).
 #[derive(Default)]
 struct HandleCache {
     by_name: std::collections::HashMap<Box<str>, Vec<Option<PartitionHandle>>>,
@@ -463,7 +463,11 @@ impl MirrorContext {
                 FetchTopic::Id(id) => c.by_id.get(id),
             };
             if let Some(h) = slots.and_then(|v| v.get(i)).and_then(Option::as_ref) {
-                return Ok(h.clone());
+                // A partition the registry dropped (its destination topic
+                // was deleted, or it sat empty and idle) is looked up again.
+                if !h.is_removed() {
+                    return Ok(h.clone());
+                }
             }
         }
         // An id is cached only once its name is known (ids are never
@@ -934,6 +938,23 @@ pub fn rewrite_fetch_body_holding(
         let records = p.records.clone().unwrap_or(0..0);
         if records.is_empty() && aborted.is_empty() {
             return;
+        }
+        if let (true, FetchTopic::Id(id)) = (holding, &p.topic) {
+            // A source topic id the source's Metadata has not named yet: its
+            // destination topic is not known either, and a state keyed by a
+            // placeholder would be orphaned once it is.
+            let named = mirror
+                .topics
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .by_id
+                .contains_key(id);
+            if !named {
+                if let Some(held) = held.as_deref_mut() {
+                    held.push(mirror.partition_key(&p.topic, p.partition_index));
+                }
+                return;
+            }
         }
         let handle = match mirror.partition_handle(&p.topic, p.partition_index) {
             Ok(h) => h,

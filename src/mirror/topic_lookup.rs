@@ -73,6 +73,11 @@ impl TopicIdLookups {
         let now = Instant::now();
         let started = {
             let mut t = self.topics.lock().unwrap_or_else(|p| p.into_inner());
+            if !t.contains_key(topic) {
+                // Ids learned meanwhile by other reads of the destination
+                // (the periodic listing): those topics are not held anymore.
+                t.retain(|name, l| l.in_flight || store.topic_id(name).is_none());
+            }
             let full = t.len() >= MAX_TOPICS;
             match t.get_mut(topic) {
                 Some(l) if l.in_flight || now < l.next_try => return HoldStart::Waiting,
@@ -234,6 +239,14 @@ pub fn hold_partitions(
             .filter(|k| k.topic.as_ref() == topic)
             .map(|k| k.partition)
             .collect();
+        if topic.starts_with("topic-id:") {
+            // Named by the source's next Metadata refresh, not by the
+            // destination.
+            tracing::debug!(mirror = %mirror.name, topic, ?partitions, fetch_version = version,
+                "Fetch v{version} response: partitions of a source topic id not in the source's \
+                 Metadata yet held (answered with no records)");
+            continue;
+        }
         match mirror
             .lookups
             .hold(topic, &mirror.salts, mirror.request_timeout)

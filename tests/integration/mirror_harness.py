@@ -137,7 +137,7 @@ class MirrorGuard:
                  snapshot_interval_ms: int | None = None, state_topic: str = "__mirror_state",
                  admin_read_timeout_ms: int | None = None, guard_upstream: str | None = None,
                  guard_node_ids: list[int] | None = None, extra_config: str = "",
-                 production: bool = False):
+                 production: bool = False, producer_state: str = ""):
         self.name = name
         self.state_bootstrap = state_bootstrap
         self.state_topic = state_topic
@@ -210,7 +210,11 @@ request_timeout_ms = 10000
 production = {"true" if production else "false"}
 
 """
-            + (f"[producer_state]\nsnapshot_interval_ms = {snapshot_interval_ms}\n\n" if snapshot_interval_ms else "")
+            + ("[producer_state]\n"
+               + (f"snapshot_interval_ms = {snapshot_interval_ms}\n" if snapshot_interval_ms else "")
+               # Further `key = value` lines of [producer_state] (e.g. max_partitions).
+               + (producer_state.rstrip("\n") + "\n" if producer_state else "")
+               + "\n" if snapshot_interval_ms or producer_state else "")
             + "\n".join(blocks)
             + (f"""
 [[guard]]
