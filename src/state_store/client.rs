@@ -770,7 +770,8 @@ impl<C: Connector> Actor<C> {
     /// have a reason); a broker without DescribeConfigs is not checked.
     /// Also notes the topic's `min.insync.replicas` in the report.
     async fn check_cleanup_policy(&mut self, conn: &mut Conn<C::Stream>) {
-        let topic = self.cfg.topic.as_str();
+        let topic = self.cfg.topic.clone();
+        let topic = topic.as_str();
         if !conn.describe_configs {
             tracing::info!(
                 topic,
@@ -778,25 +779,38 @@ impl<C: Connector> Actor<C> {
             );
             return;
         }
-        let res = conn
-            .roundtrip(
-                proto::DESCRIBE_CONFIGS,
-                proto::DESCRIBE_CONFIGS_VERSION,
-                self.cfg.request_timeout,
-                |w| {
-                    proto::describe_topic_configs_request(
-                        topic,
-                        &["cleanup.policy", "min.insync.replicas"],
-                        w,
-                    )
-                },
-            )
-            .await
-            .and_then(|(resp, off)| {
-                Ok(proto::parse_describe_configs_v1(
-                    resp.get(off..).unwrap_or_default(),
-                )?)
-            });
+        // A topic created a moment ago may not be known to the broker's
+        // config view yet: ask again a few times (bounded).
+        let mut res;
+        let mut attempts = 0;
+        loop {
+            res = conn
+                .roundtrip(
+                    proto::DESCRIBE_CONFIGS,
+                    proto::DESCRIBE_CONFIGS_VERSION,
+                    self.cfg.request_timeout,
+                    |w| {
+                        proto::describe_topic_configs_request(
+                            topic,
+                            &["cleanup.policy", "min.insync.replicas"],
+                            w,
+                        )
+                    },
+                )
+                .await
+                .and_then(|(resp, off)| {
+                    Ok(proto::parse_describe_configs_v1(
+                        resp.get(off..).unwrap_or_default(),
+                    )?)
+                });
+            attempts += 1;
+            match &res {
+                Ok((code::UNKNOWN_TOPIC_OR_PARTITION, _)) if attempts < 20 => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                _ => break,
+            }
+        }
         match res {
             Ok((code::NONE, configs)) => {
                 self.report.min_insync_replicas = configs
