@@ -508,6 +508,15 @@ impl MirrorContext {
         Ok(handle)
     }
 
+    /// Whether the source's Metadata named the source topic id `id`.
+    pub(crate) fn names_source_id(&self, id: &[u8; 16]) -> bool {
+        self.topics
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .by_id
+            .contains_key(id)
+    }
+
     /// The destination partition a Fetch response partition feeds: keyed by
     /// destination topic *name* (the source name, unless renamed) and
     /// partition, so mirrors from different sources into one destination
@@ -943,13 +952,7 @@ pub fn rewrite_fetch_body_holding(
             // A source topic id the source's Metadata has not named yet: its
             // destination topic is not known either, and a state keyed by a
             // placeholder would be orphaned once it is.
-            let named = mirror
-                .topics
-                .read()
-                .unwrap_or_else(|p| p.into_inner())
-                .by_id
-                .contains_key(id);
-            if !named {
+            if !mirror.names_source_id(id) {
                 if let Some(held) = held.as_deref_mut() {
                     held.push(mirror.partition_key(&p.topic, p.partition_index));
                 }

@@ -2,7 +2,9 @@
 //!
 //! A partition's producer claims and collision salts are keyed by its
 //! destination topic id (and the salt sequence is seeded by it). When a
-//! source topic is new, the destination may not list it yet: rather than
+//! source topic is new, the destination may not list it yet (and a fetch by
+//! topic id may name a source topic the listener's last look at the
+//! source's Metadata did not: its destination name is not known): rather than
 //! failing the whole Fetch response (which closes the fetcher's connection
 //! and stalls every partition on it), the fetch path holds only that
 //! partition's data (answers it with no records, so the fetcher keeps its
@@ -17,7 +19,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::SaltStore;
+use super::MirrorContext;
 
 /// Delay after the first lookup that did not find the topic.
 pub const FIRST_BACKOFF: Duration = Duration::from_millis(100);
@@ -28,8 +30,11 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
 /// others finish).
 pub const MAX_TOPICS: usize = 10_000;
 
+/// One lookup of a topic id: succeeds once the id is known.
+pub type Lookup = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;
+
 /// One topic's lookup state.
-struct Lookup {
+struct Tracked {
     in_flight: bool,
     attempts: u32,
     next_try: Instant,
@@ -39,7 +44,7 @@ struct Lookup {
 /// Lookups of destination topic ids, one in flight per topic.
 #[derive(Default)]
 pub struct TopicIdLookups {
-    topics: Mutex<HashMap<String, Lookup>>,
+    topics: Mutex<HashMap<String, Tracked>>,
     /// Woken whenever a lookup ends (found or not).
     ended: tokio::sync::Notify,
 }
@@ -58,13 +63,16 @@ pub enum HoldStart {
 }
 
 impl TopicIdLookups {
-    /// Notes that a partition of `topic` is held for its id and starts a
-    /// lookup through `store` unless one is in flight or backing off.
+    /// Notes that a partition of `topic` is held for its id and starts
+    /// `lookup` (built only when one starts; it succeeds once the id is
+    /// known) unless one is in flight or backing off. `known` tells which
+    /// tracked topics other reads resolved meanwhile (they are forgotten).
     /// `limit` bounds one lookup.
     pub fn hold(
         self: &Arc<Self>,
         topic: &str,
-        store: &Arc<dyn SaltStore>,
+        known: &dyn Fn(&str) -> bool,
+        lookup: impl FnOnce() -> Lookup,
         limit: Duration,
     ) -> HoldStart {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -74,9 +82,9 @@ impl TopicIdLookups {
         let started = {
             let mut t = self.topics.lock().unwrap_or_else(|p| p.into_inner());
             if !t.contains_key(topic) {
-                // Ids learned meanwhile by other reads of the destination
-                // (the periodic listing): those topics are not held anymore.
-                t.retain(|name, l| l.in_flight || store.topic_id(name).is_none());
+                // Ids learned meanwhile by other reads (the periodic
+                // listings): those topics are not held anymore.
+                t.retain(|name, l| l.in_flight || !known(name));
             }
             let full = t.len() >= MAX_TOPICS;
             match t.get_mut(topic) {
@@ -89,7 +97,7 @@ impl TopicIdLookups {
                 None => {
                     t.insert(
                         topic.to_string(),
-                        Lookup {
+                        Tracked {
                             in_flight: true,
                             attempts: 0,
                             next_try: now,
@@ -101,15 +109,11 @@ impl TopicIdLookups {
             }
         };
         let me = self.clone();
-        let store = store.clone();
         let topic = topic.to_string();
+        let lookup = lookup();
         runtime.spawn(async move {
-            let outcome = match tokio::time::timeout(limit, store.refresh_topic_ids()).await {
-                Ok(Ok(())) => store
-                    .topic_id(&topic)
-                    .map(|_| ())
-                    .ok_or_else(|| "the destination does not list it yet".to_string()),
-                Ok(Err(e)) => Err(e),
+            let outcome = match tokio::time::timeout(limit, lookup).await {
+                Ok(r) => r,
                 Err(_) => Err(format!("no answer within {limit:?}")),
             };
             me.ended(&topic, outcome);
@@ -127,7 +131,7 @@ impl TopicIdLookups {
                             topic,
                             waited_ms = l.since.elapsed().as_millis() as u64,
                             lookups = l.attempts + 1,
-                            "destination topic id known: its held partitions are forwarded again"
+                            "held topic resolved: its partitions are forwarded again"
                         );
                     }
                 }
@@ -141,7 +145,7 @@ impl TopicIdLookups {
                         l.next_try = Instant::now() + backoff;
                         tracing::debug!(topic, error = %e, attempts = l.attempts,
                             backoff_ms = backoff.as_millis() as u64,
-                            "destination topic id not found; its partitions stay held");
+                            "held topic not resolved yet; its partitions stay held");
                     }
                 }
             }
@@ -165,6 +169,22 @@ impl TopicIdLookups {
     }
 }
 
+/// The id a placeholder destination topic name (`topic-id:<base64>`, a
+/// source topic id the source's Metadata has not named yet) stands for.
+fn placeholder_id(topic: &str) -> Option<[u8; 16]> {
+    let text = topic.strip_prefix("topic-id:")?;
+    crate::pid::ClusterId::parse(text).ok().map(|c| c.0)
+}
+
+/// What a held topic waits for, for the log lines.
+fn waits_for(topic: &str) -> &'static str {
+    if topic.starts_with("topic-id:") {
+        "the source topic's name (the source's Metadata)"
+    } else {
+        "the destination topic id (the destination's Metadata)"
+    }
+}
+
 /// How long a response whose only records were held is kept back (or less,
 /// when a lookup ends first): a broker with nothing to return holds a Fetch
 /// for its MaxWaitMs (500 ms by default), and the fetcher, which keeps its
@@ -185,7 +205,7 @@ pub const HOLD_PAUSE: Duration = Duration::from_millis(500);
 /// known and they are forwarded. A full (or sessionless) response keeps
 /// every partition it lists, as the fetcher checks it does.
 pub fn hold_partitions(
-    mirror: &super::MirrorContext,
+    mirror: &Arc<MirrorContext>,
     h: &crate::codec::RequestHeader,
     body_at: usize,
     frame: bytes::BytesMut,
@@ -239,26 +259,65 @@ pub fn hold_partitions(
             .filter(|k| k.topic.as_ref() == topic)
             .map(|k| k.partition)
             .collect();
-        if topic.starts_with("topic-id:") {
-            // Named by the source's next Metadata refresh, not by the
-            // destination.
-            tracing::debug!(mirror = %mirror.name, topic, ?partitions, fetch_version = version,
-                "Fetch v{version} response: partitions of a source topic id not in the source's \
-                 Metadata yet held (answered with no records)");
-            continue;
-        }
-        match mirror
-            .lookups
-            .hold(topic, &mirror.salts, mirror.request_timeout)
-        {
+        let limit = mirror.request_timeout;
+        let known = |name: &str| match placeholder_id(name) {
+            Some(id) => mirror.names_source_id(&id),
+            None => mirror.salts.topic_id(name).is_some(),
+        };
+        let started = if let Some(id) = placeholder_id(topic) {
+            // A source topic id the source's Metadata did not name yet: the
+            // source is asked at once (its listener refreshes only every
+            // metadata_refresh_ms).
+            let m = mirror.clone();
+            mirror.lookups.hold(
+                topic,
+                &known,
+                move || {
+                    Box::pin(async move {
+                        let view = crate::proxy::refresh::fetch_cluster_view(
+                            &m.replay_servers(),
+                            limit,
+                            crate::config::DEFAULT_MAX_FRAME_BYTES as usize,
+                        )
+                        .await
+                        .map_err(|e| e.to_string())?;
+                        crate::proxy::refresh::RefreshHook::on_refresh(&*m, &view)?;
+                        if m.names_source_id(&id) {
+                            Ok(())
+                        } else {
+                            Err("the source's Metadata does not name it yet".to_string())
+                        }
+                    })
+                },
+                limit,
+            )
+        } else {
+            let store = mirror.salts.clone();
+            let name = topic.to_string();
+            mirror.lookups.hold(
+                topic,
+                &known,
+                move || {
+                    Box::pin(async move {
+                        store.refresh_topic_ids().await?;
+                        store
+                            .topic_id(&name)
+                            .map(|_| ())
+                            .ok_or_else(|| "the destination does not list it yet".to_string())
+                    })
+                },
+                limit,
+            )
+        };
+        match started {
             HoldStart::First => tracing::info!(mirror = %mirror.name, topic, ?partitions,
-                fetch_version = version,
+                fetch_version = version, wait = waits_for(topic),
                 "Fetch v{version} response: partitions held (answered with no records at the \
-                 fetcher's offset) until the destination topic id is known; looking it up now"),
+                 fetcher's offset) until {} is known; looking it up now", waits_for(topic)),
             HoldStart::NotStarted => tracing::warn!(mirror = %mirror.name, topic, ?partitions,
                 fetch_version = version, tracked = mirror.lookups.len(),
-                "Fetch v{version} response: partitions held for their destination topic id; \
-                 no lookup started (too many topics being looked up)"),
+                "Fetch v{version} response: partitions held until {} is known; no lookup started \
+                 (too many topics being looked up)", waits_for(topic)),
             HoldStart::Retried | HoldStart::Waiting => {}
         }
     }
@@ -286,7 +345,7 @@ mod tests {
     use crate::config::MirrorConfig;
     use crate::handlers::{build_fetch_response, FetchPartitionResponse, FetchTopicRef};
     use crate::metrics::Metrics;
-    use crate::mirror::{MirrorContext, PendingSalt};
+    use crate::mirror::{MirrorContext, PendingSalt, SaltStore};
     use crate::producer_state::{Origin, PartitionKey, ProducerStateRegistry};
     use crate::proxy::connection::Rewritten;
     use crate::records::builder::{build_batch, BatchSpec, RecordSpec};
@@ -364,7 +423,7 @@ mod tests {
     }
 
     /// Runs the mirror's fetch rewrite with holding, then the hold splice.
-    fn rewrite(m: &MirrorContext, topics: &[(&str, &[u8])]) -> (Vec<PartitionKey>, Rewritten) {
+    fn rewrite(m: &Arc<MirrorContext>, topics: &[(&str, &[u8])]) -> (Vec<PartitionKey>, Rewritten) {
         let list: Vec<(FetchTopicRef<'_>, Vec<FetchPartitionResponse<'_>>)> = topics
             .iter()
             .map(|(t, r)| (FetchTopicRef::Name(t), vec![entry(r, 9)]))
