@@ -286,11 +286,23 @@ impl StateSync {
     /// topic churn cannot exhaust `max_partitions`. Claim records of the
     /// dropped producers are tombstoned by the next snapshot round.
     fn forget_destination_topic(&self, topic: &str, why: &str) {
-        let dropped = self.registry.remove_topic(topic, &|_| false);
+        // A controlled partition (pausing, sealing, sealed) keeps its state
+        // with its life-cycle record: a seal in progress needs its open
+        // transactions should the topic be listed again.
+        let keep = |k: &PartitionKey| self.is_controlled(k);
+        let dropped = self.registry.remove_topic(topic, &keep);
         self.forget_partitions(&dropped);
         self.count("destination_topic_deleted");
         tracing::info!(topic, partitions = dropped.len(), reason = why,
             "destination topic deleted: its partitions leave the producer state              (life-cycle records stay)");
+    }
+
+    /// Whether `k` has a life-cycle entry other than MIRRORING.
+    fn is_controlled(&self, k: &PartitionKey) -> bool {
+        self.lifecycle
+            .get()
+            .and_then(|l| l.get(k))
+            .is_some_and(|e| e.state != MirrorPartitionState::Mirroring)
     }
 
     /// Forgets the snapshot bookkeeping of partitions dropped from the state.
@@ -1353,13 +1365,7 @@ impl StateSync {
             // Partitions left with nothing to track (a topic deleted on the
             // source only, once its producers expired as the destination
             // expires them) leave too; controlled ones keep their state.
-            let lifecycle = self.lifecycle.get().cloned();
-            let keep = |k: &PartitionKey| {
-                lifecycle
-                    .as_ref()
-                    .and_then(|l| l.get(k))
-                    .is_some_and(|e| e.state != MirrorPartitionState::Mirroring)
-            };
+            let keep = |k: &PartitionKey| self.is_controlled(k);
             let idle = self.registry.config().max_idle_ms;
             let dropped = self.registry.remove_idle_empty(now, idle, &keep);
             if !dropped.is_empty() {
