@@ -103,3 +103,28 @@ def test_topic_deleted_on_the_source_only_keeps_its_state_until_it_expires(kafka
     harness.wait_until(lambda: mg.metrics().sum(PARTITIONS) == 0, idle_ms / 1000 + 15,
                        what="idle empty partition left the producer state")
     assert "idle partitions with no producer left" in mg.log_text()
+
+
+def test_paused_partition_keeps_its_state_when_its_destination_topic_goes(kafka_factory, kafka1,
+                                                                          mirror_factory):
+    """A controlled partition (here PAUSED) keeps its producer state and its life-cycle
+    record when the destination stops listing its topic; an uncontrolled one leaves."""
+    src = kafka_factory(name="paused-src")
+    mg = mirror_factory(kafka1.bootstrap, [MirrorSpec.of("m", src)], snapshot_interval_ms=1000)
+    paused, plain = harness.topic_name("paused"), harness.topic_name("plain")
+    harness.create_topics(src.bootstrap, [paused, plain])
+    harness.create_topics(kafka1.bootstrap, [paused, plain])
+    prod = idempotent_producer(src.bootstrap)
+    send(prod, paused, [b"p"])
+    send(prod, plain, [b"q"])
+    assert _consume_through(mg.mirrors["m"].bootstrap, [paused, plain]) == {paused: b"p", plain: b"q"}
+    assert mg.metrics().sum(PARTITIONS) == 2
+    harness.wait_until(lambda: mg.partition(paused, 0) is not None, 15, what="partition listed")
+    status, body = mg.post("pause", "m", paused, [0])
+    assert status == 200, body
+    _delete(kafka1.bootstrap, [paused, plain])
+    harness.wait_until(lambda: mg.metrics().sum(OPS, kind="destination_topic_deleted") >= 2, 20,
+                       what="both deletions seen")
+    assert mg.metrics().sum(PARTITIONS) == 1, "the paused partition's state must stay, the other go"
+    e = mg.partition(paused, 0)
+    assert e is not None and e["state"] == "PAUSED", e
