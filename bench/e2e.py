@@ -153,7 +153,8 @@ def ready_url(url: str):
 def mirrorguard_config(path: Path, admin: int, state: str | None, listeners: list[dict], mirrors: list[dict]) -> None:
     out = [f'[admin]\nlisten = "{HOST}:{admin}"\n', '[logging]\nformat = "text"\nlevel = "warn"\n']
     if state:
-        out.append(f'[state]\nbootstrap = ["{state}"]\n')
+        # A single-broker bench cluster: its state topic cannot be replicated three times.
+        out.append(f'[state]\nbootstrap = ["{state}"]\nproduction = false\n')
     for l in listeners:
         out.append(
             f'[[listener]]\nname = "{l["name"]}"\nbootstrap = "{HOST}:{l["port"]}"\nlisten_host = "{HOST}"\n'

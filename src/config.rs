@@ -200,6 +200,16 @@ pub struct StateConfig {
     /// How long an append may take, retries included.
     #[serde(default = "default_state_request_timeout_ms")]
     pub request_timeout_ms: u64,
+    /// Production mode (default): start-up refuses a state cluster that is
+    /// a mirror's source, or a state topic with a replication factor below
+    /// 3 or `min.insync.replicas` below 2. `false` reports them as WARN
+    /// lines (single-broker test setups).
+    #[serde(default = "default_state_production")]
+    pub production: bool,
+}
+
+fn default_state_production() -> bool {
+    true
 }
 
 fn default_state_topic() -> String {

@@ -162,6 +162,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             })
             .await
             .map_err(|e| anyhow::anyhow!("state cluster ({}): {e}", st.bootstrap.join(",")))?;
+            crate::state_store::checks::check(&config, store.report()).await?;
             // Destination topic ids are read on the destination, which may
             // be another cluster than the one holding __mirror_state.
             let bootstrap = config
@@ -203,6 +204,10 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         mirrors.push((mc.clone(), mirror));
     }
     if let Some(s) = &state_sync {
+        // The destination's topics are read as often as the sources'.
+        if let Some(ms) = config.mirrors.iter().map(|m| m.metadata_refresh_ms).min() {
+            s.set_destination_refresh(Duration::from_millis(ms));
+        }
         s.load().await?;
         tokio::spawn(s.clone().tail(Duration::from_secs(1)));
         tokio::spawn(s.clone().snapshot_loop(Duration::from_millis(

@@ -53,7 +53,7 @@ impl Filter for MirrorFetch {
         &self,
         h: &RequestHeader,
         state: Option<&mut RequestState>,
-        mut frame: BytesMut,
+        frame: BytesMut,
     ) -> Result<Rewritten, RewriteError> {
         let fetch_plan = state.and_then(|s| s.seal_plan());
         // Controlled partitions, listed or not, are answered by the seal
@@ -62,15 +62,7 @@ impl Filter for MirrorFetch {
             seal_path::is_controlled(fetch_plan, t, p)
                 || seal_path::is_stray(&self.mirror, fetch_plan, t, p)
         };
-        match self
-            .mirror
-            .rewrite_fetch_frame(h, &mut frame, &skip, self.fetcher)?
-        {
-            None => Ok(Rewritten::Ready(frame)),
-            Some(wait) => Ok(Rewritten::Blocked {
-                frame: Some(frame),
-                wait,
-            }),
-        }
+        self.mirror
+            .rewrite_fetch_frame(h, frame, &skip, self.fetcher)
     }
 }

@@ -30,6 +30,7 @@ pub mod offline;
 pub mod replay;
 pub mod seal_path;
 pub mod state_sync;
+pub mod topic_lookup;
 
 use std::sync::{Arc, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -41,7 +42,7 @@ use prometheus_client::metrics::family::Family;
 use crate::codec::header::response_body_offset;
 use crate::codec::RequestHeader;
 use crate::config::{LayoutConfig, MirrorConfig, PidMode};
-use crate::filter::{BoxFuture, RewriteError};
+use crate::filter::{BoxFuture, RewriteError, Rewritten};
 use crate::handlers::{self, FetchTopic};
 use crate::metrics::{Metrics, MirrorKindLabels};
 use crate::pid::{self, Layout, MapOutcome};
@@ -158,6 +159,9 @@ pub struct MirrorMetrics {
     oversized: Counter,
     corrupt: Counter,
     state_limit: Counter,
+    /// Partitions answered with no records while their destination topic
+    /// id is looked up.
+    held: Counter,
     anomalies: Family<MirrorKindLabels, Counter>,
     mirror: String,
 }
@@ -182,6 +186,7 @@ impl MirrorMetrics {
             oversized: m("oversized_source_pid"),
             corrupt: m("corrupt_records"),
             state_limit: m("state_limit"),
+            held: m("held_unknown_topic"),
             anomalies: metrics.anomalies.clone(),
             mirror: mirror.to_string(),
         }
@@ -225,6 +230,8 @@ pub struct MirrorContext {
     topology_live: std::sync::atomic::AtomicBool,
     /// Controlled partitions taken out of upstream fetch sessions (KIP-227).
     sessions: seal_path::SessionMemory,
+    /// Destination topic ids looked up for held partitions.
+    lookups: Arc<topic_lookup::TopicIdLookups>,
 }
 
 /// Seal metric handles of one mirror.
@@ -272,8 +279,8 @@ impl SealMetrics {
 
 /// Partition handles by source topic (name or resolved id) and partition
 /// index, so the steady Fetch path finds a partition's state without
-/// formatting its destination key and hashing it in the registry (the
-/// registry never replaces or removes a handle, so a cached one stays valid).
+/// formatting its destination key and hashing it in the registry (a handle
+/// the registry removed says so, and is then looked up again).
 #[derive(Default)]
 struct HandleCache {
     by_name: std::collections::HashMap<Box<str>, Vec<Option<PartitionHandle>>>,
@@ -463,7 +470,11 @@ impl MirrorContext {
                 FetchTopic::Id(id) => c.by_id.get(id),
             };
             if let Some(h) = slots.and_then(|v| v.get(i)).and_then(Option::as_ref) {
-                return Ok(h.clone());
+                // A partition the registry dropped (its destination topic
+                // was deleted, or it sat empty and idle) is looked up again.
+                if !h.is_removed() {
+                    return Ok(h.clone());
+                }
             }
         }
         // An id is cached only once its name is known (ids are never
@@ -502,6 +513,15 @@ impl MirrorContext {
             slots[i] = Some(handle.clone());
         }
         Ok(handle)
+    }
+
+    /// Whether the source's Metadata named the source topic id `id`.
+    pub(crate) fn names_source_id(&self, id: &[u8; 16]) -> bool {
+        self.topics
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .by_id
+            .contains_key(id)
     }
 
     /// The destination partition a Fetch response partition feeds: keyed by
@@ -628,6 +648,7 @@ impl MirrorContext {
             persisted_topology: Default::default(),
             topology_live: Default::default(),
             sessions: Default::default(),
+            lookups: Default::default(),
         };
         if let Some(text) = &cfg.source_cluster_id {
             ctx.set_source(SourceIdentity::parse(text)?)?;
@@ -708,10 +729,10 @@ impl MirrorContext {
     pub(crate) fn rewrite_fetch_frame(
         self: &Arc<Self>,
         h: &RequestHeader,
-        frame: &mut BytesMut,
+        mut frame: BytesMut,
         skip: &dyn Fn(&FetchTopic<'_>, i32) -> bool,
         fetcher: bool,
-    ) -> Result<Option<BoxFuture<'static, Result<(), RewriteError>>>, RewriteError> {
+    ) -> Result<Rewritten, RewriteError> {
         let err = |message: String| RewriteError {
             api: "Fetch",
             version: h.api_version,
@@ -719,20 +740,27 @@ impl MirrorContext {
         };
         let header_version = handlers::response_header_version(h.api_key, h.api_version)
             .ok_or_else(|| err("unknown response header version".into()))?;
-        let body_at = response_body_offset(frame, header_version)
+        let body_at = response_body_offset(&frame, header_version)
             .ok_or_else(|| err("response header truncated".into()))?;
         let body = &mut frame[body_at..];
-        let Some(pending) =
-            rewrite_fetch_body_as(self, h.api_version, body, skip, fetcher).map_err(err)?
-        else {
-            return Ok(None);
+        let mut held = Vec::new();
+        let pending =
+            rewrite_fetch_body_holding(self, h.api_version, body, skip, fetcher, Some(&mut held))
+                .map_err(err)?;
+        let Some(pending) = pending else {
+            if held.is_empty() {
+                return Ok(Rewritten::Ready(frame));
+            }
+            // Everything else is rewritten: answer the held partitions with
+            // no records and look their topic ids up.
+            return topic_lookup::hold_partitions(self, h, body_at, frame, &held);
         };
         let salts = self.salts.clone();
         let mirror = self.clone();
         let servers = self.replay_servers();
         let max_frame = crate::config::DEFAULT_MAX_FRAME_BYTES as usize;
         let version = h.api_version;
-        Ok(Some(Box::pin(async move {
+        let wait: BoxFuture<'static, Result<(), RewriteError>> = Box::pin(async move {
             let what = match &pending {
                 Pending::Salts(_) => "collision salt not persisted",
                 Pending::TopicIds => "destination topic ids not read",
@@ -750,7 +778,11 @@ impl MirrorContext {
                 version,
                 message: format!("{what}: {message}"),
             })
-        })))
+        });
+        Ok(Rewritten::Blocked {
+            frame: Some(frame),
+            wait,
+        })
     }
 }
 
@@ -778,6 +810,24 @@ pub fn rewrite_fetch_body_as(
     skip: &dyn Fn(&FetchTopic<'_>, i32) -> bool,
     fetcher: bool,
 ) -> Result<Option<Pending>, String> {
+    rewrite_fetch_body_holding(mirror, version, body, skip, fetcher, None)
+}
+
+/// [`rewrite_fetch_body_as`] that holds partitions whose destination topic
+/// id is not known yet, when `held` is given: their records (which cannot
+/// be claimed nor salted without the id) are neither observed nor changed,
+/// their keys are pushed to `held` (the caller answers them with no
+/// records), and every other partition is rewritten as usual.
+pub fn rewrite_fetch_body_holding(
+    mirror: &MirrorContext,
+    version: i16,
+    body: &mut [u8],
+    skip: &dyn Fn(&FetchTopic<'_>, i32) -> bool,
+    fetcher: bool,
+    mut held: Option<&mut Vec<PartitionKey>>,
+) -> Result<Option<Pending>, String> {
+    // Without a durable store no record needs the id (preserve mode only).
+    let holding = held.is_some() && mirror.salts.durable();
     let Some(source) = mirror.source() else {
         return Err(format!(
             "mirror {}: the source cluster id is not known yet (not learned from the source's \
@@ -799,6 +849,17 @@ pub fn rewrite_fetch_body_as(
         if records.is_empty() && aborted.is_empty() {
             return;
         }
+        if let (true, FetchTopic::Id(id)) = (holding, &p.topic) {
+            // A source topic id the source's Metadata has not named yet: its
+            // destination topic is not known either, and a state keyed by a
+            // placeholder would be orphaned once it is.
+            if !mirror.names_source_id(id) {
+                if let Some(held) = held.as_deref_mut() {
+                    held.push(mirror.partition_key(&p.topic, p.partition_index));
+                }
+                return;
+            }
+        }
         let handle = match mirror.partition_handle(&p.topic, p.partition_index) {
             Ok(h) => h,
             Err(e) => {
@@ -806,6 +867,12 @@ pub fn rewrite_fetch_body_as(
                 return;
             }
         };
+        if holding && mirror.salts.topic_id(&handle.key().topic).is_none() {
+            if let Some(held) = held.as_deref_mut() {
+                held.push(handle.key().clone());
+            }
+            return;
+        }
         slices.push(PartitionSlice {
             key: handle.key().clone(),
             handle,

@@ -80,6 +80,12 @@ pub struct StateSync {
     /// Offset of the type-5 snapshot restored by the start-up load, per
     /// partition: a chunked snapshot restores only if it is later.
     type5_restored_at: std::sync::Mutex<std::collections::HashMap<SnapshotKey, i64>>,
+    /// Destination topics known before and missing from the latest
+    /// listings, since when: dropped once missing for [`DELETION_CONFIRM`]
+    /// (one broker's listing may lag a topic just created).
+    missing_since: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
+    /// Tail rounds between two periodic reads of the destination's topics.
+    dest_refresh_rounds: std::sync::atomic::AtomicU64,
     /// The open transactions of the chunk generation being read per
     /// partition (start-up or tail): once complete they are the partition's
     /// latest snapshot in `snapshots`, as a type-5 record would be (a seal
@@ -158,6 +164,10 @@ type ChunkRecords = (
     Vec<MirrorProducerSnapshotChunkKey>,
     Vec<(Vec<u8>, Option<Vec<u8>>)>,
 );
+
+/// How long a destination topic must be missing from the destination's
+/// listings before its partitions leave the producer state.
+pub const DELETION_CONFIRM: Duration = Duration::from_secs(1);
 
 /// The chunks of one generation read back: (snapshot offset, chunk count)
 /// as each chunk says, and chunk index → (its value, its record).
@@ -259,7 +269,19 @@ impl StateSync {
             loaded_chunks: Default::default(),
             type5_restored_at: Default::default(),
             open_chunks: Default::default(),
+            missing_since: Default::default(),
+            dest_refresh_rounds: std::sync::atomic::AtomicU64::new(10),
         })
+    }
+
+    /// Reads the destination's topics every `period` (rounded to tail
+    /// rounds of one second; at least one): deleted destination topics are
+    /// found that way.
+    pub fn set_destination_refresh(&self, period: Duration) {
+        self.dest_refresh_rounds.store(
+            period.as_secs().max(1),
+            std::sync::atomic::Ordering::Relaxed,
+        );
     }
 
     /// Routes partition-state records (types 4 and 5) to `lifecycle`.
@@ -293,15 +315,85 @@ impl StateSync {
             crate::config::DEFAULT_MAX_FRAME_BYTES as usize,
         )
         .await?;
+        let mut gone: Vec<(String, &'static str)> = Vec::new();
         {
             let mut t = self.dest_topics.write().unwrap_or_else(|p| p.into_inner());
+            let mut missing = self.missing_since.lock().unwrap_or_else(|p| p.into_inner());
+            let listed: std::collections::HashMap<&str, [u8; 16]> = view
+                .topics
+                .iter()
+                .map(|(name, id, _)| (name.as_str(), *id))
+                .collect();
+            let now = std::time::Instant::now();
+            for (name, old_id) in &t.by_name {
+                match listed.get(name.as_str()) {
+                    // Deleted and created again: the old one's state is gone.
+                    Some(id) if id != old_id && *id != [0; 16] => {
+                        gone.push((name.clone(), "its topic id changed"))
+                    }
+                    Some(_) => {}
+                    None => {
+                        let since = *missing.entry(name.clone()).or_insert(now);
+                        if now.duration_since(since) >= DELETION_CONFIRM {
+                            gone.push((name.clone(), "the destination no longer lists it"));
+                        }
+                    }
+                }
+            }
+            missing.retain(|name, _| !listed.contains_key(name.as_str()));
+            for (name, _) in &gone {
+                missing.remove(name);
+                if let Some(id) = t.by_name.remove(name) {
+                    t.by_id.remove(&id);
+                }
+            }
             for (name, id, _partitions) in view.topics {
                 t.by_id.insert(id, name.clone());
                 t.by_name.insert(name, id);
             }
         }
+        for (name, why) in gone {
+            self.forget_destination_topic(&name, why);
+        }
         self.apply_pending();
         Ok(())
+    }
+
+    /// Drops the producer state of a deleted destination topic's
+    /// partitions (their life-cycle records, a seal's included, stay), so
+    /// topic churn cannot exhaust `max_partitions`. Claim records of the
+    /// dropped producers are tombstoned by the next snapshot round.
+    fn forget_destination_topic(&self, topic: &str, why: &str) {
+        // A controlled partition (pausing, sealing, sealed) keeps its state
+        // with its life-cycle record: a seal in progress needs its open
+        // transactions should the topic be listed again.
+        let keep = |k: &PartitionKey| self.is_controlled(k);
+        let dropped = self.registry.remove_topic(topic, &keep);
+        self.forget_partitions(&dropped);
+        self.count("destination_topic_deleted");
+        tracing::info!(topic, partitions = dropped.len(), reason = why,
+            "destination topic deleted: its partitions leave the producer state              (life-cycle records stay)");
+    }
+
+    /// Whether `k` has a life-cycle entry other than MIRRORING.
+    fn is_controlled(&self, k: &PartitionKey) -> bool {
+        self.lifecycle
+            .get()
+            .and_then(|l| l.get(k))
+            .is_some_and(|e| e.state != MirrorPartitionState::Mirroring)
+    }
+
+    /// Forgets the snapshot bookkeeping of partitions dropped from the state.
+    fn forget_partitions(&self, keys: &[PartitionKey]) {
+        if keys.is_empty() {
+            return;
+        }
+        let mut snapshotted = self.snapshotted.lock().unwrap_or_else(|p| p.into_inner());
+        let mut chunked = self.chunked_at.lock().unwrap_or_else(|p| p.into_inner());
+        for k in keys {
+            snapshotted.remove(k);
+            chunked.remove(k);
+        }
     }
 
     /// Applies the kept records of topic ids that are known now.
@@ -417,9 +509,14 @@ impl StateSync {
         loop {
             tokio::time::sleep(period).await;
             rounds += 1;
-            // Records kept for topic ids not known yet: look for the topics
-            // now and then (every 10 rounds) until they appear.
-            if rounds % 10 == 0 && self.pending_records() > 0 {
+            // The destination's topics, now and then: topics created since
+            // (records kept for topic ids not known yet apply) and topics
+            // deleted since (their partitions leave the producer state).
+            let every = self
+                .dest_refresh_rounds
+                .load(std::sync::atomic::Ordering::Relaxed)
+                .max(1);
+            if rounds % every == 0 {
                 if let Err(e) = self.refresh_destination_topics().await {
                     tracing::debug!(error = %e, "destination topics not refreshed");
                 }
@@ -1353,11 +1450,25 @@ impl StateSync {
     pub async fn snapshot_loop(self: Arc<Self>, period: Duration) {
         loop {
             tokio::time::sleep(period).await;
-            let expired = self.registry.expire_idle(crate::lifecycle::now_ms());
+            let now = crate::lifecycle::now_ms();
+            let expired = self.registry.expire_idle(now);
             if expired > 0 {
                 tracing::info!(
                     expired,
                     "idle producers expired from the shadow producer state"
+                );
+            }
+            // Partitions left with nothing to track (a topic deleted on the
+            // source only, once its producers expired as the destination
+            // expires them) leave too; controlled ones keep their state.
+            let keep = |k: &PartitionKey| self.is_controlled(k);
+            let idle = self.registry.config().max_idle_ms;
+            let dropped = self.registry.remove_idle_empty(now, idle, &keep);
+            if !dropped.is_empty() {
+                self.forget_partitions(&dropped);
+                tracing::info!(
+                    partitions = dropped.len(),
+                    "idle partitions with no producer left the shadow producer state"
                 );
             }
             if let Err(e) = self.snapshot_round(MAX_SNAPSHOTS_PER_ROUND).await {

@@ -23,7 +23,7 @@
 //! panic; refusing service forever after a foreign panic would be worse.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 
 use super::anomaly::{Anomaly, AnomalyLog};
@@ -79,12 +79,24 @@ pub struct PartitionHandle {
     key: PartitionKey,
     state: Arc<Mutex<PartitionState>>,
     shared: Arc<Shared>,
+    /// Set once the registry dropped this partition: a cached handle must
+    /// then be looked up again (a later handle of the key is a new state).
+    removed: Arc<AtomicBool>,
+    /// Wall-clock ms of the last batch observed (idle partitions may be
+    /// dropped once empty).
+    last_observed_ms: Arc<AtomicI64>,
 }
 
 impl PartitionHandle {
     /// The partition.
     pub fn key(&self) -> &PartitionKey {
         &self.key
+    }
+
+    /// Whether the registry dropped this partition (see
+    /// [`ProducerStateRegistry::remove`]).
+    pub fn is_removed(&self) -> bool {
+        self.removed.load(Ordering::Relaxed)
     }
 
     /// Runs `f` with exclusive access to the state. Keep `f` short and
@@ -114,6 +126,7 @@ impl PartitionHandle {
         sink: &mut Vec<Anomaly>,
     ) -> ObserveOutcome {
         let start = sink.len();
+        self.last_observed_ms.store(now_ms, Ordering::Relaxed);
         let outcome = self.with(|s| s.observe(origin, batch, now_ms, sink));
         if let Some(new) = sink.get(start..) {
             if !new.is_empty() {
@@ -202,7 +215,71 @@ impl ProducerStateRegistry {
             key: state.key().clone(),
             state: Arc::new(Mutex::new(state)),
             shared: Arc::clone(&self.shared),
+            removed: Arc::new(AtomicBool::new(false)),
+            last_observed_ms: Arc::new(AtomicI64::new(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| d.as_millis() as i64),
+            )),
         }
+    }
+
+    /// Drops `key`'s state (its producers leave the totals); handles still
+    /// held elsewhere see [`PartitionHandle::is_removed`]. Returns whether
+    /// it was there.
+    pub fn remove(&self, key: &PartitionKey) -> bool {
+        let removed = self
+            .partitions
+            .write()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(key);
+        let Some(h) = removed else {
+            return false;
+        };
+        h.removed.store(true, Ordering::Relaxed);
+        // Empties the state through the handle so the producer total follows.
+        h.with(|s| s.reset());
+        true
+    }
+
+    /// Drops every partition of destination topic `topic` for which `keep`
+    /// is false; returns the keys dropped.
+    pub fn remove_topic(
+        &self,
+        topic: &str,
+        keep: &dyn Fn(&PartitionKey) -> bool,
+    ) -> Vec<PartitionKey> {
+        let keys: Vec<PartitionKey> = self
+            .partition_keys()
+            .into_iter()
+            .filter(|k| &*k.topic == topic && !keep(k))
+            .collect();
+        keys.into_iter().filter(|k| self.remove(k)).collect()
+    }
+
+    /// Drops partitions that track nothing (no producer, no salt) and saw
+    /// no batch for `max_idle_ms`, unless `keep` says otherwise: a topic
+    /// deleted on the source only stops feeding its partitions, whose
+    /// producers expire as the destination expires them, and then the empty
+    /// partitions leave too, so churn cannot exhaust `max_partitions`.
+    /// Returns the keys dropped.
+    pub fn remove_idle_empty(
+        &self,
+        now_ms: i64,
+        max_idle_ms: i64,
+        keep: &dyn Fn(&PartitionKey) -> bool,
+    ) -> Vec<PartitionKey> {
+        let idle: Vec<PartitionKey> = self
+            .handles()
+            .into_iter()
+            .filter(|h| {
+                now_ms.saturating_sub(h.last_observed_ms.load(Ordering::Relaxed)) >= max_idle_ms
+                    && h.with(|s| s.producer_count() == 0 && s.salts().is_empty())
+                    && !keep(h.key())
+            })
+            .map(|h| h.key().clone())
+            .collect();
+        idle.into_iter().filter(|k| self.remove(k)).collect()
     }
 
     fn handles(&self) -> Vec<PartitionHandle> {
@@ -294,5 +371,67 @@ impl ProducerStateRegistry {
         let handle = self.partition(&snapshot.key);
         handle.with(move |s| *s = restored);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod removal_tests {
+    use super::*;
+    use crate::producer_state::ClusterId;
+
+    fn key(topic: &str, p: i32) -> PartitionKey {
+        PartitionKey::new([0; 16], topic, p)
+    }
+
+    fn observe(h: &PartitionHandle, pid: i64, now: i64) {
+        let origin = Origin {
+            source_cluster: ClusterId([1; 16]),
+            original_pid: pid,
+        };
+        let mut sink = Vec::new();
+        h.observe(
+            &origin,
+            &BatchObservation::data(pid, 0, 0, 0, 1, false),
+            now,
+            &mut sink,
+        );
+    }
+
+    #[test]
+    fn a_removed_topic_leaves_counts_and_handles_say_so() {
+        let r = ProducerStateRegistry::default();
+        let a0 = r.partition(&key("a", 0));
+        let a1 = r.partition(&key("a", 1));
+        let b0 = r.partition(&key("b", 0));
+        observe(&a0, 5, 1_000);
+        observe(&b0, 6, 1_000);
+        assert_eq!((r.partition_count(), r.total_producers()), (3, 2));
+        let kept = key("a", 1);
+        let dropped = r.remove_topic("a", &|k| *k == kept);
+        assert_eq!(dropped, vec![key("a", 0)]);
+        assert!(a0.is_removed() && !a1.is_removed() && !b0.is_removed());
+        assert_eq!((r.partition_count(), r.total_producers()), (2, 1));
+        // A later handle of the key is a new, empty state.
+        let again = r.partition(&key("a", 0));
+        assert!(!again.is_removed());
+        assert_eq!(again.with(|s| s.producer_count()), 0);
+    }
+
+    #[test]
+    fn only_empty_idle_partitions_leave() {
+        let r = ProducerStateRegistry::default();
+        let busy = r.partition(&key("t", 0));
+        let empty = r.partition(&key("t", 1));
+        let guarded = r.partition(&key("t", 2));
+        observe(&busy, 5, 0);
+        let now = i64::MAX / 2;
+        let guarded_key = guarded.key().clone();
+        let dropped = r.remove_idle_empty(now, 1_000, &|k| *k == guarded_key);
+        assert_eq!(dropped, vec![key("t", 1)]);
+        assert!(empty.is_removed() && !busy.is_removed() && !guarded.is_removed());
+        // Once its producer expired, the busy one goes too.
+        r.expire_idle(now);
+        assert_eq!(r.remove_idle_empty(now, 1_000, &|_| false).len(), 2);
+        assert_eq!(r.partition_count(), 0);
     }
 }

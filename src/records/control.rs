@@ -16,7 +16,16 @@ use crate::wire::Reader;
 pub const ABORT_TYPE: i16 = 0;
 /// Control type id of COMMIT markers.
 pub const COMMIT_TYPE: i16 = 1;
-/// Control type id of mirrorguard's MIRROR_PID_RESET barrier.
+/// Control type id of mirrorguard's MIRROR_PID_RESET barrier (SPEC 2.3),
+/// the only place the number is written: every builder, parser and check
+/// uses this constant.
+///
+/// The id is NOT reserved upstream: Apache Kafka's `ControlRecordType`
+/// knows 0 (ABORT), 1 (COMMIT) and 2-6 (KRaft: LEADER_CHANGE,
+/// SNAPSHOT_HEADER, SNAPSHOT_FOOTER, KRAFT_VERSION, KRAFT_VOTERS), and reads
+/// any other id as UNKNOWN, which consumers and a stock broker skip. A later
+/// Kafka release may assign 7 to something else; a destination that
+/// understands the barrier, and this constant, must then move together.
 pub const MIRROR_PID_RESET_TYPE: i16 = 7;
 
 /// The control record types mirrorguard understands.

@@ -267,6 +267,7 @@ impl Connector for TcpConnector {
 pub struct StateStore {
     tx: mpsc::Sender<Command>,
     topic: String,
+    report: StateClusterReport,
 }
 
 enum Command {
@@ -358,6 +359,7 @@ impl StateStore {
             producer: None,
             next_seq: 0,
             policy_checked: false,
+            report: StateClusterReport::default(),
         };
         let mut retry = Retry::new(actor.cfg.request_timeout);
         loop {
@@ -370,9 +372,15 @@ impl StateStore {
                 }
             }
         }
+        let report = actor.report.clone();
         let (tx, rx) = mpsc::channel(QUEUE);
         tokio::spawn(actor.run(rx));
-        Ok(StateStore { tx, topic })
+        Ok(StateStore { tx, topic, report })
+    }
+
+    /// What opening the store learned about the state cluster.
+    pub fn report(&self) -> &StateClusterReport {
+        &self.report
     }
 
     /// The topic this store reads and writes.
@@ -564,8 +572,24 @@ struct Actor<C: Connector> {
     producer: Option<(i64, i16)>,
     /// Sequence number of the next batch.
     next_seq: i32,
-    /// Whether an existing topic's cleanup.policy was checked.
+    /// Whether the topic's configs were checked.
     policy_checked: bool,
+    /// What the first connection learned (see [`StateClusterReport`]).
+    report: StateClusterReport,
+}
+
+/// What opening the store learned about the state cluster and its topic,
+/// for the start-up checks (`crate::state_store::checks`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct StateClusterReport {
+    /// The state cluster's id (Kafka base64 text), if its Metadata carried one.
+    pub cluster_id: Option<String>,
+    /// Brokers the state cluster's Metadata listed.
+    pub brokers: usize,
+    /// Replicas of the state topic's partition (its replication factor).
+    pub replication_factor: usize,
+    /// The topic's `min.insync.replicas`, when DescribeConfigs answered.
+    pub min_insync_replicas: Option<i32>,
 }
 
 /// Retry budget of one operation.
@@ -744,8 +768,10 @@ impl<C: Connector> Actor<C> {
     /// `compact`: the broker would delete durable decisions with age, and
     /// never drop superseded ones. Reported, not refused (an operator may
     /// have a reason); a broker without DescribeConfigs is not checked.
-    async fn check_cleanup_policy(&self, conn: &mut Conn<C::Stream>) {
-        let topic = self.cfg.topic.as_str();
+    /// Also notes the topic's `min.insync.replicas` in the report.
+    async fn check_cleanup_policy(&mut self, conn: &mut Conn<C::Stream>) {
+        let topic = self.cfg.topic.clone();
+        let topic = topic.as_str();
         if !conn.describe_configs {
             tracing::info!(
                 topic,
@@ -753,21 +779,45 @@ impl<C: Connector> Actor<C> {
             );
             return;
         }
-        let res = conn
-            .roundtrip(
-                proto::DESCRIBE_CONFIGS,
-                proto::DESCRIBE_CONFIGS_VERSION,
-                self.cfg.request_timeout,
-                |w| proto::describe_topic_configs_request(topic, &["cleanup.policy"], w),
-            )
-            .await
-            .and_then(|(resp, off)| {
-                Ok(proto::parse_describe_configs_v1(
-                    resp.get(off..).unwrap_or_default(),
-                )?)
-            });
+        // A topic created a moment ago may not be known to the broker's
+        // config view yet: ask again a few times (bounded).
+        let mut res;
+        let mut attempts = 0;
+        loop {
+            res = conn
+                .roundtrip(
+                    proto::DESCRIBE_CONFIGS,
+                    proto::DESCRIBE_CONFIGS_VERSION,
+                    self.cfg.request_timeout,
+                    |w| {
+                        proto::describe_topic_configs_request(
+                            topic,
+                            &["cleanup.policy", "min.insync.replicas"],
+                            w,
+                        )
+                    },
+                )
+                .await
+                .and_then(|(resp, off)| {
+                    Ok(proto::parse_describe_configs_v1(
+                        resp.get(off..).unwrap_or_default(),
+                    )?)
+                });
+            attempts += 1;
+            match &res {
+                Ok((code::UNKNOWN_TOPIC_OR_PARTITION, _)) if attempts < 20 => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                _ => break,
+            }
+        }
         match res {
             Ok((code::NONE, configs)) => {
+                self.report.min_insync_replicas = configs
+                    .iter()
+                    .find(|(n, _)| n == "min.insync.replicas")
+                    .and_then(|(_, v)| v.as_deref())
+                    .and_then(|v| v.trim().parse().ok());
                 let policy = configs
                     .iter()
                     .find(|(n, _)| n == "cleanup.policy")
@@ -813,7 +863,10 @@ impl<C: Connector> Actor<C> {
             if missing {
                 self.create_topic(&mut boot).await?;
                 meta = self.metadata(&mut boot).await?;
-            } else if !self.policy_checked {
+            }
+            if !self.policy_checked {
+                // A topic just created is compact; its min.insync.replicas
+                // (the broker's default) is still worth reading.
                 self.policy_checked = true;
                 self.check_cleanup_policy(&mut boot).await;
             }
@@ -839,6 +892,9 @@ impl<C: Connector> Actor<C> {
                 });
             }
             let p = t.partitions[0];
+            self.report.cluster_id = meta.cluster_id.clone();
+            self.report.brokers = meta.brokers.len();
+            self.report.replication_factor = p.replicas;
             if p.error_code != code::NONE {
                 return Err(StateStoreError::broker(proto::METADATA, p.error_code, None));
             }

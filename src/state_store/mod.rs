@@ -14,11 +14,12 @@
 //! [`schema`] and resolve conflicts themselves ("for one key the record at
 //! the lowest offset wins").
 
+pub mod checks;
 mod client;
 mod proto;
 pub mod schema;
 
 pub use client::{
-    Connector, StateStore, StateStoreConfig, StateStoreError, StoredRecord, TcpConnector,
-    DEFAULT_TOPIC,
+    Connector, StateClusterReport, StateStore, StateStoreConfig, StateStoreError, StoredRecord,
+    TcpConnector, DEFAULT_TOPIC,
 };

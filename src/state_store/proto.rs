@@ -177,6 +177,8 @@ pub(crate) struct PartitionMeta {
     pub error_code: i16,
     pub partition: i32,
     pub leader: i32,
+    /// Number of replicas (the topic's replication factor).
+    pub replicas: usize,
 }
 
 /// A topic of a Metadata response.
@@ -192,6 +194,8 @@ pub(crate) struct TopicMeta {
 pub(crate) struct MetadataInfo {
     pub brokers: Vec<BrokerMeta>,
     pub topics: Vec<TopicMeta>,
+    /// The cluster's id (Kafka base64 text), if it sent one.
+    pub cluster_id: Option<String>,
 }
 
 fn skip_i32_array(r: &mut Reader<'_>, flex: bool, field: &'static str) -> WireResult<()> {
@@ -220,7 +224,9 @@ pub(crate) fn parse_metadata(v: i16, body: &[u8]) -> WireResult<MetadataInfo> {
             port,
         });
     }
-    r.read_nullable_string_v(flex, "MetadataResponse.cluster_id")?;
+    let cluster_id = r
+        .read_nullable_string_v(flex, "MetadataResponse.cluster_id")?
+        .map(str::to_owned);
     r.read_i32("MetadataResponse.controller_id")?;
     let nt = r.read_array_len_v(flex, 4, "MetadataResponse.topics")?;
     let mut topics = Vec::with_capacity(nt);
@@ -242,7 +248,12 @@ pub(crate) fn parse_metadata(v: i16, body: &[u8]) -> WireResult<MetadataInfo> {
             if v >= 7 {
                 r.read_i32("MetadataResponse.partitions.leader_epoch")?;
             }
-            skip_i32_array(&mut r, flex, "MetadataResponse.partitions.replica_nodes")?;
+            let replicas =
+                r.read_array_len_v(flex, 4, "MetadataResponse.partitions.replica_nodes")?;
+            r.skip(
+                replicas.saturating_mul(4),
+                "MetadataResponse.partitions.replica_nodes",
+            )?;
             skip_i32_array(&mut r, flex, "MetadataResponse.partitions.isr_nodes")?;
             if v >= 5 {
                 skip_i32_array(&mut r, flex, "MetadataResponse.partitions.offline_replicas")?;
@@ -252,6 +263,7 @@ pub(crate) fn parse_metadata(v: i16, body: &[u8]) -> WireResult<MetadataInfo> {
                 error_code,
                 partition,
                 leader,
+                replicas,
             });
         }
         if v >= 8 {
@@ -264,7 +276,11 @@ pub(crate) fn parse_metadata(v: i16, body: &[u8]) -> WireResult<MetadataInfo> {
             partitions,
         });
     }
-    Ok(MetadataInfo { brokers, topics })
+    Ok(MetadataInfo {
+        brokers,
+        topics,
+        cluster_id,
+    })
 }
 
 // ---------------------------------------------------------------------------

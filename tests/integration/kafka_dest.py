@@ -41,7 +41,7 @@ import pytest
 
 import harness
 from harness import HarnessError
-from rawkafka import uvarint
+from rawkafka import MIRROR_PID_RESET_TYPE, uvarint
 
 ROOT = harness.ROOT
 JAR = Path(os.environ.get("KAFKA_DEST_JAR", ROOT / ".tools" / "kafka-dest" / "build" / "kafka-dest.jar"))
@@ -383,7 +383,7 @@ def barrier_batch(source_cluster_id: str, base_offset: int = 0, leader_epoch: in
     """A MIRROR_PID_RESET barrier (SPEC 2.3): control only (not transactional), PID,
     epoch and sequence -1, one record with key (0, 7) and value version 0 + compact
     SourceClusterId + no tags."""
-    key = struct.pack(">hh", 0, 7)
+    key = struct.pack(">hh", 0, MIRROR_PID_RESET_TYPE)
     cid = source_cluster_id.encode()
     value = struct.pack(">h", 0) + uvarint(len(cid) + 1) + cid + uvarint(0)
     ts = int(time.time() * 1000) if ts is None else ts

@@ -136,7 +136,8 @@ class MirrorGuard:
                  metadata_refresh_ms: int = 1000, log_level: str = "info,mirrorguard=debug",
                  snapshot_interval_ms: int | None = None, state_topic: str = "__mirror_state",
                  admin_read_timeout_ms: int | None = None, guard_upstream: str | None = None,
-                 guard_node_ids: list[int] | None = None, extra_config: str = ""):
+                 guard_node_ids: list[int] | None = None, extra_config: str = "",
+                 production: bool = False, producer_state: str = ""):
         self.name = name
         self.state_bootstrap = state_bootstrap
         self.state_topic = state_topic
@@ -205,9 +206,15 @@ shutdown_grace_ms = 2000
 bootstrap = ["{state_bootstrap}"]
 topic = "{state_topic}"
 request_timeout_ms = 10000
+# Test beds are single-broker clusters, often the source itself: report, do not refuse.
+production = {"true" if production else "false"}
 
 """
-            + (f"[producer_state]\nsnapshot_interval_ms = {snapshot_interval_ms}\n\n" if snapshot_interval_ms else "")
+            + ("[producer_state]\n"
+               + (f"snapshot_interval_ms = {snapshot_interval_ms}\n" if snapshot_interval_ms else "")
+               # Further `key = value` lines of [producer_state] (e.g. max_partitions).
+               + (producer_state.rstrip("\n") + "\n" if producer_state else "")
+               + "\n" if snapshot_interval_ms or producer_state else "")
             + "\n".join(blocks)
             + (f"""
 [[guard]]

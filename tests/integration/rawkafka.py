@@ -16,6 +16,10 @@ from dataclasses import dataclass, field
 import crc32c
 
 API_FETCH = 1
+# mirrorguard's MIRROR_PID_RESET control type (src/records/control.rs
+# MIRROR_PID_RESET_TYPE; not reserved by Apache Kafka, whose ControlRecordType
+# reads it as UNKNOWN).
+MIRROR_PID_RESET_TYPE = 7
 API_METADATA = 3
 API_FIND_COORDINATOR = 10
 API_API_VERSIONS = 18
