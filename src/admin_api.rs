@@ -18,10 +18,10 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
+use crate::lifecycle::State as LState;
 use crate::lifecycle::{Entry, Lifecycle, Operation};
 use crate::mirror::MirrorContext;
 use crate::producer_state::ProducerStateRegistry;
-use crate::state_store::schema::MirrorPartitionState as LState;
 
 /// The OpenAPI document, shipped in the repository and served at `/v1/openapi.json`.
 pub const OPENAPI: &str = include_str!("../docs/openapi.json");

@@ -156,7 +156,7 @@ async fn a_seal_with_20000_open_transactions_persists_in_chunks_and_is_rebuilt()
         mirror: "m".into(),
         topic: TOPIC.into(),
         partition: 0,
-        state: MirrorPartitionState::Stopping,
+        state: mirrorguard::lifecycle::State::Stopping,
         source_cluster_id: SOURCE.into(),
         cut: Some(CUT),
         seal_batches: Some(plan.len()),

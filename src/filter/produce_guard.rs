@@ -33,10 +33,10 @@ use crate::handlers::{
     split_produce_request, FetchTopic, ProducePartitionResult,
 };
 use crate::lifecycle::Lifecycle;
+use crate::lifecycle::State;
 use crate::metrics::{ListenerLabels, Metrics};
 use crate::mirror::MirrorContext;
 use crate::producer_state::PartitionKey;
-use crate::state_store::schema::MirrorPartitionState as State;
 
 /// Kafka's POLICY_VIOLATION: not retriable, carries a message.
 pub const POLICY_VIOLATION: i16 = 44;

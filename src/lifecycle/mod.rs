@@ -26,9 +26,42 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::Serialize;
 
 use crate::producer_state::PartitionKey;
-use crate::state_store::schema::MirrorPartitionState as State;
 
 pub use seal::{SealBatch, SealPlan};
+
+/// A mirrored partition's life-cycle state (SPEC 3). The state store keeps
+/// it as an int8; the conversion lives in its adapter
+/// ([`crate::state_store::sync`]), so this module knows nothing of the
+/// record schema.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum State {
+    /// Mirroring from the source.
+    Mirroring,
+    /// Mirroring halted, partition not writable.
+    Paused,
+    /// Sealing in progress.
+    Stopping,
+    /// Sealed; the partition is writable (terminal).
+    Stopped,
+    /// Failed (see the entry's reason).
+    Failed,
+    /// A state code written by a newer mirrorguard; kept so it round-trips.
+    Other(i8),
+}
+
+impl State {
+    /// Upper-case name as operators see it (`UNKNOWN` for [`Self::Other`]).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Mirroring => "MIRRORING",
+            Self::Paused => "PAUSED",
+            Self::Stopping => "STOPPING",
+            Self::Stopped => "STOPPED",
+            Self::Failed => "FAILED",
+            Self::Other(_) => "UNKNOWN",
+        }
+    }
+}
 
 /// An operator request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -121,10 +154,7 @@ fn ser_state<S: serde::Serializer>(s: &State, ser: S) -> Result<S::Ok, S::Error>
 pub trait TransitionStore: Send + Sync {
     /// Persists an entry's state record (type 4) and, when present, the
     /// open-transaction snapshot of its seal (type 5); resolves once acknowledged.
-    fn persist(
-        &self,
-        entry: Entry,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;
+    fn persist(&self, entry: Entry) -> crate::BoxFuture<'static, Result<(), String>>;
 }
 
 /// All controlled partitions.

@@ -11,9 +11,9 @@
 
 use std::sync::Arc;
 
+use super::State;
 use crate::producer_state::PartitionKey;
 use crate::records::builder::{build_abort_marker, build_mirror_pid_reset};
-use crate::state_store::schema::MirrorPartitionState as State;
 
 use super::{now_ms, Entry};
 

@@ -123,28 +123,23 @@ pub trait SaltStore: Send + Sync {
     fn persist_claims(
         &self,
         _claims: Vec<(PartitionKey, Vec<(i64, Origin)>)>,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
+    ) -> crate::BoxFuture<'static, Result<(), String>> {
         Box::pin(async { Err("this store keeps no producer claims".to_string()) })
     }
     /// The destination topic id of `topic`, if known (it seeds the salt
     /// sequence and keys the record).
     fn topic_id(&self, topic: &str) -> Option<[u8; 16]>;
     /// Re-reads the destination's topic ids.
-    fn refresh_topic_ids(
-        &self,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;
+    fn refresh_topic_ids(&self) -> crate::BoxFuture<'static, Result<(), String>>;
     /// Persists `salts`, waits for the acknowledgement, and applies the
     /// winning record of each key (lowest offset) to the registry.
-    fn persist(
-        &self,
-        salts: Vec<PendingSalt>,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;
+    fn persist(&self, salts: Vec<PendingSalt>) -> crate::BoxFuture<'static, Result<(), String>>;
     /// Persists a mirror's source topology (record type 8).
     fn persist_topology(
         &self,
         _mirror: &str,
         _topology: offline::Topology,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
+    ) -> crate::BoxFuture<'static, Result<(), String>> {
         Box::pin(async { Err("this store keeps no source topology".to_string()) })
     }
 }
@@ -1425,24 +1420,19 @@ mod handle_cache_tests {
         fn persist_claims(
             &self,
             _claims: Vec<(PartitionKey, Vec<(i64, Origin)>)>,
-        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>
-        {
+        ) -> crate::BoxFuture<'static, Result<(), String>> {
             Box::pin(async { Ok(()) })
         }
         fn topic_id(&self, _topic: &str) -> Option<[u8; 16]> {
             None
         }
-        fn refresh_topic_ids(
-            &self,
-        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>
-        {
+        fn refresh_topic_ids(&self) -> crate::BoxFuture<'static, Result<(), String>> {
             Box::pin(async { Ok(()) })
         }
         fn persist(
             &self,
             _salts: Vec<PendingSalt>,
-        ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>
-        {
+        ) -> crate::BoxFuture<'static, Result<(), String>> {
             Box::pin(async { Ok(()) })
         }
     }

@@ -28,8 +28,8 @@ use crate::handlers::{
     splice_fetch_response_dropping, FetchPartitionResponse, FetchTopic,
 };
 use crate::lifecycle::seal::{decide, serve_reader, Decision, LocalPartition, OpenTxn};
+use crate::lifecycle::State;
 use crate::producer_state::PartitionKey;
-use crate::state_store::schema::MirrorPartitionState as State;
 
 use super::MirrorContext;
 

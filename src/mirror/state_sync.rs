@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::lifecycle::seal::OpenTxn;
-use crate::lifecycle::{Entry, Lifecycle, TransitionStore};
+use crate::lifecycle::{Entry, Lifecycle, State as LifecycleState, TransitionStore};
 use crate::metrics::{KindLabels, Metrics};
 use crate::mirror::{map_with_salt, MirrorContext, PendingSalt, SaltStore};
 use crate::pid::{self, Layout};
@@ -24,6 +24,32 @@ use crate::state_store::schema::{
     MirrorProducerSnapshotKey, MirrorProducerSnapshotValue, SnapshotProducer, StateRecord,
 };
 use crate::state_store::{StateStore, StoredRecord};
+
+impl From<MirrorPartitionState> for LifecycleState {
+    fn from(s: MirrorPartitionState) -> Self {
+        match s {
+            MirrorPartitionState::Mirroring => Self::Mirroring,
+            MirrorPartitionState::Paused => Self::Paused,
+            MirrorPartitionState::Stopping => Self::Stopping,
+            MirrorPartitionState::Stopped => Self::Stopped,
+            MirrorPartitionState::Failed => Self::Failed,
+            MirrorPartitionState::Other(c) => Self::Other(c),
+        }
+    }
+}
+
+impl From<LifecycleState> for MirrorPartitionState {
+    fn from(s: LifecycleState) -> Self {
+        match s {
+            LifecycleState::Mirroring => Self::Mirroring,
+            LifecycleState::Paused => Self::Paused,
+            LifecycleState::Stopping => Self::Stopping,
+            LifecycleState::Stopped => Self::Stopped,
+            LifecycleState::Failed => Self::Failed,
+            LifecycleState::Other(c) => Self::Other(c),
+        }
+    }
+}
 
 /// The `__mirror_state` side of the mirrors.
 pub struct StateSync {
@@ -380,7 +406,7 @@ impl StateSync {
         self.lifecycle
             .get()
             .and_then(|l| l.get(k))
-            .is_some_and(|e| e.state != MirrorPartitionState::Mirroring)
+            .is_some_and(|e| e.state != LifecycleState::Mirroring)
     }
 
     /// Forgets the snapshot bookkeeping of partitions dropped from the state.
@@ -1240,7 +1266,7 @@ impl StateSync {
                 // A sealing or sealed partition keeps the seal's snapshot.
                 if lc
                     .get(&key)
-                    .is_some_and(|e| e.state != MirrorPartitionState::Mirroring)
+                    .is_some_and(|e| e.state != LifecycleState::Mirroring)
                 {
                     continue;
                 }
@@ -1494,7 +1520,9 @@ impl StateSync {
         // Our own records come back through the tail: keep the live entry
         // (it has the built seal) when it already says the same thing.
         if let Some(cur) = lifecycle.get(&pk) {
-            if cur.state == v.state && cur.cut == (v.cut_offset >= 0).then_some(v.cut_offset) {
+            if cur.state == LifecycleState::from(v.state)
+                && cur.cut == (v.cut_offset >= 0).then_some(v.cut_offset)
+            {
                 return;
             }
         }
@@ -1523,7 +1551,7 @@ impl StateSync {
                 mirror: v.mirror,
                 topic,
                 partition: key.partition,
-                state: v.state,
+                state: v.state.into(),
                 source_cluster_id: v.source_cluster_id,
                 cut: (v.cut_offset >= 0).then_some(v.cut_offset),
                 seal_batches: (v.seal_batches >= 0).then_some(v.seal_batches),
@@ -1556,7 +1584,7 @@ impl StateSync {
         // one type-5 record (about 3,900), they go as a chunk generation
         // (type 7), each record below MAX_SNAPSHOT_BYTES.
         let mut seal_chunks = None;
-        if let (MirrorPartitionState::Stopping, Some(cut), Some(plan)) =
+        if let (LifecycleState::Stopping, Some(cut), Some(plan)) =
             (entry.state, entry.cut, &entry.seal)
         {
             let value = MirrorProducerSnapshotValue {
@@ -1604,7 +1632,7 @@ impl StateSync {
         let value = MirrorPartitionStateValue {
             mirror: entry.mirror.clone(),
             topic_name: entry.topic.clone(),
-            state: entry.state,
+            state: entry.state.into(),
             source_cluster_id: entry.source_cluster_id.clone(),
             cut_offset: entry.cut.unwrap_or(-1),
             seal_batches: entry.seal_batches.unwrap_or(-1),
@@ -1723,7 +1751,7 @@ impl SaltStore for StateSync {
     fn persist_claims(
         &self,
         claims: Vec<(PartitionKey, Vec<(i64, Origin)>)>,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
+    ) -> crate::BoxFuture<'static, Result<(), String>> {
         let me = self.me.upgrade();
         Box::pin(async move {
             let me = me.ok_or("state store is shutting down")?;
@@ -1739,7 +1767,7 @@ impl SaltStore for StateSync {
         &self,
         mirror: &str,
         topology: crate::mirror::offline::Topology,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
+    ) -> crate::BoxFuture<'static, Result<(), String>> {
         let me = self.me.upgrade();
         let mirror = mirror.to_string();
         Box::pin(async move {
@@ -1748,9 +1776,7 @@ impl SaltStore for StateSync {
         })
     }
 
-    fn refresh_topic_ids(
-        &self,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
+    fn refresh_topic_ids(&self) -> crate::BoxFuture<'static, Result<(), String>> {
         let me = self.me.upgrade();
         Box::pin(async move {
             let me = me.ok_or("state store is shutting down")?;
@@ -1761,10 +1787,7 @@ impl SaltStore for StateSync {
         })
     }
 
-    fn persist(
-        &self,
-        salts: Vec<PendingSalt>,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
+    fn persist(&self, salts: Vec<PendingSalt>) -> crate::BoxFuture<'static, Result<(), String>> {
         let me = self.me.upgrade();
         Box::pin(async move {
             match me {
@@ -1776,10 +1799,7 @@ impl SaltStore for StateSync {
 }
 
 impl TransitionStore for StateSync {
-    fn persist(
-        &self,
-        entry: Entry,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
+    fn persist(&self, entry: Entry) -> crate::BoxFuture<'static, Result<(), String>> {
         let me = self.me.upgrade();
         Box::pin(async move {
             match me {

@@ -110,6 +110,21 @@ impl Hasher for MixHasher {
     }
 }
 
+/// Bytes of a hashbrown table with the given usable `capacity`.
+pub(crate) fn hash_table_bytes<T>(capacity: usize) -> usize {
+    if capacity == 0 {
+        return 0;
+    }
+    // Inverse of hashbrown's bucket_mask_to_capacity: tables under 8
+    // buckets use buckets - 1 slots, larger ones 7/8 of the buckets.
+    let buckets = if capacity < 8 {
+        (capacity + 1).next_power_of_two()
+    } else {
+        (capacity / 7 * 8).next_power_of_two()
+    };
+    buckets * (std::mem::size_of::<T>() + 1) + 16
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

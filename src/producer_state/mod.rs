@@ -41,12 +41,14 @@
 //! which is the normal case.
 
 mod anomaly;
+mod collision;
 mod hash;
 mod partition;
 mod registry;
 mod salt;
 
 pub use anomaly::{Anomaly, AnomalyDetail, AnomalyKind, AnomalyLog, AnomalyRecord};
+pub use collision::{resolve_collision, resolve_collision_for_topic, MappingLookup};
 pub use partition::{
     ClosedTransaction, ObserveOutcome, OpenAtCut, OpenTransaction, PartitionSnapshot,
     PartitionState, ProducerEntry, ProducerSnapshotEntry, SnapshotError, TransactionAtCut,
@@ -57,8 +59,7 @@ pub use registry::{
     DEFAULT_MAX_PRODUCERS,
 };
 pub use salt::{
-    collision_seed, resolve_collision, resolve_collision_for_topic, salt_candidates,
-    CollisionError, MappingLookup, SaltApply, SaltChoice, SaltRecord, SaltTable,
+    collision_seed, salt_candidates, CollisionError, SaltApply, SaltChoice, SaltRecord, SaltTable,
     DEFAULT_MAX_SALT_CANDIDATES,
 };
 

@@ -14,7 +14,7 @@ use std::mem::size_of;
 use serde::{Deserialize, Serialize};
 
 use super::anomaly::{Anomaly, AnomalyDetail};
-use super::hash::MixState;
+use super::hash::{hash_table_bytes, MixState};
 use super::salt::SaltTable;
 use super::{BatchObservation, ControlKind, Origin, PartitionKey};
 
@@ -777,21 +777,6 @@ impl PartitionState {
         }
         Ok(state)
     }
-}
-
-/// Bytes of a hashbrown table with the given usable `capacity`.
-pub(crate) fn hash_table_bytes<T>(capacity: usize) -> usize {
-    if capacity == 0 {
-        return 0;
-    }
-    // Inverse of hashbrown's bucket_mask_to_capacity: tables under 8
-    // buckets use buckets - 1 slots, larger ones 7/8 of the buckets.
-    let buckets = if capacity < 8 {
-        (capacity + 1).next_power_of_two()
-    } else {
-        (capacity / 7 * 8).next_power_of_two()
-    };
-    buckets * (size_of::<T>() + 1) + 16
 }
 
 /// Version of [`PartitionSnapshot`].
