@@ -39,14 +39,14 @@ impl SaltStore for NoSalts {
     }
     fn refresh_topic_ids(
         &self,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
+    ) -> mirrorguard::BoxFuture<'static, Result<(), mirrorguard::PersistError>> {
         Box::pin(async { Ok(()) })
     }
     fn persist(
         &self,
         _salts: Vec<PendingSalt>,
-    ) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
-        Box::pin(async { Err("bench: no collisions expected".to_string()) })
+    ) -> mirrorguard::BoxFuture<'static, Result<(), mirrorguard::PersistError>> {
+        Box::pin(async { Err("bench: no collisions expected".into()) })
     }
 }
 

@@ -27,6 +27,33 @@
 /// store persists.
 pub type BoxFuture<'a, T> = std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'a>>;
 
+/// Why a persistence port ([`mirror::SaltStore`],
+/// [`lifecycle::TransitionStore`]) did not persist or read something: the
+/// adapter's own error, boxed so the core names no adapter type. Its text is
+/// the adapter's.
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct PersistError(Box<dyn std::error::Error + Send + Sync>);
+
+impl PersistError {
+    /// Wraps an adapter's error.
+    pub fn new(e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self(Box::new(e))
+    }
+}
+
+impl From<String> for PersistError {
+    fn from(message: String) -> Self {
+        Self(message.into())
+    }
+}
+
+impl From<&str> for PersistError {
+    fn from(message: &str) -> Self {
+        Self(message.into())
+    }
+}
+
 pub mod abort_open;
 pub mod admin;
 pub mod admin_api;

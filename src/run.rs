@@ -44,20 +44,23 @@ impl SaltStore for NoStateCluster {
             crate::producer_state::PartitionKey,
             Vec<(i64, crate::producer_state::Origin)>,
         )>,
-    ) -> BoxFuture<'static, Result<(), String>> {
-        Box::pin(async { Err("no [state] cluster is configured".to_string()) })
+    ) -> BoxFuture<'static, Result<(), crate::PersistError>> {
+        Box::pin(async { Err("no [state] cluster is configured".into()) })
     }
 
     fn topic_id(&self, _topic: &str) -> Option<[u8; 16]> {
         None
     }
 
-    fn refresh_topic_ids(&self) -> BoxFuture<'static, Result<(), String>> {
-        Box::pin(async { Err("no [state] cluster is configured".to_string()) })
+    fn refresh_topic_ids(&self) -> BoxFuture<'static, Result<(), crate::PersistError>> {
+        Box::pin(async { Err("no [state] cluster is configured".into()) })
     }
 
-    fn persist(&self, _salts: Vec<PendingSalt>) -> BoxFuture<'static, Result<(), String>> {
-        Box::pin(async { Err("no [state] cluster is configured".to_string()) })
+    fn persist(
+        &self,
+        _salts: Vec<PendingSalt>,
+    ) -> BoxFuture<'static, Result<(), crate::PersistError>> {
+        Box::pin(async { Err("no [state] cluster is configured".into()) })
     }
 }
 

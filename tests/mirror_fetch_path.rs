@@ -5,7 +5,6 @@
 //! and tracked; a barrier whose value does not parse still expires producer
 //! state; a collision that appears while forwarding never leaves unsalted.
 
-use std::pin::Pin;
 use std::sync::Arc;
 
 use mirrorguard::config::MirrorConfig;
@@ -33,14 +32,14 @@ impl SaltStore for NoStore {
     }
     fn refresh_topic_ids(
         &self,
-    ) -> Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
-        Box::pin(async { Err("no topic ids here".to_string()) })
+    ) -> mirrorguard::BoxFuture<'static, Result<(), mirrorguard::PersistError>> {
+        Box::pin(async { Err("no topic ids here".into()) })
     }
     fn persist(
         &self,
         _salts: Vec<PendingSalt>,
-    ) -> Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
-        Box::pin(async { Err("nothing is persisted here".to_string()) })
+    ) -> mirrorguard::BoxFuture<'static, Result<(), mirrorguard::PersistError>> {
+        Box::pin(async { Err("nothing is persisted here".into()) })
     }
 }
 
@@ -102,7 +101,7 @@ fn response(records: &[u8]) -> Vec<u8> {
 
 fn rewrite(m: &MirrorContext, records: &[u8]) -> Result<Vec<u8>, String> {
     let mut body = response(records);
-    match rewrite_fetch_body(m, 12, &mut body, &|_, _| false)? {
+    match rewrite_fetch_body(m, 12, &mut body, &|_, _| false).map_err(|e| e.to_string())? {
         None => Ok(body),
         Some(p) => Err(format!("response held: {p:?}")),
     }

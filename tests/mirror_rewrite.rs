@@ -5,7 +5,6 @@
 //! partitions and -1 PIDs untouched, a MIRROR_PID_RESET barrier expiring the
 //! shadow producer state, and `preserve` mode changing nothing.
 
-use std::pin::Pin;
 use std::sync::Arc;
 
 use mirrorguard::config::{LayoutConfig, MirrorConfig, PidMode};
@@ -15,7 +14,7 @@ use mirrorguard::handlers::{
 };
 use mirrorguard::lifecycle::Lifecycle;
 use mirrorguard::metrics::Metrics;
-use mirrorguard::mirror::{rewrite_fetch_body, MirrorContext, PendingSalt, SaltStore};
+use mirrorguard::mirror::{rewrite_fetch_body, MirrorContext, MirrorError, PendingSalt, SaltStore};
 use mirrorguard::producer_state::{PartitionKey, ProducerStateRegistry, RegistryConfig};
 use mirrorguard::records::builder::{
     build_abort_marker, build_batch, build_mirror_pid_reset, BatchSpec, RecordSpec,
@@ -38,7 +37,7 @@ impl SaltStore for NoCollisionsExpected {
             mirrorguard::producer_state::PartitionKey,
             Vec<(i64, mirrorguard::producer_state::Origin)>,
         )>,
-    ) -> Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
+    ) -> mirrorguard::BoxFuture<'static, Result<(), mirrorguard::PersistError>> {
         panic!("no claim expected without a durable store");
     }
     fn topic_id(&self, _topic: &str) -> Option<[u8; 16]> {
@@ -46,13 +45,13 @@ impl SaltStore for NoCollisionsExpected {
     }
     fn refresh_topic_ids(
         &self,
-    ) -> Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
+    ) -> mirrorguard::BoxFuture<'static, Result<(), mirrorguard::PersistError>> {
         panic!("no collision expected");
     }
     fn persist(
         &self,
         _salts: Vec<PendingSalt>,
-    ) -> Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>> {
+    ) -> mirrorguard::BoxFuture<'static, Result<(), mirrorguard::PersistError>> {
         panic!("no collision expected");
     }
 }
@@ -320,7 +319,8 @@ fn producer_limit_fails_closed() {
     let original = response(&records, None);
     let mut body = original.clone();
     let err = rewrite_fetch_body(&m, 12, &mut body, &|_, _| false).unwrap_err();
-    assert!(err.contains("max_producers"), "{err}");
+    assert!(matches!(err, MirrorError::ProducerLimit { .. }), "{err:?}");
+    assert!(err.to_string().contains("max_producers"), "{err}");
     assert_eq!(body, original);
 }
 
@@ -341,7 +341,8 @@ fn partition_limit_fails_closed() {
     let original = build_fetch_response(12, 0, 0, 0, &[(FetchTopic::Name("t"), vec![p1])]).unwrap();
     let mut body = original.clone();
     let err = rewrite_fetch_body(&m, 12, &mut body, &|_, _| false).unwrap_err();
-    assert!(err.contains("max_partitions"), "{err}");
+    assert!(matches!(err, MirrorError::PartitionLimit { .. }), "{err:?}");
+    assert!(err.to_string().contains("max_partitions"), "{err}");
     assert_eq!(body, original);
 }
 

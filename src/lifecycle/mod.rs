@@ -154,7 +154,7 @@ fn ser_state<S: serde::Serializer>(s: &State, ser: S) -> Result<S::Ok, S::Error>
 pub trait TransitionStore: Send + Sync {
     /// Persists an entry's state record (type 4) and, when present, the
     /// open-transaction snapshot of its seal (type 5); resolves once acknowledged.
-    fn persist(&self, entry: Entry) -> crate::BoxFuture<'static, Result<(), String>>;
+    fn persist(&self, entry: Entry) -> crate::BoxFuture<'static, Result<(), crate::PersistError>>;
 }
 
 /// All controlled partitions.
@@ -318,7 +318,9 @@ impl Lifecycle {
             Some(s) => s
                 .persist(entry.clone())
                 .await
-                .map_err(|message| TransitionError::NotPersisted { message }),
+                .map_err(|e| TransitionError::NotPersisted {
+                    message: e.to_string(),
+                }),
             None => Err(TransitionError::NotPersisted {
                 message: "no [state] cluster is configured; transitions cannot be made durable"
                     .into(),

@@ -26,6 +26,7 @@
 //! persisted as one small type-6 record each, all of a response together). The response is held meanwhile;
 //! only then is it rewritten.
 
+pub mod error;
 pub mod offline;
 pub mod replay;
 pub mod seal_path;
@@ -38,6 +39,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use bytes::BytesMut;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+
+pub use error::{MirrorError, PersistError};
 
 use crate::codec::header::response_body_offset;
 use crate::codec::RequestHeader;
@@ -67,8 +70,8 @@ pub struct SourceIdentity {
 
 impl SourceIdentity {
     /// Parses a Kafka base64 id or UUID text.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let id = pid::ClusterId::parse(text).map_err(|e| e.to_string())?;
+    pub fn parse(text: &str) -> Result<Self, pid::ClusterIdError> {
+        let id = pid::ClusterId::parse(text)?;
         Ok(Self {
             fold: pid::fold(&id),
             text: id.to_base64(),
@@ -123,24 +126,27 @@ pub trait SaltStore: Send + Sync {
     fn persist_claims(
         &self,
         _claims: Vec<(PartitionKey, Vec<(i64, Origin)>)>,
-    ) -> crate::BoxFuture<'static, Result<(), String>> {
-        Box::pin(async { Err("this store keeps no producer claims".to_string()) })
+    ) -> crate::BoxFuture<'static, Result<(), PersistError>> {
+        Box::pin(async { Err("this store keeps no producer claims".into()) })
     }
     /// The destination topic id of `topic`, if known (it seeds the salt
     /// sequence and keys the record).
     fn topic_id(&self, topic: &str) -> Option<[u8; 16]>;
     /// Re-reads the destination's topic ids.
-    fn refresh_topic_ids(&self) -> crate::BoxFuture<'static, Result<(), String>>;
+    fn refresh_topic_ids(&self) -> crate::BoxFuture<'static, Result<(), PersistError>>;
     /// Persists `salts`, waits for the acknowledgement, and applies the
     /// winning record of each key (lowest offset) to the registry.
-    fn persist(&self, salts: Vec<PendingSalt>) -> crate::BoxFuture<'static, Result<(), String>>;
+    fn persist(
+        &self,
+        salts: Vec<PendingSalt>,
+    ) -> crate::BoxFuture<'static, Result<(), PersistError>>;
     /// Persists a mirror's source topology (record type 8).
     fn persist_topology(
         &self,
         _mirror: &str,
         _topology: offline::Topology,
-    ) -> crate::BoxFuture<'static, Result<(), String>> {
-        Box::pin(async { Err("this store keeps no source topology".to_string()) })
+    ) -> crate::BoxFuture<'static, Result<(), PersistError>> {
+        Box::pin(async { Err("this store keeps no source topology".into()) })
     }
 }
 
@@ -297,22 +303,7 @@ struct TopicNames {
 
 impl crate::proxy::refresh::RefreshHook for MirrorContext {
     fn on_refresh(&self, view: &crate::proxy::refresh::ClusterView) -> Result<(), String> {
-        if self.source().is_none() {
-            let text = view.cluster_id.as_deref().ok_or_else(|| {
-                format!(
-                    "mirror {}: the source sent no cluster id; set source_cluster_id",
-                    self.name
-                )
-            })?;
-            let id = SourceIdentity::parse(text).map_err(|e| {
-                format!(
-                    "mirror {}: the source's cluster id {text:?} is neither Kafka base64 nor UUID \
-                     text ({e}); set source_cluster_id explicitly (e.g. a UUIDv5 of the name)",
-                    self.name
-                )
-            })?;
-            self.set_source(id)?;
-        }
+        self.learn_source(view).map_err(|e| e.to_string())?;
         {
             let mut t = self.topics.write().unwrap_or_else(|p| p.into_inner());
             for (name, id, partitions) in &view.topics {
@@ -454,7 +445,7 @@ impl MirrorContext {
         &self,
         topic: &FetchTopic<'_>,
         partition: i32,
-    ) -> Result<PartitionHandle, String> {
+    ) -> Result<PartitionHandle, MirrorError> {
         let index = usize::try_from(partition)
             .ok()
             .filter(|&i| i < MAX_CACHED_PARTITION);
@@ -487,12 +478,10 @@ impl MirrorContext {
         let handle = match self.registry.get(&key) {
             Some(h) => h,
             None if self.registry.partition_count() >= self.registry.config().max_partitions => {
-                return Err(format!(
-                    "producer-state limit reached: {} partitions tracked \
-                     (producer_state.max_partitions); refusing to track {key} rather than \
-                     mirror it without producer state",
-                    self.registry.partition_count()
-                ));
+                return Err(MirrorError::PartitionLimit {
+                    tracked: self.registry.partition_count(),
+                    key,
+                });
             }
             None => self.registry.partition(&key),
         };
@@ -589,11 +578,11 @@ impl MirrorContext {
             .contains(key)
     }
 
-    /// Counts and logs a producer-state limit hit; returns the message.
-    fn state_limit(&self, message: String) -> String {
+    /// Counts and logs a producer-state limit hit; returns the error.
+    fn state_limit(&self, error: MirrorError) -> MirrorError {
         self.metrics.state_limit.inc();
-        tracing::error!(mirror = %self.name, "{message}");
-        message
+        tracing::error!(mirror = %self.name, "{error}");
+        error
     }
 
     pub(crate) fn mark_warm(&self, key: &PartitionKey) {
@@ -614,7 +603,7 @@ impl MirrorContext {
         salts: Arc<dyn SaltStore>,
         lifecycle: Arc<crate::lifecycle::Lifecycle>,
         metrics: &Metrics,
-    ) -> Result<Arc<Self>, String> {
+    ) -> Result<Arc<Self>, MirrorError> {
         let ctx = Self {
             name: cfg.name.clone(),
             mode: cfg.pid_mode,
@@ -656,15 +645,34 @@ impl MirrorContext {
         self.source.get()
     }
 
+    /// Learns the source identity from a Metadata refresh when none is set.
+    fn learn_source(&self, view: &crate::proxy::refresh::ClusterView) -> Result<(), MirrorError> {
+        if self.source().is_none() {
+            let text = view
+                .cluster_id
+                .as_deref()
+                .ok_or_else(|| MirrorError::NoSourceId {
+                    mirror: self.name.clone(),
+                })?;
+            let id = SourceIdentity::parse(text).map_err(|error| MirrorError::BadSourceId {
+                mirror: self.name.clone(),
+                text: text.to_string(),
+                error,
+            })?;
+            self.set_source(id)?;
+        }
+        Ok(())
+    }
+
     /// Sets the source identity (configured or learned). A different id than
     /// the one already set is refused: PIDs would change region mid-stream.
-    pub fn set_source(&self, id: SourceIdentity) -> Result<(), String> {
+    pub fn set_source(&self, id: SourceIdentity) -> Result<(), MirrorError> {
         match self.source.get() {
-            Some(cur) if cur.id != id.id => Err(format!(
-                "mirror {}: source cluster id changed from {} to {}; refusing to remap PIDs \
-                 into a different region (set source_cluster_id explicitly if this is intended)",
-                self.name, cur.text, id.text
-            )),
+            Some(cur) if cur.id != id.id => Err(MirrorError::SourceChanged {
+                mirror: self.name.clone(),
+                from: cur.text.clone(),
+                to: id.text,
+            }),
             Some(_) => Ok(()),
             None => {
                 tracing::info!(mirror = %self.name, source_cluster_id = %id.text, fold = id.fold,
@@ -741,7 +749,7 @@ impl MirrorContext {
         let mut held = Vec::new();
         let pending =
             rewrite_fetch_body_holding(self, h.api_version, body, skip, fetcher, Some(&mut held))
-                .map_err(err)?;
+                .map_err(|e| err(e.to_string()))?;
         let Some(pending) = pending else {
             if held.is_empty() {
                 return Ok(Rewritten::Ready(frame));
@@ -763,12 +771,12 @@ impl MirrorContext {
                 Pending::Claims(_) => "producer claims not persisted",
             };
             let done = match pending {
-                Pending::Salts(p) => salts.persist(p).await,
-                Pending::TopicIds => salts.refresh_topic_ids().await,
+                Pending::Salts(p) => salts.persist(p).await.map_err(MirrorError::from),
+                Pending::TopicIds => salts.refresh_topic_ids().await.map_err(MirrorError::from),
                 Pending::Replay(jobs) => run_replays(mirror, servers, jobs, max_frame).await,
                 Pending::Claims(claims) => persist_claims(salts, claims).await,
             };
-            done.map_err(|message| RewriteError {
+            done.map_err(|message: MirrorError| RewriteError {
                 api: "Fetch",
                 version,
                 message: format!("{what}: {message}"),
@@ -789,7 +797,7 @@ pub fn rewrite_fetch_body(
     version: i16,
     body: &mut [u8],
     skip: &dyn Fn(&FetchTopic<'_>, i32) -> bool,
-) -> Result<Option<Pending>, String> {
+) -> Result<Option<Pending>, MirrorError> {
     rewrite_fetch_body_as(mirror, version, body, skip, true)
 }
 
@@ -804,7 +812,7 @@ pub fn rewrite_fetch_body_as(
     body: &mut [u8],
     skip: &dyn Fn(&FetchTopic<'_>, i32) -> bool,
     fetcher: bool,
-) -> Result<Option<Pending>, String> {
+) -> Result<Option<Pending>, MirrorError> {
     rewrite_fetch_body_holding(mirror, version, body, skip, fetcher, None)
 }
 
@@ -820,18 +828,16 @@ pub fn rewrite_fetch_body_holding(
     skip: &dyn Fn(&FetchTopic<'_>, i32) -> bool,
     fetcher: bool,
     mut held: Option<&mut Vec<PartitionKey>>,
-) -> Result<Option<Pending>, String> {
+) -> Result<Option<Pending>, MirrorError> {
     // Without a durable store no record needs the id (preserve mode only).
     let holding = held.is_some() && mirror.salts.durable();
     let Some(source) = mirror.source() else {
-        return Err(format!(
-            "mirror {}: the source cluster id is not known yet (not learned from the source's \
-             Metadata and not configured)",
-            mirror.name
-        ));
+        return Err(MirrorError::SourceUnknown {
+            mirror: mirror.name.clone(),
+        });
     };
     let mut slices: Vec<PartitionSlice> = Vec::new();
-    let mut limit: Option<String> = None;
+    let mut limit: Option<MirrorError> = None;
     handlers::walk_fetch_response(version, body, &mut |p| {
         if p.error_code != 0 || skip(&p.topic, p.partition_index) {
             return; // error partitions are left alone; controlled ones are replaced
@@ -874,8 +880,7 @@ pub fn rewrite_fetch_body_holding(
             records,
             aborted,
         });
-    })
-    .map_err(|e| e.to_string())?;
+    })?;
     if let Some(e) = limit {
         return Err(mirror.state_limit(e));
     }
@@ -984,7 +989,7 @@ pub fn rewrite_fetch_body_holding(
                         timestamp_ms: now,
                     });
                 }
-                Some(Err(e)) => return Err(format!("cannot resolve PID collision: {e}")),
+                Some(Err(e)) => return Err(MirrorError::Collision(e)),
             }
         }
         if !scan.claims.is_empty() {
@@ -997,12 +1002,11 @@ pub fn rewrite_fetch_body_holding(
     }
     let max = mirror.registry.config().max_producers;
     if new_total > 0 && mirror.registry.total_producers() + new_total > max {
-        return Err(mirror.state_limit(format!(
-            "producer-state limit reached: {} producers tracked, {new_total} new \
-             (producer_state.max_producers = {max}); refusing to forward batches of \
-             producers it cannot track",
-            mirror.registry.total_producers()
-        )));
+        return Err(mirror.state_limit(MirrorError::ProducerLimit {
+            tracked: mirror.registry.total_producers(),
+            new: new_total,
+            max,
+        }));
     }
     if !claims.is_empty() && mirror.salts.durable() {
         return Ok(Some(Pending::Claims(claims)));
@@ -1104,7 +1108,7 @@ fn scan_partition(
 async fn persist_claims(
     salts: Arc<dyn SaltStore>,
     claims: Vec<(PartitionHandle, Vec<(i64, Origin)>)>,
-) -> Result<(), String> {
+) -> Result<(), MirrorError> {
     let now = now_ms();
     let records = claims
         .iter()
@@ -1142,11 +1146,11 @@ pub(crate) async fn run_replays(
     servers: Vec<(String, u16)>,
     jobs: Vec<replay::ReplayJob>,
     max_frame: usize,
-) -> Result<(), String> {
+) -> Result<(), MirrorError> {
     let source = mirror
         .source()
         .cloned()
-        .ok_or("source cluster not identified")?;
+        .ok_or(MirrorError::SourceNotIdentified)?;
     for job in jobs {
         tracing::info!(mirror = %mirror.name, partition = %job.key, from = job.from, upto = job.upto,
             "first fetch since start-up: replaying the source range the producer state has not seen");
@@ -1158,7 +1162,8 @@ pub(crate) async fn run_replays(
             job,
             max_frame,
         )
-        .await?;
+        .await
+        .map_err(MirrorError::Replay)?;
         mirror.mark_warm(&key);
     }
     Ok(())
@@ -1174,7 +1179,7 @@ fn rewrite_partition_records(
     sink: &mut Vec<Anomaly>,
     forwarding: bool,
     observe: bool,
-) -> Result<(), String> {
+) -> Result<(), MirrorError> {
     // Collect headers first: the walk borrows the buffer immutably.
     let mut pos = 0;
     let mut last_epoch = None;
@@ -1282,12 +1287,11 @@ fn rewrite_partition_records(
                 // then persists a salt first).
                 MappingLookup::Collision { mapped_pid, .. } if forwarding => {
                     mirror.metrics.collisions.inc();
-                    break Err(format!(
-                        "PID collision appeared while forwarding {}: origin {origin} would \
-                         leave as {mapped_pid}, which another origin holds; response dropped, \
-                         the next fetch persists a salt first",
-                        handle.key()
-                    ));
+                    break Err(MirrorError::CollisionWhileForwarding {
+                        key: handle.key().clone(),
+                        origin,
+                        mapped_pid,
+                    });
                 }
                 MappingLookup::Collision { mapped_pid, .. } => mapped_pid,
             }
@@ -1420,19 +1424,19 @@ mod handle_cache_tests {
         fn persist_claims(
             &self,
             _claims: Vec<(PartitionKey, Vec<(i64, Origin)>)>,
-        ) -> crate::BoxFuture<'static, Result<(), String>> {
+        ) -> crate::BoxFuture<'static, Result<(), PersistError>> {
             Box::pin(async { Ok(()) })
         }
         fn topic_id(&self, _topic: &str) -> Option<[u8; 16]> {
             None
         }
-        fn refresh_topic_ids(&self) -> crate::BoxFuture<'static, Result<(), String>> {
+        fn refresh_topic_ids(&self) -> crate::BoxFuture<'static, Result<(), PersistError>> {
             Box::pin(async { Ok(()) })
         }
         fn persist(
             &self,
             _salts: Vec<PendingSalt>,
-        ) -> crate::BoxFuture<'static, Result<(), String>> {
+        ) -> crate::BoxFuture<'static, Result<(), PersistError>> {
             Box::pin(async { Ok(()) })
         }
     }

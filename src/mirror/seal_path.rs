@@ -451,7 +451,7 @@ fn decide_all(
                                 super::run_replays(mirror.clone(), servers, vec![job], max_frame);
                             let failed = match tokio::time::timeout(limit, replay).await {
                                 Ok(Ok(())) => None,
-                                Ok(Err(m)) => Some(m),
+                                Ok(Err(m)) => Some(m.to_string()),
                                 Err(_) => Some(format!("no answer within {limit:?}")),
                             };
                             if let Some(why) = failed {

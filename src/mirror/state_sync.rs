@@ -24,6 +24,7 @@ use crate::state_store::schema::{
     MirrorProducerSnapshotKey, MirrorProducerSnapshotValue, SnapshotProducer, StateRecord,
 };
 use crate::state_store::{StateStore, StoredRecord};
+use crate::PersistError;
 
 impl From<MirrorPartitionState> for LifecycleState {
     fn from(s: MirrorPartitionState) -> Self {
@@ -48,6 +49,47 @@ impl From<LifecycleState> for MirrorPartitionState {
             LifecycleState::Failed => Self::Failed,
             LifecycleState::Other(c) => Self::Other(c),
         }
+    }
+}
+
+/// Why the state sync could not read or write `__mirror_state`.
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    /// The state cluster refused or lost a read or write.
+    #[error(transparent)]
+    Store(#[from] crate::state_store::StateStoreError),
+    /// A record could not be encoded.
+    #[error(transparent)]
+    Schema(#[from] crate::state_store::schema::SchemaError),
+    /// A source-topology record could not be encoded.
+    #[error(transparent)]
+    Wire(#[from] crate::wire::WireError),
+    /// More chunks than a chunk count can say.
+    #[error("too many snapshot chunks")]
+    TooManyChunks,
+    /// The destination topic a record is keyed by does not exist.
+    #[error(
+        "destination topic {0:?} does not exist on the destination cluster; its state cannot be \
+         recorded"
+    )]
+    UnknownTopic(String),
+    /// The destination topic a collision salt is keyed by does not exist yet.
+    #[error(
+        "destination topic {0:?} does not exist on the destination cluster yet; a collision salt \
+         for it cannot be recorded"
+    )]
+    NoTopicForSalt(String),
+    /// Reading `__mirror_state` or the destination's topics failed.
+    #[error("{0}")]
+    Read(anyhow::Error),
+    /// The state sync is being dropped.
+    #[error("state store is shutting down")]
+    ShuttingDown,
+}
+
+impl From<SyncError> for PersistError {
+    fn from(e: SyncError) -> Self {
+        PersistError::new(e)
     }
 }
 
@@ -159,9 +201,9 @@ fn chunk_records(
     partition: i32,
     generation: i64,
     value: &MirrorProducerSnapshotValue,
-) -> Result<ChunkRecords, String> {
+) -> Result<ChunkRecords, SyncError> {
     let chunks: Vec<&[SnapshotProducer]> = value.producers.chunks(CHUNK_PRODUCERS).collect();
-    let count = i32::try_from(chunks.len()).map_err(|_| "too many snapshot chunks")?;
+    let count = i32::try_from(chunks.len()).map_err(|_| SyncError::TooManyChunks)?;
     let mut keys = Vec::with_capacity(chunks.len());
     let mut records = Vec::with_capacity(chunks.len());
     for (chunk, producers) in (0..count).zip(&chunks) {
@@ -177,8 +219,7 @@ fn chunk_records(
             producers: producers.to_vec(),
             unknown_tagged_fields: Vec::new(),
         }
-        .encode()
-        .map_err(|e| e.to_string())?;
+        .encode()?;
         records.push((key.encode(), Some(v)));
         keys.push(key);
     }
@@ -567,12 +608,12 @@ impl StateSync {
 
     /// Appends one record (acks=all), notes its offset so the tail does not
     /// re-apply it, and counts it.
-    async fn append_record(&self, key: Vec<u8>, value: Vec<u8>) -> Result<i64, String> {
+    async fn append_record(&self, key: Vec<u8>, value: Vec<u8>) -> Result<i64, SyncError> {
         let offset = self
             .store
             .append(key.clone(), Some(value))
             .await
-            .map_err(|e| self.append_failed(&e))?;
+            .map_err(|e| self.append_failed(e))?;
         self.advance(&key, offset);
         self.count("append");
         Ok(offset)
@@ -727,12 +768,10 @@ impl StateSync {
         &self,
         mirror: String,
         topology: crate::mirror::offline::Topology,
-    ) -> Result<(), String> {
+    ) -> Result<(), SyncError> {
         use crate::mirror::offline::Topology;
-        let k = Topology::encode_key(&mirror).map_err(|e| e.to_string())?;
-        let v = topology
-            .encode_value(crate::lifecycle::now_ms())
-            .map_err(|e| e.to_string())?;
+        let k = Topology::encode_key(&mirror)?;
+        let v = topology.encode_value(crate::lifecycle::now_ms())?;
         self.append_record(k, v).await.map(|_| ())
     }
 
@@ -1039,7 +1078,7 @@ impl StateSync {
     async fn persist_claim_records(
         &self,
         claims: Vec<(PartitionKey, Vec<(i64, Origin)>)>,
-    ) -> Result<(), String> {
+    ) -> Result<(), SyncError> {
         let now = crate::lifecycle::now_ms();
         let mut records = Vec::new();
         let mut ids = Vec::with_capacity(claims.len());
@@ -1059,8 +1098,7 @@ impl StateSync {
                     timestamp_ms: now,
                     unknown_tagged_fields: Vec::new(),
                 }
-                .encode()
-                .map_err(|e| e.to_string())?;
+                .encode()?;
                 records.push((k, Some(v)));
             }
         }
@@ -1091,19 +1129,22 @@ impl StateSync {
 
     /// Appends claim records or tombstones; a refusal as too large is
     /// reported in Kafka's terms (ERROR line, `kind="message_too_large"`).
-    async fn append_claims(&self, records: Vec<(Vec<u8>, Option<Vec<u8>>)>) -> Result<(), String> {
+    async fn append_claims(
+        &self,
+        records: Vec<(Vec<u8>, Option<Vec<u8>>)>,
+    ) -> Result<(), SyncError> {
         match self.store.append_many(records).await {
             Ok(_) => {
                 self.count("append");
                 Ok(())
             }
-            Err(e) => Err(self.append_failed(&e)),
+            Err(e) => Err(self.append_failed(e)),
         }
     }
 
     /// Counts a failed append; a refusal as too large is reported in
     /// Kafka's terms (ERROR line, `kind="message_too_large"`).
-    fn append_failed(&self, e: &crate::state_store::StateStoreError) -> String {
+    fn append_failed(&self, e: crate::state_store::StateStoreError) -> SyncError {
         self.count("append_error");
         if e.is_too_large() {
             self.count("message_too_large");
@@ -1111,7 +1152,7 @@ impl StateSync {
                 record as too large (MESSAGE_TOO_LARGE / RECORD_LIST_TOO_LARGE): raise the \
                 topic's max.message.bytes or the broker's message.max.bytes");
         }
-        e.to_string()
+        SyncError::Store(e)
     }
 
     /// Tombstones the claim records of `pk` no longer needed: producers a
@@ -1122,7 +1163,7 @@ impl StateSync {
         &self,
         pk: &PartitionKey,
         in_snapshot: &std::collections::HashSet<i64>,
-    ) -> Result<usize, String> {
+    ) -> Result<usize, SyncError> {
         let handle = self.registry.get(pk);
         let (topic_id, gone): (_, Vec<(i64, Origin)>) = {
             let claimed = self.claimed.lock().unwrap_or_else(|p| p.into_inner());
@@ -1342,7 +1383,7 @@ impl StateSync {
         &self,
         topic_id: [u8; 16],
         snap: &ps::PartitionSnapshot,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, SyncError> {
         // A chunked snapshot rewrites every producer of the partition: write
         // one only when it supersedes claim records of at least a tenth of
         // the partition's producers (a trickle of new producers then costs
@@ -1395,7 +1436,7 @@ impl StateSync {
         if chunked {
             return self.write_chunked_snapshot(topic_id, snap, value).await;
         }
-        let v = value.encode().map_err(|e| e.to_string())?;
+        let v = value.encode()?;
         self.append_record(k, v).await?;
         self.snapshotted
             .lock()
@@ -1416,7 +1457,7 @@ impl StateSync {
         topic_id: [u8; 16],
         snap: &ps::PartitionSnapshot,
         value: MirrorProducerSnapshotValue,
-    ) -> Result<bool, String> {
+    ) -> Result<bool, SyncError> {
         let now = crate::lifecycle::now_ms();
         let generation = self.next_chunk_generation(now);
         let (keys, records) = chunk_records(topic_id, snap.key.partition, generation, &value)?;
@@ -1454,7 +1495,7 @@ impl StateSync {
         &self,
         pk: &PartitionKey,
         current: Vec<MirrorProducerSnapshotChunkKey>,
-    ) -> Result<(), String> {
+    ) -> Result<(), SyncError> {
         let old = {
             let mut live = self.live_chunks.lock().unwrap_or_else(|p| p.into_inner());
             if current.is_empty() {
@@ -1565,19 +1606,18 @@ impl StateSync {
         );
     }
 
-    async fn topic_id_for(&self, topic: &str) -> Result<[u8; 16], String> {
+    async fn topic_id_for(&self, topic: &str) -> Result<[u8; 16], SyncError> {
         if let Some(id) = self.destination_topic_id(topic) {
             return Ok(id);
         }
         self.refresh_destination_topics()
             .await
-            .map_err(|e| e.to_string())?;
-        self.destination_topic_id(topic).ok_or_else(|| {
-            format!("destination topic {topic:?} does not exist on the destination cluster; its state cannot be recorded")
-        })
+            .map_err(SyncError::Read)?;
+        self.destination_topic_id(topic)
+            .ok_or_else(|| SyncError::UnknownTopic(topic.to_string()))
     }
 
-    async fn persist_entry(self: Arc<Self>, entry: Entry) -> Result<(), String> {
+    async fn persist_entry(self: Arc<Self>, entry: Entry) -> Result<(), SyncError> {
         let topic_id = self.topic_id_for(&entry.topic).await?;
         // The open transactions of a seal go first: a STOPPING record with a
         // cut is only ever read back with its snapshot present. Too many for
@@ -1620,7 +1660,7 @@ impl StateSync {
                     topic_id,
                     partition: entry.partition,
                 };
-                let v = value.encode().map_err(|e| e.to_string())?;
+                let v = value.encode()?;
                 let k = key.encode();
                 self.append_record(k, v).await?;
             }
@@ -1640,7 +1680,7 @@ impl StateSync {
             timestamp_ms: entry.since_ms,
             unknown_tagged_fields: Vec::new(),
         };
-        let v = value.encode().map_err(|e| e.to_string())?;
+        let v = value.encode()?;
         let k = key.encode();
         let offset = self.append_record(k, v).await?;
         tracing::debug!(offset, topic = %entry.topic, partition = entry.partition,
@@ -1658,7 +1698,7 @@ impl StateSync {
         Ok(())
     }
 
-    async fn persist_all(self: Arc<Self>, salts: Vec<PendingSalt>) -> Result<(), String> {
+    async fn persist_all(self: Arc<Self>, salts: Vec<PendingSalt>) -> Result<(), SyncError> {
         let mut last = -1;
         let mut written = Vec::with_capacity(salts.len());
         for p in &salts {
@@ -1667,15 +1707,9 @@ impl StateSync {
                 None => {
                     self.refresh_destination_topics()
                         .await
-                        .map_err(|e| e.to_string())?;
+                        .map_err(SyncError::Read)?;
                     self.destination_topic_id(&p.partition.topic)
-                        .ok_or_else(|| {
-                            format!(
-                                "destination topic {:?} does not exist on the destination cluster yet; \
-                             a collision salt for it cannot be recorded",
-                                p.partition.topic
-                            )
-                        })?
+                        .ok_or_else(|| SyncError::NoTopicForSalt(p.partition.topic.to_string()))?
                 }
             };
             let key = MirrorPidCollisionKey {
@@ -1690,8 +1724,8 @@ impl StateSync {
                 timestamp_ms: p.timestamp_ms,
                 unknown_tagged_fields: Vec::new(),
             };
-            let key = key.encode().map_err(|e| e.to_string())?;
-            let value = value.encode().map_err(|e| e.to_string())?;
+            let key = key.encode()?;
+            let value = value.encode()?;
             let key_copy = key.clone();
             // Not `append_record`: the catch-up below must read this record
             // back and apply whichever record for the key is lowest.
@@ -1701,7 +1735,7 @@ impl StateSync {
                 .await
                 .map_err(|e| {
                     self.count("append_error");
-                    e.to_string()
+                    SyncError::Store(e)
                 })?;
             self.count("append");
             tracing::info!(partition = %p.partition, origin = %p.origin, salt = p.choice.salt,
@@ -1709,7 +1743,7 @@ impl StateSync {
             last = last.max(offset);
             written.push((p.partition.clone(), p.origin, key, offset, p.choice.salt));
         }
-        self.catch_up(Some(last)).await.map_err(|e| e.to_string())?;
+        self.catch_up(Some(last)).await.map_err(SyncError::Read)?;
         // Compaction keeps the LAST record of a key while readers take the
         // LOWEST: when another instance's record with a different salt won,
         // write the winner again so compaction cannot leave the loser behind.
@@ -1729,13 +1763,12 @@ impl StateSync {
                 timestamp_ms: w.timestamp_ms,
                 unknown_tagged_fields: Vec::new(),
             }
-            .encode()
-            .map_err(|e| e.to_string())?;
+            .encode()?;
             tracing::info!(%partition, %origin, winner_offset = w.record_offset, ours = offset,
                 salt = w.salt, "another instance's salt record won; re-asserting it so compaction keeps it");
             self.store.append(key, Some(value)).await.map_err(|e| {
                 self.count("append_error");
-                e.to_string()
+                SyncError::Store(e)
             })?;
             self.count("append");
         }
@@ -1751,11 +1784,11 @@ impl SaltStore for StateSync {
     fn persist_claims(
         &self,
         claims: Vec<(PartitionKey, Vec<(i64, Origin)>)>,
-    ) -> crate::BoxFuture<'static, Result<(), String>> {
+    ) -> crate::BoxFuture<'static, Result<(), PersistError>> {
         let me = self.me.upgrade();
         Box::pin(async move {
-            let me = me.ok_or("state store is shutting down")?;
-            me.persist_claim_records(claims).await
+            let me = me.ok_or(SyncError::ShuttingDown)?;
+            Ok(me.persist_claim_records(claims).await?)
         })
     }
 
@@ -1767,44 +1800,47 @@ impl SaltStore for StateSync {
         &self,
         mirror: &str,
         topology: crate::mirror::offline::Topology,
-    ) -> crate::BoxFuture<'static, Result<(), String>> {
+    ) -> crate::BoxFuture<'static, Result<(), PersistError>> {
         let me = self.me.upgrade();
         let mirror = mirror.to_string();
         Box::pin(async move {
-            let me = me.ok_or("state store is shutting down")?;
-            me.write_topology(mirror, topology).await
+            let me = me.ok_or(SyncError::ShuttingDown)?;
+            Ok(me.write_topology(mirror, topology).await?)
         })
     }
 
-    fn refresh_topic_ids(&self) -> crate::BoxFuture<'static, Result<(), String>> {
+    fn refresh_topic_ids(&self) -> crate::BoxFuture<'static, Result<(), PersistError>> {
         let me = self.me.upgrade();
         Box::pin(async move {
-            let me = me.ok_or("state store is shutting down")?;
+            let me = me.ok_or(SyncError::ShuttingDown)?;
             me.refresh_destination_topics()
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(SyncError::Read)?;
             Ok(())
         })
     }
 
-    fn persist(&self, salts: Vec<PendingSalt>) -> crate::BoxFuture<'static, Result<(), String>> {
+    fn persist(
+        &self,
+        salts: Vec<PendingSalt>,
+    ) -> crate::BoxFuture<'static, Result<(), PersistError>> {
         let me = self.me.upgrade();
         Box::pin(async move {
             match me {
-                Some(me) => me.persist_all(salts).await,
-                None => Err("state store is shutting down".into()),
+                Some(me) => Ok(me.persist_all(salts).await?),
+                None => Err(SyncError::ShuttingDown.into()),
             }
         })
     }
 }
 
 impl TransitionStore for StateSync {
-    fn persist(&self, entry: Entry) -> crate::BoxFuture<'static, Result<(), String>> {
+    fn persist(&self, entry: Entry) -> crate::BoxFuture<'static, Result<(), PersistError>> {
         let me = self.me.upgrade();
         Box::pin(async move {
             match me {
-                Some(me) => me.persist_entry(entry).await,
-                None => Err("state store is shutting down".into()),
+                Some(me) => Ok(me.persist_entry(entry).await?),
+                None => Err(SyncError::ShuttingDown.into()),
             }
         })
     }

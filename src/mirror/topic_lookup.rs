@@ -299,7 +299,7 @@ pub fn hold_partitions(
                 &known,
                 move || {
                     Box::pin(async move {
-                        store.refresh_topic_ids().await?;
+                        store.refresh_topic_ids().await.map_err(|e| e.to_string())?;
                         store
                             .topic_id(&name)
                             .map(|_| ())
@@ -350,10 +350,8 @@ mod tests {
     use crate::producer_state::{Origin, PartitionKey, ProducerStateRegistry};
     use crate::records::builder::{build_batch, BatchSpec, RecordSpec};
     use std::borrow::Cow;
-    use std::future::Future;
-    use std::pin::Pin;
 
-    type Done = Pin<Box<dyn Future<Output = Result<(), String>> + Send>>;
+    type Done = crate::BoxFuture<'static, Result<(), crate::PersistError>>;
 
     /// A durable store that knows the id of `known` only.
     struct KnowsOne;
