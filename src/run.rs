@@ -22,11 +22,11 @@ use crate::filter::seal::Seal;
 use crate::filter::{BoxFuture, Chain, Filter};
 use crate::lifecycle::Lifecycle;
 use crate::metrics::Metrics;
-use crate::mirror::state_sync::StateSync;
 use crate::mirror::{MirrorContext, PendingSalt, SaltStore};
 use crate::producer_state::{ProducerStateRegistry, RegistryConfig};
 use crate::proxy::listener::{ConnectionTracker, Listener};
 use crate::proxy::nodes::NodeRegistry;
+use crate::state_store::sync::StateSync;
 use crate::state_store::{StateStore, StateStoreConfig};
 
 /// Salt store of a process without a `[state]` section: only `preserve`

@@ -15,9 +15,9 @@ use std::time::Duration;
 use mirrorguard::lifecycle::seal::{decide, Decision, OpenTxn};
 use mirrorguard::lifecycle::{Entry, Lifecycle, SealPlan};
 use mirrorguard::metrics::Metrics;
-use mirrorguard::mirror::state_sync::{StateSync, MAX_SNAPSHOT_BYTES};
 use mirrorguard::producer_state::{PartitionKey, ProducerStateRegistry};
 use mirrorguard::state_store::schema::{decode, MirrorPartitionState, StateRecord};
+use mirrorguard::state_store::sync::{StateSync, MAX_SNAPSHOT_BYTES};
 use mirrorguard::state_store::{StateStore, StateStoreConfig};
 
 const TOPIC: &str = "sealed";

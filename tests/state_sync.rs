@@ -10,7 +10,6 @@ use std::process::Command;
 use std::sync::Arc;
 
 use mirrorguard::metrics::Metrics;
-use mirrorguard::mirror::state_sync::StateSync;
 use mirrorguard::mirror::{PendingSalt, SaltStore};
 use mirrorguard::producer_state::{
     ClusterId, Origin, PartitionKey, ProducerStateRegistry, SaltChoice,
@@ -18,6 +17,7 @@ use mirrorguard::producer_state::{
 use mirrorguard::state_store::schema::{
     decode, MirrorPidCollisionKey, MirrorPidCollisionValue, StateRecord,
 };
+use mirrorguard::state_store::sync::StateSync;
 use mirrorguard::state_store::StateStore;
 use tansu_fixture::{root, Tansu};
 

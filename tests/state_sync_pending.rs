@@ -11,13 +11,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use mirrorguard::metrics::Metrics;
-use mirrorguard::mirror::state_sync::StateSync;
 use mirrorguard::mirror::SaltStore;
 use mirrorguard::producer_state::{ClusterId, Origin, PartitionKey, ProducerStateRegistry};
 use mirrorguard::state_store::schema::{
     MirrorPidCollisionKey, MirrorPidCollisionValue, MirrorProducerSnapshotKey,
     MirrorProducerSnapshotValue, SnapshotProducer,
 };
+use mirrorguard::state_store::sync::StateSync;
 use mirrorguard::state_store::{StateStore, StateStoreConfig};
 use tokio::net::{TcpListener, TcpStream};
 

@@ -30,7 +30,6 @@ pub mod error;
 pub mod offline;
 pub mod replay;
 pub mod seal_path;
-pub mod state_sync;
 pub mod topic_lookup;
 
 use std::sync::{Arc, OnceLock};

@@ -10,6 +10,11 @@
 //!   producer, and reads the topic back from any offset so that several
 //!   mirrorguard instances converge on the same records.
 //!
+//! - [`sync`]: the adapter between the mirrors and the store (start-up load,
+//!   the tail of records other instances write, snapshots, persisting salts,
+//!   claims, life-cycle transitions and source topologies); it implements
+//!   the mirror's and the life cycle's persistence ports.
+//!
 //! Records are opaque bytes to the client; callers encode them with
 //! [`schema`] and resolve conflicts themselves ("for one key the record at
 //! the lowest offset wins").
@@ -18,6 +23,7 @@ pub mod checks;
 mod client;
 mod proto;
 pub mod schema;
+pub mod sync;
 
 pub use client::{
     Connector, StateClusterReport, StateStore, StateStoreConfig, StateStoreError, StoredRecord,
