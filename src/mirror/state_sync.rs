@@ -1387,7 +1387,16 @@ impl StateSync {
                 return;
             }
         }
-        let restored_open_txns = (v.state == MirrorPartitionState::Stopping && v.cut_offset >= 0)
+        // The seal's open transactions (its type-5 record or chunk
+        // generation, written before the STOPPING record) stay the latest
+        // snapshot of a sealing or sealed partition: periodic snapshots skip
+        // partitions that are not MIRRORING. A STOPPED partition needs them
+        // too: a read_committed reader below the cut must be told that the
+        // seal aborted them.
+        let restored_open_txns = (matches!(
+            v.state,
+            MirrorPartitionState::Stopping | MirrorPartitionState::Stopped
+        ) && v.cut_offset >= 0)
             .then(|| {
                 self.snapshots
                     .lock()
@@ -1396,6 +1405,18 @@ impl StateSync {
                     .cloned()
             })
             .flatten();
+        if v.state == MirrorPartitionState::Stopped
+            && v.seal_batches >= 0
+            && restored_open_txns.as_ref().map_or(0, Vec::len) + 1 != v.seal_batches as usize
+        {
+            // One ABORT per open transaction plus the barrier: anything else
+            // means the seal's snapshot is missing, and a read_committed
+            // reader below the cut may be told too few aborts.
+            self.count("sealed_open_txns_mismatch");
+            tracing::warn!(topic = %topic, partition = key.partition, seal_batches = v.seal_batches,
+                restored = restored_open_txns.as_ref().map_or(0, Vec::len),
+                "the seal's open-transaction snapshot does not match the sealed partition; readers below the cut may miss its aborts");
+        }
         if v.state == MirrorPartitionState::Stopped {
             // Sealed: the destination expired its producer state at the
             // barrier; a snapshot restored before must not keep open

@@ -179,6 +179,20 @@ def test_a_reader_below_the_cut_gets_the_sources_records_up_to_the_cut(kafka1, m
             fetcher.fetch_once()  # only the fetcher completes the seal
     fetcher.close()
 
+    # A restart in STOPPED (or a standby tailing the state) restores the seal's open
+    # transactions from its snapshot: a read_committed reader below the cut is still told
+    # that the transaction is aborted there.
+    mg.restart()
+    mg.wait_sources_known()
+    harness.wait_until(lambda: mg.partition(topic, 0)["state"] == "STOPPED", 20, interval=0.05,
+                       what="partition STOPPED restored")
+    rc = StandInFetcher(topic).connect(mg.mirrors[MIRROR].bootstrap)
+    res, got = rc.fetch_once(isolation_level=1)
+    assert (open_batch.producer_id, open_batch.base_offset) in (res.aborted_transactions or []), \
+        ("after restart", res.aborted_transactions)
+    assert all(b.base_offset < cut for b in got) and got
+    rc.close()
+
 
 def test_a_session_reader_copies_a_sealed_partition_up_to_the_cut(kafka1, mirror_factory,
                                                                     kafka_dest_factory):  # noqa: F811
