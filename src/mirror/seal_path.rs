@@ -497,7 +497,8 @@ fn decide_all(
                             incomplete.inc();
                             tracing::warn!(partition = %key, cut,
                                 bound = crate::producer_state::MAX_CLOSED_TRANSACTIONS,
-                                "transaction closings past the cut were dropped at their bound: \
+                                "transaction closings past the cut may be unknown (dropped at their bound, \
+                                 or lost with a restart or a fetcher position that moved back): \
                                  transactions they closed get no ABORT marker in this seal \
                                  (`ctl abort-open` closes them after promotion)");
                         }

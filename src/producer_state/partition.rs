@@ -114,9 +114,11 @@ pub struct OpenAtCut {
     /// How many of them the shadow state saw closed past the cut (a marker
     /// the fetcher did not append).
     pub closed_past_cut: usize,
-    /// Closings past the fetcher's position were dropped at the bound
-    /// ([`MAX_CLOSED_TRANSACTIONS`]) at or above the cut: transactions they
-    /// closed are missing from `transactions`.
+    /// Closings at or above the cut may be unknown: dropped at the bound
+    /// ([`MAX_CLOSED_TRANSACTIONS`]), lost with a restore from a snapshot
+    /// (which holds no closings) taken past the cut, or forgotten before the
+    /// fetcher's position moved back below them. Transactions they closed
+    /// are missing from `transactions`.
     pub incomplete: bool,
 }
 
@@ -126,6 +128,9 @@ pub struct OpenAtCut {
 /// bound the oldest are dropped and a cut at or below them is reported as
 /// incomplete ([`OpenAtCut::incomplete`]), never silently.
 pub const MAX_CLOSED_TRANSACTIONS: usize = 16_384;
+
+/// Capacity of the closings kept when they empty after a burst.
+const CLOSED_KEPT_CAPACITY: usize = 64;
 
 /// What [`PartitionState::observe`] did with a batch.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -162,8 +167,12 @@ pub struct PartitionState {
     /// Lower bound of the destination fetcher's position: it appended
     /// every offset below it. Moved only by the fetcher's own responses.
     fetcher_position: i64,
-    /// Highest marker offset of a closing dropped at the bound while still
-    /// at or above `fetcher_position` (-1: none).
+    /// Highest offset below which closings at or above the fetcher's
+    /// position may be unknown (-1: none): a closing dropped at the bound,
+    /// the state restored from a snapshot (closings are not in it: markers
+    /// re-fetched below its `next_offset` are replays and never
+    /// remembered), or closings forgotten at a position the fetcher later
+    /// moved back from. Cleared once the fetcher's position passes it.
     closed_dropped_upto: i64,
 }
 
@@ -189,6 +198,13 @@ impl PartitionState {
     /// destination fetcher's fetches may call this: another reader's
     /// position says nothing about the destination's log.
     pub fn note_fetcher_position(&mut self, offset: i64) {
+        if offset < self.fetcher_position {
+            // The fetcher moved back (its log truncated, or a reader taken
+            // for it): closings below the old position were forgotten and
+            // come back as replays, never remembered again. A cut below the
+            // old position may miss them: say so rather than guess.
+            self.closed_dropped_upto = self.closed_dropped_upto.max(self.fetcher_position - 1);
+        }
         self.fetcher_position = offset;
         while self
             .closed
@@ -200,9 +216,10 @@ impl PartitionState {
         if self.closed_dropped_upto < offset {
             self.closed_dropped_upto = -1;
         }
-        if self.closed.is_empty() && self.closed.capacity() > 64 {
-            // Give back the memory of a burst of markers.
-            self.closed = VecDeque::new();
+        if self.closed.is_empty() && self.closed.capacity() > CLOSED_KEPT_CAPACITY {
+            // Give back the memory of a burst of markers, keeping a small
+            // buffer so that steady traffic does not reallocate.
+            self.closed.shrink_to(CLOSED_KEPT_CAPACITY);
         }
     }
 
@@ -749,6 +766,10 @@ impl PartitionState {
         }
         let mut state = Self::new(snapshot.key.clone());
         state.next_offset = snapshot.next_offset;
+        // A snapshot holds no closings, and one taken ahead of the fetcher
+        // (a response in flight) makes the markers below `next_offset`
+        // replays: a cut below it may miss transactions closed there.
+        state.closed_dropped_upto = snapshot.next_offset - 1;
         state.producers.reserve(snapshot.producers.len());
         for p in &snapshot.producers {
             if p.mapped_pid == -1 {
@@ -1049,5 +1070,109 @@ mod tests {
         s.note_fetcher_position(2 * n);
         assert_eq!(s.closed_transactions().count(), 0);
         assert!(!s.open_at(2 * n).incomplete);
+    }
+
+    #[test]
+    fn a_fetcher_position_moving_back_reports_the_forgotten_closings() {
+        let mut s = PartitionState::new(key());
+        let mut sink = Vec::new();
+        let o = origin(1);
+        s.observe(
+            &o,
+            &BatchObservation::data(9, 0, 0, 0, 1, true),
+            0,
+            &mut sink,
+        );
+        s.observe(
+            &o,
+            &BatchObservation::marker(9, 0, 5, true, 0),
+            0,
+            &mut sink,
+        );
+        s.note_fetcher_position(6);
+        assert!(!s.open_at(6).incomplete);
+        // The destination truncated to 3: the closing at 5 was forgotten;
+        // pid 9 is open at 3 and a cut there must not pass silently.
+        s.note_fetcher_position(3);
+        let at = s.open_at(3);
+        assert!(
+            at.incomplete || at.transactions.iter().any(|t| t.txn.mapped_pid == 9),
+            "{at:?}"
+        );
+        // Past the old position nothing is missing.
+        s.note_fetcher_position(6);
+        assert!(!s.open_at(6).incomplete);
+    }
+
+    #[test]
+    fn a_restored_state_ahead_of_the_fetcher_reports_closings_it_cannot_know() {
+        let mut s = PartitionState::new(key());
+        let mut sink = Vec::new();
+        let o = origin(1);
+        s.observe(
+            &o,
+            &BatchObservation::data(9, 0, 0, 0, 1, true),
+            0,
+            &mut sink,
+        );
+        s.note_fetcher_position(1);
+        s.observe(
+            &o,
+            &BatchObservation::marker(9, 0, 5, true, 0),
+            0,
+            &mut sink,
+        );
+        // Snapshot taken ahead of the fetcher (next offset 6, fetcher at 1).
+        let mut r = PartitionState::restore(&s.snapshot()).unwrap();
+        // The fetcher re-fetches from 1: the marker at 5 is a replay.
+        r.note_fetcher_position(1);
+        assert_eq!(
+            r.observe(
+                &o,
+                &BatchObservation::marker(9, 0, 5, true, 0),
+                0,
+                &mut sink
+            ),
+            ObserveOutcome::Replayed
+        );
+        let at = r.open_at(1);
+        assert!(
+            at.incomplete || at.transactions.iter().any(|t| t.txn.mapped_pid == 9),
+            "{at:?}"
+        );
+        // A fetcher at or past the snapshot's offset misses nothing.
+        let mut r = PartitionState::restore(&s.snapshot()).unwrap();
+        r.note_fetcher_position(6);
+        assert!(!r.open_at(6).incomplete);
+    }
+
+    #[test]
+    fn closings_keep_a_small_buffer_when_emptied() {
+        let mut s = PartitionState::new(key());
+        let mut sink = Vec::new();
+        let o = origin(1);
+        for i in 0..200 {
+            s.observe(
+                &o,
+                &BatchObservation::data(100 + i, 0, 2 * i, 0, 1, true),
+                0,
+                &mut sink,
+            );
+            s.observe(
+                &o,
+                &BatchObservation::marker(100 + i, 0, 2 * i + 1, true, 0),
+                0,
+                &mut sink,
+            );
+        }
+        assert!(s.closed.capacity() > CLOSED_KEPT_CAPACITY);
+        s.note_fetcher_position(400);
+        let cap = s.closed.capacity();
+        assert!(
+            (CLOSED_KEPT_CAPACITY..=2 * CLOSED_KEPT_CAPACITY).contains(&cap),
+            "{cap}"
+        );
+        s.note_fetcher_position(400);
+        assert_eq!(s.closed.capacity(), cap);
     }
 }
