@@ -788,33 +788,111 @@ fn below_cut_response<'b>(
             Some(v)
         }
     };
-    r.records = p.records.clone().map(|range| {
-        let records = body.get(range).unwrap_or(&[]);
-        // Entry ranges are positions in `records`: keep up to the end of
-        // the last entry wholly below the cut.
-        let mut keep = 0;
-        for entry in crate::records::walk(records) {
-            let (last, end) = match entry {
-                Ok(crate::records::Entry::V2(h)) => (h.last_offset(), h.range.end),
-                Ok(crate::records::Entry::Legacy { range, .. }) => {
-                    // A legacy entry starts with its (last) offset.
-                    let offset = records
-                        .get(range.start..range.start + 8)
-                        .and_then(|o| o.try_into().ok())
-                        .map_or(i64::MAX, i64::from_be_bytes);
-                    (offset, range.end)
-                }
-                // A truncated tail or a corrupt batch: nothing after it.
-                _ => break,
-            };
-            if last >= b.cut {
-                break;
-            }
-            keep = end;
-        }
-        Cow::Borrowed(records.get(..keep).unwrap_or(&[]))
-    });
+    r.records = p
+        .records
+        .clone()
+        .map(|range| Cow::Borrowed(records_below(body.get(range).unwrap_or(&[]), b.cut)));
     r
+}
+
+/// The entries of `records` wholly below `cut` (a batch that crosses it
+/// excluded; a truncated tail or a corrupt batch ends them).
+fn records_below(records: &[u8], cut: i64) -> &[u8] {
+    // Entry ranges are positions in `records`: keep up to the end of the
+    // last entry wholly below the cut.
+    let mut keep = 0;
+    for entry in crate::records::walk(records) {
+        let (last, end) = match entry {
+            Ok(crate::records::Entry::V2(h)) => (h.last_offset(), h.range.end),
+            Ok(crate::records::Entry::Legacy { range, .. }) => {
+                // A legacy entry starts with its (last) offset.
+                let offset = records
+                    .get(range.start..range.start + 8)
+                    .and_then(|o| o.try_into().ok())
+                    .map_or(i64::MAX, i64::from_be_bytes);
+                (offset, range.end)
+            }
+            _ => break,
+        };
+        if last >= cut {
+            break;
+        }
+        keep = end;
+    }
+    records.get(..keep).unwrap_or(&[])
+}
+
+/// Drops from a reader's upstream Fetch response the batches of its
+/// below-cut partitions at or past the cut, before they are mapped: the
+/// destination never holds them, so their producers must not be claimed,
+/// persisted, salted or counted against `max_producers`. Everything else
+/// is left as the upstream sent it (the seal's filter finishes the entry:
+/// watermarks and the seal's aborts). The frame is returned unchanged when
+/// there is nothing to drop.
+pub fn trim_below_cut(
+    h: &RequestHeader,
+    plan: Option<&FetchPlan>,
+    frame: BytesMut,
+) -> Result<BytesMut, RewriteError> {
+    let Some(plan) = plan.filter(|p| !p.below_cut.is_empty()) else {
+        return Ok(frame);
+    };
+    let hv = handlers::response_header_version(h.api_key, h.api_version)
+        .ok_or_else(|| err(h.api_version, "unknown response header version".into()))?;
+    let body_at = response_body_offset(&frame, hv)
+        .ok_or_else(|| err(h.api_version, "response header truncated".into()))?;
+    let body = &frame[body_at..];
+    let cut_of = |p: &handlers::FetchPartition<'_>| {
+        plan.below_cut
+            .iter()
+            .find(|b| b.topic.as_fetch_topic() == p.topic && b.partition == p.partition_index)
+            .map(|b| b.cut)
+    };
+    let mut past_cut = false;
+    handlers::walk_fetch_response(h.api_version, body, &mut |p| {
+        if let (Some(cut), Some(range)) = (cut_of(p), p.records.clone()) {
+            let records = body.get(range).unwrap_or(&[]);
+            past_cut |= records_below(records, cut).len() < records.len();
+        }
+    })
+    .map_err(|e| err(h.api_version, e.to_string()))?;
+    if !past_cut {
+        return Ok(frame);
+    }
+    let new_body = splice_fetch_response_dropping(
+        h.api_version,
+        body,
+        &mut |_| false,
+        &mut |p| {
+            let cut = cut_of(p)?;
+            let mut r = FetchPartitionResponse::new(p.partition_index);
+            r.error_code = p.error_code;
+            r.high_watermark = p.high_watermark;
+            r.last_stable_offset = p.last_stable_offset;
+            r.log_start_offset = p.log_start_offset;
+            r.preferred_read_replica = p.preferred_read_replica;
+            r.aborted_transactions = p.aborted_transactions.as_ref().map(|a| {
+                a.iter()
+                    .map(|t| handlers::AbortedTransaction {
+                        producer_id: t.producer_id,
+                        first_offset: t.first_offset,
+                    })
+                    .collect()
+            });
+            r.records = p
+                .records
+                .clone()
+                .map(|range| Cow::Borrowed(records_below(body.get(range).unwrap_or(&[]), cut)));
+            Some(r)
+        },
+        &[],
+    )
+    .map_err(|e| err(h.api_version, e.to_string()))?;
+    let mut out = BytesMut::with_capacity(body_at + new_body.len());
+    out.put_i32((body_at - 4 + new_body.len()) as i32);
+    out.extend_from_slice(&frame[4..body_at]);
+    out.extend_from_slice(&new_body);
+    Ok(out)
 }
 
 /// Once the upstream accepted a session request, remembers which controlled
