@@ -69,6 +69,8 @@ struct Controlled {
 struct BelowCut {
     topic: TopicRef,
     partition: i32,
+    /// The destination partition (for metrics and logs).
+    key: PartitionKey,
     /// The cut: batches at or past it never reach the reader.
     cut: i64,
     /// The destination's log end once sealed (cut + sealing batches, or
@@ -247,6 +249,7 @@ pub fn plan_fetch(
                             FetchTopic::Id(id) => TopicRef::Id(id),
                         },
                         partition: p.partition,
+                        key: key.clone(),
                         cut,
                         end: cut + i64::from(entry.seal_batches.unwrap_or(0).max(0)),
                         sealed_aborts: entry
@@ -722,6 +725,9 @@ pub fn splice_controlled(
                 if let Some(b) = plan.below_cut.iter().find(|b| {
                     b.topic.as_fetch_topic() == p.topic && b.partition == p.partition_index
                 }) {
+                    if below_cut_straddles(body, p, b.cut) {
+                        note_straddle(mirror, b);
+                    }
                     return Some(below_cut_response(body, p, b, plan.read_committed));
                 }
                 let i = plan.controlled.iter().position(|c| {
@@ -820,6 +826,44 @@ fn records_below(records: &[u8], cut: i64) -> &[u8] {
         keep = end;
     }
     records.get(..keep).unwrap_or(&[])
+}
+
+/// Whether the first batch of a below-cut entry is whole and crosses the
+/// cut: the reader's offset lies in it, the answer holds no records and
+/// the high watermark is past its offset, so a consumer fetches the same
+/// offset again forever. The destination never holds such a batch (its
+/// fetcher took the cut at a batch boundary of what it appended), so the
+/// source's log there differs from what was mirrored (rewritten or
+/// compacted since); no answer is right for it, and no error code means
+/// that to a consumer (OFFSET_OUT_OF_RANGE would make it reset its
+/// position). It is counted and logged so an operator sees the stuck
+/// reader.
+fn below_cut_straddles(body: &[u8], p: &handlers::FetchPartition<'_>, cut: i64) -> bool {
+    let Some(records) = p.records.clone().and_then(|r| body.get(r)) else {
+        return false;
+    };
+    matches!(
+        crate::records::walk(records).next(),
+        Some(Ok(crate::records::Entry::V2(h))) if h.base_offset < cut && h.last_offset() >= cut
+    )
+}
+
+/// Counts a below-cut answer stuck on a batch crossing the cut; warns once
+/// per partition.
+fn note_straddle(mirror: &MirrorContext, b: &BelowCut) {
+    let m = &mirror.seal_metrics;
+    m.below_cut_straddles.inc();
+    let first = m
+        .below_cut_straddle_warned
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(b.key.clone());
+    if first {
+        tracing::warn!(mirror = %mirror.name, partition = %b.key, cut = b.cut,
+            "a reader below the cut is stuck: the source's batch at its offset crosses the cut, \
+             which the destination never holds (the source's log changed since it was mirrored); \
+             it gets no records there (logged once per partition)");
+    }
 }
 
 /// Drops from a reader's upstream Fetch response the batches of its
@@ -1053,6 +1097,7 @@ mod tests {
         let b = BelowCut {
             topic: TopicRef::Name("t".into()),
             partition: 0,
+            key: PartitionKey::new([0; 16], "t", 0),
             cut,
             end: cut + 2,
             sealed_aborts: vec![(7, 3)],
@@ -1079,6 +1124,24 @@ mod tests {
         // A batch crossing the cut is dropped with everything after it.
         let (records, ..) = cut_at(&all, 4, vec![]);
         assert_eq!(records, a);
+        // A reader whose offset lies in a batch crossing the cut gets
+        // nothing: that is detected (counted, warned once).
+        let straddles = |records: &[u8], cut| {
+            let mut p = FetchPartitionResponse::new(0);
+            p.records = Some(Cow::Borrowed(records));
+            let body =
+                build_fetch_response(12, 0, 0, 0, &[(FetchTopic::Name("t"), vec![p])]).unwrap();
+            let mut parts = Vec::new();
+            handlers::walk_fetch_response(12, &body, &mut |p| parts.push(p.clone())).unwrap();
+            below_cut_straddles(&body, &parts[0], cut)
+        };
+        assert!(straddles(&[b.clone(), c.clone()].concat(), 4));
+        assert!(!straddles(&all, 4), "the first batch is below the cut");
+        assert!(
+            !straddles(&[b.clone(), c.clone()].concat(), 5),
+            "a batch boundary"
+        );
+        assert!(!straddles(&b[..b.len() - 3], 4), "a truncated batch");
         // A truncated tail below the cut is left out too.
         let partial = [a.clone(), b[..b.len() - 3].to_vec()].concat();
         let (records, ..) = cut_at(&partial, 9, vec![]);
