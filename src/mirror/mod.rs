@@ -898,7 +898,7 @@ pub fn rewrite_fetch_body_as(
                 let state = if earlier.is_empty() {
                     &*state
                 } else {
-                    let mut s = state.clone();
+                    let mut s = state.clone_for_lookup();
                     for (mapped, o) in &earlier {
                         s.claim(*mapped, *o, now);
                     }

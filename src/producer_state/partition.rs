@@ -223,6 +223,21 @@ impl PartitionState {
         }
     }
 
+    /// A copy for mapping lookups (producers and salts) without the
+    /// closings, which no lookup reads and which may hold thousands.
+    pub fn clone_for_lookup(&self) -> Self {
+        Self {
+            key: self.key.clone(),
+            producers: self.producers.clone(),
+            salts: self.salts.clone(),
+            next_offset: self.next_offset,
+            last_leader_epoch: self.last_leader_epoch,
+            closed: VecDeque::new(),
+            fetcher_position: self.fetcher_position,
+            closed_dropped_upto: self.closed_dropped_upto,
+        }
+    }
+
     /// Transactions closed past the fetcher's position still remembered.
     pub fn closed_transactions(&self) -> impl Iterator<Item = &ClosedTransaction> {
         self.closed.iter()
@@ -1174,5 +1189,29 @@ mod tests {
         );
         s.note_fetcher_position(400);
         assert_eq!(s.closed.capacity(), cap);
+    }
+
+    #[test]
+    fn a_lookup_copy_has_the_producers_but_not_the_closings() {
+        let mut s = PartitionState::new(key());
+        let mut sink = Vec::new();
+        let o = origin(1);
+        s.observe(
+            &o,
+            &BatchObservation::data(9, 0, 0, 0, 1, true),
+            0,
+            &mut sink,
+        );
+        s.observe(
+            &o,
+            &BatchObservation::marker(9, 0, 1, true, 0),
+            0,
+            &mut sink,
+        );
+        assert_eq!(s.closed_transactions().count(), 1);
+        let c = s.clone_for_lookup();
+        assert_eq!(c.closed_transactions().count(), 0);
+        assert_eq!(c.producer(9), s.producer(9));
+        assert_eq!(c.next_offset(), s.next_offset());
     }
 }
