@@ -68,7 +68,7 @@ impl ProducerEntry {
 }
 
 /// An open transaction, as needed for an ABORT marker at the seal.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct OpenTransaction {
     /// The mapped PID (the marker's PID).
     pub mapped_pid: i64,
@@ -84,7 +84,7 @@ pub struct OpenTransaction {
 /// destination fetcher's last known position: the fetcher may not have
 /// appended that marker yet (its response lost, or not fetched yet), so a
 /// cut taken below it must still see the transaction open.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct ClosedTransaction {
     /// The transaction as it was before its marker (epoch of its batches).
     pub txn: OpenTransaction,
@@ -771,6 +771,11 @@ impl PartitionState {
             next_offset: self.next_offset,
             producers,
             salts,
+            closings: Some(ClosingsSnapshot {
+                fetcher_position: self.fetcher_position,
+                dropped_upto: self.closed_dropped_upto,
+                closed: self.closed.iter().copied().collect(),
+            }),
         }
     }
 
@@ -781,10 +786,26 @@ impl PartitionState {
         }
         let mut state = Self::new(snapshot.key.clone());
         state.next_offset = snapshot.next_offset;
-        // A snapshot holds no closings, and one taken ahead of the fetcher
-        // (a response in flight) makes the markers below `next_offset`
-        // replays: a cut below it may miss transactions closed there.
-        state.closed_dropped_upto = snapshot.next_offset - 1;
+        match &snapshot.closings {
+            // The markers below `next_offset` are replays from here on:
+            // the closings they made come from the snapshot.
+            Some(c) => {
+                state.fetcher_position = c.fetcher_position;
+                state.closed_dropped_upto = c.dropped_upto;
+                // Bounded like the live record (a foreign record may hold
+                // more): the oldest go, and a cut at them is reported.
+                let extra = c.closed.len().saturating_sub(MAX_CLOSED_TRANSACTIONS);
+                if let Some(last_dropped) = extra.checked_sub(1).map(|i| c.closed[i]) {
+                    state.closed_dropped_upto =
+                        state.closed_dropped_upto.max(last_dropped.marker_offset);
+                }
+                state.closed = c.closed[extra..].iter().copied().collect();
+            }
+            // Without them, a snapshot taken ahead of the fetcher (a
+            // response in flight) hides the transactions closed below its
+            // offset from a cut there: report such a cut.
+            None => state.closed_dropped_upto = snapshot.next_offset - 1,
+        }
         state.producers.reserve(snapshot.producers.len());
         for p in &snapshot.producers {
             if p.mapped_pid == -1 {
@@ -846,6 +867,22 @@ pub struct PartitionSnapshot {
     pub producers: Vec<ProducerSnapshotEntry>,
     /// Salt records.
     pub salts: Vec<super::SaltRecord>,
+    /// The closings past the fetcher's position, when kept (`None`: a
+    /// snapshot without them; a restore then reports a cut below
+    /// `next_offset` as possibly incomplete).
+    #[serde(default)]
+    pub closings: Option<ClosingsSnapshot>,
+}
+
+/// The closings of a [`PartitionSnapshot`].
+#[derive(Clone, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+pub struct ClosingsSnapshot {
+    /// The fetcher position they are kept from.
+    pub fetcher_position: i64,
+    /// Highest offset below which closings may be missing (-1: none).
+    pub dropped_upto: i64,
+    /// The closings, in marker offset order.
+    pub closed: Vec<ClosedTransaction>,
 }
 
 /// One producer in a [`PartitionSnapshot`].
@@ -1138,27 +1175,36 @@ mod tests {
             &mut sink,
         );
         // Snapshot taken ahead of the fetcher (next offset 6, fetcher at 1).
-        let mut r = PartitionState::restore(&s.snapshot()).unwrap();
-        // The fetcher re-fetches from 1: the marker at 5 is a replay.
-        r.note_fetcher_position(1);
-        assert_eq!(
-            r.observe(
-                &o,
-                &BatchObservation::marker(9, 0, 5, true, 0),
-                0,
-                &mut sink
-            ),
-            ObserveOutcome::Replayed
-        );
-        let at = r.open_at(1);
-        assert!(
-            at.incomplete || at.transactions.iter().any(|t| t.txn.mapped_pid == 9),
-            "{at:?}"
-        );
-        // A fetcher at or past the snapshot's offset misses nothing.
-        let mut r = PartitionState::restore(&s.snapshot()).unwrap();
-        r.note_fetcher_position(6);
-        assert!(!r.open_at(6).incomplete);
+        let snap = s.snapshot();
+        let mut without = snap.clone();
+        without.closings = None;
+        for (snap, kept) in [(snap, true), (without, false)] {
+            let mut r = PartitionState::restore(&snap).unwrap();
+            // The fetcher re-fetches from 1: the marker at 5 is a replay.
+            r.note_fetcher_position(1);
+            assert_eq!(
+                r.observe(
+                    &o,
+                    &BatchObservation::marker(9, 0, 5, true, 0),
+                    0,
+                    &mut sink
+                ),
+                ObserveOutcome::Replayed
+            );
+            let at = r.open_at(1);
+            let pids: Vec<i64> = at.transactions.iter().map(|t| t.txn.mapped_pid).collect();
+            if kept {
+                // The closing came back with the snapshot: pid 9 is open at 1.
+                assert!(!at.incomplete && pids == [9], "{at:?}");
+            } else {
+                // Without it, the cut is reported.
+                assert!(at.incomplete, "{at:?}");
+            }
+            // A fetcher at or past the snapshot's offset misses nothing.
+            let mut r = PartitionState::restore(&snap).unwrap();
+            r.note_fetcher_position(6);
+            assert!(!r.open_at(6).incomplete);
+        }
     }
 
     #[test]
