@@ -259,6 +259,12 @@ struct SealMetrics {
     /// Seals whose open transactions may be incomplete (closings past the
     /// fetcher's position dropped at their bound).
     open_at_cut_incomplete: Counter,
+    /// Reader fetches below a cut answered with no records because the
+    /// source's batch at the reader's offset crosses the cut (the reader
+    /// cannot move on; see `seal_path::below_cut_straddles`).
+    below_cut_straddles: Counter,
+    /// Partitions already warned about for `below_cut_straddles`.
+    below_cut_straddle_warned: std::sync::Mutex<std::collections::HashSet<PartitionKey>>,
 }
 
 impl SealMetrics {
@@ -280,6 +286,8 @@ impl SealMetrics {
             strays: m("stray_partition_dropped"),
             closed_past_cut: m("txn_closed_past_cut_aborted"),
             open_at_cut_incomplete: m("open_at_cut_incomplete"),
+            below_cut_straddles: m("below_cut_batch_straddles_cut"),
+            below_cut_straddle_warned: Default::default(),
         }
     }
 }
@@ -970,7 +978,7 @@ pub fn rewrite_fetch_body_holding(
                 let state = if earlier.is_empty() {
                     &*state
                 } else {
-                    let mut s = state.clone();
+                    let mut s = state.clone_for_lookup();
                     for (mapped, o) in &earlier {
                         s.claim(*mapped, *o, now);
                     }

@@ -434,9 +434,11 @@ async fn rewrite_until_ready(
     answered_by: Option<usize>,
     mut frame: Option<BytesMut>,
 ) -> Result<BytesMut, RewriteError> {
+    // The filter an upstream response resumes at after a wait.
+    let mut from = 0;
     for _ in 0..MAX_REWRITE_ROUNDS {
         let step = match (frame, answered_by, state.as_mut()) {
-            (Some(f), _, _) => ctx.chain.on_response(h, state, f)?,
+            (Some(f), _, _) => ctx.chain.on_response(h, state, f, &mut from)?,
             (None, Some(by), Some(s)) => ctx.chain.answer(h, by, s)?,
             (None, _, _) => {
                 return Err(RewriteError::new(
