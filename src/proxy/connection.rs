@@ -18,6 +18,9 @@
 //! allowed the broker to wait), and once the listener sees the upstream again
 //! the connection stops reading, delivers what it owes and closes, so the
 //! client reconnects to the live upstream.
+//!
+//! (Over 600 lines on purpose: the two pumps, their shared `Mode` and the
+//! in-flight queue are one state machine, easier to check read in one place.)
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
