@@ -836,6 +836,103 @@ fn write_producers(
     Ok(())
 }
 
+/// Tag of [`SnapshotClosings`] in a `MirrorProducerSnapshotValue` (v0):
+/// an optional tagged field, so an instance that does not know it skips it.
+pub const SNAPSHOT_CLOSINGS_TAG: u32 = 0;
+
+/// The transaction closings a partition's producer state remembers past the
+/// destination fetcher's position, kept with a type-5 snapshot (tagged field
+/// [`SNAPSHOT_CLOSINGS_TAG`]): a snapshot taken ahead of the fetcher makes
+/// the markers below its offset replays after a restart, so the closings
+/// they made are restored from here, not observed again.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SnapshotClosings {
+    /// The fetcher position the closings are kept from.
+    pub fetcher_position: i64,
+    /// Highest offset below which closings may be missing (-1: none).
+    pub dropped_upto: i64,
+    /// The closings, in marker offset order.
+    pub closings: Vec<SnapshotClosing>,
+}
+
+/// One transaction closing in [`SnapshotClosings`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SnapshotClosing {
+    /// Offset of the closing marker.
+    pub marker_offset: i64,
+    /// The (mapped) PID.
+    pub producer_id: i64,
+    /// The producer epoch of the transaction's batches.
+    pub producer_epoch: i16,
+    /// The transaction's first offset.
+    pub first_offset: i64,
+    /// The coordinator epoch before the marker.
+    pub coordinator_epoch: i32,
+    /// Source cluster of the producer.
+    pub origin_cluster_id: [u8; 16],
+    /// The PID on the source cluster.
+    pub original_pid: i64,
+}
+
+/// Smallest encoded closing: 8+8+2+8+4+16+8 bytes and an empty tag section.
+const MIN_CLOSING_ENTRY: usize = 55;
+
+impl SnapshotClosings {
+    /// Encodes the closings as a tagged field of a snapshot value.
+    pub fn encode_tag(&self) -> Result<RawTaggedField, SchemaError> {
+        let mut w = Writer::new(Vec::with_capacity(
+            20 + self.closings.len().saturating_mul(MIN_CLOSING_ENTRY),
+        ));
+        w.put_i64(self.fetcher_position);
+        w.put_i64(self.dropped_upto);
+        w.put_compact_array_len(Some(self.closings.len()), "SnapshotClosings.Closings")?;
+        for c in &self.closings {
+            w.put_i64(c.marker_offset);
+            w.put_i64(c.producer_id);
+            w.put_i16(c.producer_epoch);
+            w.put_i64(c.first_offset);
+            w.put_i32(c.coordinator_epoch);
+            w.put_uuid(&c.origin_cluster_id);
+            w.put_i64(c.original_pid);
+            w.put_uvarint(0);
+        }
+        w.put_uvarint(0);
+        Ok((SNAPSHOT_CLOSINGS_TAG, w.into_inner()))
+    }
+
+    /// The closings among a snapshot value's tagged fields (`None` when the
+    /// writer kept none).
+    pub fn from_tags(tags: &[RawTaggedField]) -> Result<Option<Self>, SchemaError> {
+        let Some((_, data)) = tags.iter().find(|(t, _)| *t == SNAPSHOT_CLOSINGS_TAG) else {
+            return Ok(None);
+        };
+        let mut r = Reader::new(data);
+        let fetcher_position = r.read_i64("SnapshotClosings.FetcherPosition")?;
+        let dropped_upto = r.read_i64("SnapshotClosings.DroppedUpto")?;
+        let n = r.read_array_len_v(true, MIN_CLOSING_ENTRY, "SnapshotClosings.Closings")?;
+        // Bounded: `n` was checked against the bytes present.
+        let mut closings = Vec::with_capacity(n);
+        for _ in 0..n {
+            closings.push(SnapshotClosing {
+                marker_offset: r.read_i64("SnapshotClosing.MarkerOffset")?,
+                producer_id: r.read_i64("SnapshotClosing.ProducerId")?,
+                producer_epoch: r.read_i16("SnapshotClosing.ProducerEpoch")?,
+                first_offset: r.read_i64("SnapshotClosing.FirstOffset")?,
+                coordinator_epoch: r.read_i32("SnapshotClosing.CoordinatorEpoch")?,
+                origin_cluster_id: r.read_uuid("SnapshotClosing.OriginClusterId")?,
+                original_pid: r.read_i64("SnapshotClosing.OriginalPid")?,
+            });
+            r.read_tagged_fields("SnapshotClosing._tagged_fields")?;
+        }
+        r.read_tagged_fields("SnapshotClosings._tagged_fields")?;
+        Ok(Some(Self {
+            fetcher_position,
+            dropped_upto,
+            closings,
+        }))
+    }
+}
+
 impl MirrorProducerSnapshotValue {
     fn read_fields(r: &mut Reader<'_>) -> Result<Self, SchemaError> {
         let snapshot_offset = r.read_i64("MirrorProducerSnapshotValue.SnapshotOffset")?;
@@ -1095,6 +1192,68 @@ mod tests {
             decode(&k, Some(&newer)).unwrap(),
             StateRecord::NewerVersion { version: 1, .. }
         ));
+    }
+
+    /// The closings ride in tagged field 0 of a v0 snapshot value: a reader
+    /// that does not know them decodes the producers as before and keeps
+    /// the field opaque; one that does gets them back.
+    #[test]
+    fn snapshot_closings_are_an_optional_tagged_field() {
+        let closings = SnapshotClosings {
+            fetcher_position: 40,
+            dropped_upto: -1,
+            closings: vec![SnapshotClosing {
+                marker_offset: 44,
+                producer_id: 5,
+                producer_epoch: 2,
+                first_offset: 12,
+                coordinator_epoch: 3,
+                origin_cluster_id: [9; 16],
+                original_pid: 6,
+            }],
+        };
+        let tag = closings.encode_tag().unwrap();
+        assert_eq!(tag.0, SNAPSHOT_CLOSINGS_TAG);
+        assert_eq!(tag.1.len(), 8 + 8 + 1 + MIN_CLOSING_ENTRY + 1);
+        let value = MirrorProducerSnapshotValue {
+            snapshot_offset: 45,
+            producers: vec![SnapshotProducer {
+                producer_id: 5,
+                origin_cluster_id: [9; 16],
+                original_pid: 6,
+                producer_epoch: 2,
+                last_sequence: 0,
+                last_offset: 43,
+                coordinator_epoch: 4,
+                txn_first_offset: -1,
+                last_timestamp: 7,
+            }],
+            unknown_tagged_fields: vec![tag],
+        };
+        let k = MirrorProducerSnapshotKey {
+            topic_id: tid(),
+            partition: 0,
+        }
+        .encode();
+        let v = value.encode().unwrap();
+        let StateRecord::ProducerSnapshot {
+            value: Some(back), ..
+        } = decode(&k, Some(&v)).unwrap()
+        else {
+            panic!("a type-5 record");
+        };
+        assert_eq!(back, value);
+        assert_eq!(
+            SnapshotClosings::from_tags(&back.unknown_tagged_fields).unwrap(),
+            Some(closings)
+        );
+        assert_eq!(SnapshotClosings::from_tags(&[]).unwrap(), None);
+        // Hostile bytes: an error, never a panic or a huge allocation.
+        let bad = vec![(SNAPSHOT_CLOSINGS_TAG, vec![0u8; 17])];
+        assert!(SnapshotClosings::from_tags(&bad).is_err());
+        let mut huge = vec![0u8; 16];
+        huge.extend_from_slice(&[0xff, 0xff, 0xff, 0x0f]);
+        assert!(SnapshotClosings::from_tags(&[(SNAPSHOT_CLOSINGS_TAG, huge)]).is_err());
     }
 
     #[test]
