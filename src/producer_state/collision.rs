@@ -55,7 +55,7 @@ impl PartitionState {
 /// mapped PID is free (not in producer state, not claimed by a salt record)
 /// or already the origin's own. Deterministic in the collision key and the
 /// partition's state. The caller must persist the choice and apply it
-/// ([`SaltTable::apply`]) before any batch uses it.
+/// ([`super::SaltTable::apply`]) before any batch uses it.
 pub fn resolve_collision(
     state: &PartitionState,
     origin: &Origin,

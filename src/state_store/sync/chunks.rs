@@ -1,0 +1,324 @@
+//! Snapshots too large for one record: generations of type-7 chunks,
+//! written whole before older generations are tombstoned, and restored
+//! only from a complete generation.
+
+use super::*;
+
+/// Whether a snapshot of `producers` producers exceeds one type-5 record
+/// ([`MAX_SNAPSHOT_BYTES`]) and is written in type-7 chunks instead.
+pub(super) fn needs_chunks(producers: usize) -> bool {
+    16 + producers.saturating_mul(67) > MAX_SNAPSHOT_BYTES
+}
+
+/// The type-7 records of one chunk generation of a snapshot
+/// ([`CHUNK_PRODUCERS`] producers per record).
+pub(super) fn chunk_records(
+    topic_id: [u8; 16],
+    partition: i32,
+    generation: i64,
+    value: &MirrorProducerSnapshotValue,
+) -> Result<ChunkRecords, SyncError> {
+    let chunks: Vec<&[SnapshotProducer]> = value.producers.chunks(CHUNK_PRODUCERS).collect();
+    let count = i32::try_from(chunks.len()).map_err(|_| SyncError::TooManyChunks)?;
+    let mut keys = Vec::with_capacity(chunks.len());
+    let mut records = Vec::with_capacity(chunks.len());
+    for (chunk, producers) in (0..count).zip(&chunks) {
+        let key = MirrorProducerSnapshotChunkKey {
+            topic_id,
+            partition,
+            generation,
+            chunk,
+        };
+        let v = MirrorProducerSnapshotChunkValue {
+            snapshot_offset: value.snapshot_offset,
+            chunk_count: count,
+            producers: producers.to_vec(),
+            unknown_tagged_fields: Vec::new(),
+        }
+        .encode()?;
+        records.push((key.encode(), Some(v)));
+        keys.push(key);
+    }
+    Ok((keys, records))
+}
+
+/// The keys of every chunk of `gens` (a partition's generations).
+pub(super) fn chunk_keys(
+    key: SnapshotKey,
+    gens: &ChunkGenerations,
+) -> Vec<MirrorProducerSnapshotChunkKey> {
+    gens.iter()
+        .flat_map(|(generation, chunks)| {
+            chunks
+                .keys()
+                .map(move |chunk| MirrorProducerSnapshotChunkKey {
+                    topic_id: key.0,
+                    partition: key.1,
+                    generation: *generation,
+                    chunk: *chunk,
+                })
+        })
+        .collect()
+}
+
+impl StateSync {
+    /// A chunk of a chunked snapshot (type 7). Only chunks read at start-up
+    /// count (as for type 5); the load assembles them and restores the
+    /// latest complete generation at its end.
+    pub(super) fn apply_chunk(
+        &self,
+        r: &StoredRecord,
+        key: MirrorProducerSnapshotChunkKey,
+        value: Option<MirrorProducerSnapshotChunkValue>,
+        start_up: bool,
+    ) {
+        if let Some(v) = &value {
+            self.note_open_chunk(&key, v);
+        }
+        if !start_up {
+            return;
+        }
+        self.chunk_generation
+            .fetch_max(key.generation, std::sync::atomic::Ordering::Relaxed);
+        {
+            let mut loaded = self.loaded_chunks.lock().unwrap_or_else(|p| p.into_inner());
+            let gens = loaded.entry((key.topic_id, key.partition)).or_default();
+            match value {
+                Some(v) => {
+                    gens.entry(key.generation)
+                        .or_default()
+                        .insert(key.chunk, (v, r.clone()));
+                }
+                None => {
+                    if let Some(g) = gens.get_mut(&key.generation) {
+                        g.remove(&key.chunk);
+                        if g.is_empty() {
+                            gens.remove(&key.generation);
+                        }
+                    }
+                }
+            }
+        }
+        if !self.loading.load(std::sync::atomic::Ordering::SeqCst) {
+            // Kept while its topic was unknown: restore once complete.
+            self.restore_chunks((key.topic_id, key.partition), false);
+        }
+    }
+
+    /// Collects the open transactions of a chunk (start-up or tail); once
+    /// its generation is complete they become the partition's latest
+    /// snapshot in `snapshots` (where a restored seal finds them), as a
+    /// type-5 record read at that point would.
+    pub(super) fn note_open_chunk(
+        &self,
+        key: &MirrorProducerSnapshotChunkKey,
+        v: &MirrorProducerSnapshotChunkValue,
+    ) {
+        let sk = (key.topic_id, key.partition);
+        let mut all = self.open_chunks.lock().unwrap_or_else(|p| p.into_inner());
+        let cur = all.entry(sk).or_default();
+        if key.generation < cur.generation {
+            return; // an older generation: superseded
+        }
+        if key.generation > cur.generation || cur.chunks.is_empty() && !cur.done {
+            *cur = OpenChunks {
+                generation: key.generation,
+                snapshot_offset: v.snapshot_offset,
+                count: v.chunk_count,
+                done: false,
+                chunks: Default::default(),
+            };
+        }
+        if cur.done || v.snapshot_offset != cur.snapshot_offset || v.chunk_count != cur.count {
+            return;
+        }
+        cur.chunks.insert(key.chunk, open_txns_of(&v.producers));
+        let whole = usize::try_from(cur.count).ok() == Some(cur.chunks.len())
+            && (0..cur.count).all(|i| cur.chunks.contains_key(&i));
+        if whole {
+            let open: Vec<OpenTxn> = std::mem::take(&mut cur.chunks)
+                .into_values()
+                .flatten()
+                .collect();
+            cur.done = true;
+            self.snapshots
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(sk, open);
+        }
+    }
+
+    /// Restores every partition whose chunks the start-up load read;
+    /// returns how many were restored.
+    pub(super) fn restore_loaded_chunks(&self) -> usize {
+        let keys: Vec<SnapshotKey> = self
+            .loaded_chunks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .keys()
+            .copied()
+            .collect();
+        keys.into_iter()
+            .filter(|k| self.restore_chunks(*k, true))
+            .count()
+    }
+
+    /// Restores the latest complete chunk generation of one partition (all
+    /// chunks `0..ChunkCount` present, one snapshot offset), unless a type-5
+    /// snapshot later in the topic was restored. A generation whose topic is
+    /// not known yet is kept (its records) until the topic appears. True if
+    /// the partition was restored. `at_load`: the end of the start-up load
+    /// (otherwise only a partition that has seen nothing is restored).
+    pub(super) fn restore_chunks(&self, key: SnapshotKey, at_load: bool) -> bool {
+        let (gens, complete) = {
+            let mut loaded = self.loaded_chunks.lock().unwrap_or_else(|p| p.into_inner());
+            let Some(gens) = loaded.get(&key) else {
+                return false;
+            };
+            let complete = gens.iter().rev().find_map(|(generation, chunks)| {
+                let first = chunks.values().next()?;
+                let (offset, count) = (first.0.snapshot_offset, first.0.chunk_count);
+                let whole = usize::try_from(count).ok() == Some(chunks.len())
+                    && (0..count).all(|i| {
+                        chunks.get(&i).is_some_and(|(v, _)| {
+                            v.snapshot_offset == offset && v.chunk_count == count
+                        })
+                    });
+                whole.then_some(*generation)
+            });
+            let Some(generation) = complete else {
+                // Only incomplete generations (a crash while writing the
+                // first): known as live so the next snapshot tombstones them.
+                if at_load {
+                    if let Some(topic) = self.destination_topic_name(&key.0) {
+                        let pk = PartitionKey::new([0; 16], topic, key.1);
+                        let keys = chunk_keys(key, gens);
+                        loaded.remove(&key);
+                        self.live_chunks
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .insert(pk, keys);
+                    }
+                }
+                return false;
+            };
+            let Some(gens) = loaded.remove(&key) else {
+                return false;
+            };
+            (gens, generation)
+        };
+        let chosen = &gens[&complete];
+        let last_record = chosen.values().map(|(_, r)| r.offset).max().unwrap_or(-1);
+        let Some(topic) = self.destination_topic_name(&key.0) else {
+            for (_, r) in chosen.values() {
+                self.keep_pending(key.0, r, true);
+            }
+            return false;
+        };
+        let pk = PartitionKey::new([0; 16], topic, key.1);
+        // Every generation read is live: tombstoned by the next snapshot.
+        self.live_chunks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(pk.clone(), chunk_keys(key, &gens));
+        let later_type5 = self
+            .type5_restored_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+            .is_some_and(|o| *o > last_record);
+        if later_type5 {
+            return false;
+        }
+        let fresh = at_load
+            || self
+                .registry
+                .get(&pk)
+                .is_none_or(|h| h.with(|s| s.producer_count() == 0 && s.next_offset() == 0));
+        if !fresh {
+            tracing::warn!(partition = %pk, "chunked producer-state snapshot of a topic that \
+                appeared after start-up not restored: the partition already has live state");
+            return false;
+        }
+        let mut chunks: Vec<(i32, &MirrorProducerSnapshotChunkValue)> =
+            chosen.iter().map(|(i, (v, _))| (*i, v)).collect();
+        chunks.sort_unstable_by_key(|(i, _)| *i);
+        let value = MirrorProducerSnapshotValue {
+            snapshot_offset: chunks.first().map_or(0, |(_, v)| v.snapshot_offset),
+            producers: chunks
+                .iter()
+                .flat_map(|(_, v)| v.producers.iter().copied())
+                .collect(),
+            unknown_tagged_fields: Vec::new(),
+        };
+        self.restore_producers(&pk, &value);
+        true
+    }
+
+    /// Writes a snapshot too large for one record as a new generation of
+    /// chunks (type 7, [`CHUNK_PRODUCERS`] producers each, every record
+    /// below [`MAX_SNAPSHOT_BYTES`]), then tombstones the partition's older
+    /// generations. A crash in between leaves the older generation whole
+    /// and the newer one incomplete: start-up restores the latest complete
+    /// one, and claims are tombstoned only after this returns.
+    pub(super) async fn write_chunked_snapshot(
+        &self,
+        topic_id: [u8; 16],
+        snap: &ps::PartitionSnapshot,
+        value: MirrorProducerSnapshotValue,
+    ) -> Result<bool, SyncError> {
+        let now = crate::lifecycle::now_ms();
+        let generation = self.next_chunk_generation(now);
+        let (keys, records) = chunk_records(topic_id, snap.key.partition, generation, &value)?;
+        let count = keys.len();
+        self.append_claims(records).await?;
+        self.count("snapshot_chunked");
+        self.chunked_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(snap.key.clone(), now);
+        tracing::debug!(partition = %snap.key, producers = value.producers.len(), chunks = count,
+            generation, "chunked producer-state snapshot written");
+        self.snapshotted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(snap.key.clone(), (snap.next_offset, snap.producers.len()));
+        self.tombstone_old_chunks(&snap.key, keys).await?;
+        Ok(true)
+    }
+
+    /// A new chunk generation: wall-clock ms, or the last one + 1.
+    pub(super) fn next_chunk_generation(&self, now: i64) -> i64 {
+        self.chunk_generation
+            .fetch_update(
+                std::sync::atomic::Ordering::Relaxed,
+                std::sync::atomic::Ordering::Relaxed,
+                |last| Some(now.max(last.saturating_add(1))),
+            )
+            .map_or(now, |last| now.max(last.saturating_add(1)))
+    }
+
+    /// Makes `current` the partition's live chunks and tombstones the ones
+    /// it replaces (a newer snapshot, chunked or not, supersedes them).
+    pub(super) async fn tombstone_old_chunks(
+        &self,
+        pk: &PartitionKey,
+        current: Vec<MirrorProducerSnapshotChunkKey>,
+    ) -> Result<(), SyncError> {
+        let old = {
+            let mut live = self.live_chunks.lock().unwrap_or_else(|p| p.into_inner());
+            if current.is_empty() {
+                live.remove(pk)
+            } else {
+                live.insert(pk.clone(), current)
+            }
+        };
+        let Some(old) = old.filter(|o| !o.is_empty()) else {
+            return Ok(());
+        };
+        self.append_claims(old.iter().map(|k| (k.encode(), None)).collect())
+            .await?;
+        self.count("snapshot_chunk_tombstone");
+        Ok(())
+    }
+}
