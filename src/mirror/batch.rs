@@ -1,0 +1,296 @@
+//! The batch rewriting: one partition's record batches walked zero-copy,
+//! their PIDs mapped (salted where a collision was resolved) and observed
+//! by the shadow producer state, bytes 43..51 and the CRC-32C patched in
+//! place, MIRROR_PID_RESET barriers passed, and `aborted_transactions`
+//! entries mapped like their batches.
+
+use super::*;
+
+/// Maps like [`pid::map_pid`], stepping the salt on the one reserved value
+/// (a sign-bit mapping equal to -1) so every instance computes the same PID.
+pub fn map_with_salt(pid: i64, fold: u32, salt: i64, layout: Layout) -> i64 {
+    let mut s = salt;
+    loop {
+        match pid::map_pid(pid, fold, s, layout) {
+            MapOutcome::ReservedValue => s = s.wrapping_add(1),
+            other => return other.pid(pid).unwrap_or(pid),
+        }
+    }
+}
+
+/// Observes (and maps, in place) the batches of one partition's records;
+/// used by the fetch path and by replays.
+pub(crate) fn observe_records(
+    mirror: &MirrorContext,
+    source: &SourceIdentity,
+    handle: &PartitionHandle,
+    records: &mut [u8],
+    now: i64,
+    sink: &mut Vec<Anomaly>,
+) {
+    // A replay forwards nothing: a collision met here is resolved by phase 1
+    // when the fetcher's response carries the batch.
+    let _ = rewrite_partition_records(mirror, source, handle, records, now, sink, false, true, &[]);
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) fn rewrite_partition_records(
+    mirror: &MirrorContext,
+    source: &SourceIdentity,
+    handle: &PartitionHandle,
+    records: &mut [u8],
+    now: i64,
+    sink: &mut Vec<Anomaly>,
+    forwarding: bool,
+    observe: bool,
+    corrupt: &[usize],
+) -> Result<(), MirrorError> {
+    // Collect headers first: the walk borrows the buffer immutably.
+    let mut pos = 0;
+    let mut last_epoch = None;
+    let result = loop {
+        if pos >= records.len() {
+            break Ok(());
+        }
+        let header = match walk(&records[pos..]).next() {
+            Some(Ok(Entry::V2(h))) => h,
+            // A legacy (v0/v1) entry is forwarded untouched, but the v2
+            // batches after it (a down-converted prefix, an old segment
+            // followed by new ones) are still mapped and tracked.
+            Some(Ok(Entry::Legacy { range, .. })) if range.end > 0 => {
+                pos += range.end;
+                continue;
+            }
+            Some(Ok(_)) | None => break Ok(()), // truncated tail: untouched
+            Some(Err(e)) => {
+                mirror.metrics.corrupt.inc();
+                tracing::warn!(mirror = %mirror.name, partition = %handle.key(), position = pos, error = %e,
+                    "corrupt record batch in a Fetch response; forwarding the rest of the partition untouched");
+                break Ok(());
+            }
+        };
+        let start = pos;
+        let end = pos + header.range.end;
+        pos = end;
+        if observe && forwarding && last_epoch.is_none() {
+            // The destination fetcher asked for an offset within this first
+            // batch: it appended everything below it.
+            handle.with(|s| s.note_fetcher_position(header.base_offset));
+        }
+        last_epoch = Some(header.partition_leader_epoch);
+        let seen = mirror.metrics.batches.inc();
+        let batch = &mut records[start..end];
+        if corrupt.contains(&start) {
+            // Phase 1 verified it (it would have started a producer or needed
+            // a salt) and its CRC-32C does not match: it creates no state and
+            // leaves byte for byte as it came, still corrupt, for the
+            // destination to reject.
+            mirror.metrics.corrupt.inc();
+            tracing::warn!(mirror = %mirror.name, partition = %handle.key(), offset = header.base_offset,
+                producer_id = header.producer_id,
+                "record batch with a bad CRC-32C would start a producer; forwarded as it came, no claim, no state");
+            continue;
+        }
+        // Optional sampled verification (off by default): the rewrite below
+        // keeps a corrupt batch corrupt without reading it, so this is only
+        // a count for the operator; the destination verifies every batch.
+        let every = mirror.metrics.crc_verify_every;
+        if every > 0 && seen % every == 0 && !crate::records::verify_crc(batch) {
+            mirror.metrics.corrupt.inc();
+            tracing::warn!(mirror = %mirror.name, partition = %handle.key(), offset = header.base_offset,
+                "record batch with a bad CRC-32C (sampled check); forwarded still corrupt");
+        }
+        let control = if header.is_control() {
+            match first_control_record(batch) {
+                Ok(rec) => Some(match (rec.key.control_type, rec.value) {
+                    (
+                        ControlType::Commit,
+                        ControlValue::EndTxnMarker {
+                            coordinator_epoch, ..
+                        },
+                    ) => ControlKind::Commit { coordinator_epoch },
+                    (
+                        ControlType::Abort,
+                        ControlValue::EndTxnMarker {
+                            coordinator_epoch, ..
+                        },
+                    ) => ControlKind::Abort { coordinator_epoch },
+                    (ControlType::MirrorPidReset, value) => {
+                        let from = match value {
+                            ControlValue::MirrorPidReset {
+                                source_cluster_id, ..
+                            } => source_cluster_id,
+                            _ => "?",
+                        };
+                        if observe {
+                            pass_barrier(mirror, handle, &header, from, now, sink);
+                        }
+                        continue;
+                    }
+                    (other, _) => ControlKind::Unknown(other.id()),
+                }),
+                Err(e) => {
+                    if crate::records::control::first_control_type(batch)
+                        == Some(ControlType::MirrorPidReset)
+                    {
+                        // The key says MIRROR_PID_RESET but the value does not
+                        // parse: the destination's log still holds a barrier,
+                        // so its producer state is expired all the same.
+                        mirror.metrics.corrupt.inc();
+                        tracing::warn!(mirror = %mirror.name, partition = %handle.key(),
+                            offset = header.base_offset, error = %e,
+                            "MIRROR_PID_RESET barrier with an unparseable value: expiring producer state anyway");
+                        if observe {
+                            pass_barrier(mirror, handle, &header, "?", now, sink);
+                        }
+                        continue;
+                    }
+                    Some(ControlKind::Unknown(-1))
+                }
+            }
+        } else {
+            None
+        };
+        let pid = header.producer_id;
+        if pid == -1 {
+            continue;
+        }
+        let origin = Origin {
+            source_cluster: source.origin_cluster(),
+            original_pid: pid,
+        };
+        let mapped = if mirror.mode == PidMode::Region && !pid::is_mapped(pid) {
+            if pid > 0x7fff_ffff {
+                mirror.metrics.oversized.inc();
+            }
+            let map = |salt: i64| mirror.map(source, pid, salt);
+            match handle.with(|s| s.lookup_mapping(&origin, &map)) {
+                MappingLookup::Ready { mapped_pid, .. } => mapped_pid,
+                // Phase 1 resolved every collision; a new one can only come
+                // from a concurrent connection. Its PID must not leave unsalted:
+                // fail this response (the fetcher fetches again, and phase 1
+                // then persists a salt first).
+                MappingLookup::Collision { mapped_pid, .. } if forwarding => {
+                    mirror.metrics.collisions.inc();
+                    break Err(MirrorError::CollisionWhileForwarding {
+                        key: handle.key().clone(),
+                        origin,
+                        mapped_pid,
+                    });
+                }
+                MappingLookup::Collision { mapped_pid, .. } => mapped_pid,
+            }
+        } else {
+            pid
+        };
+        let obs = BatchObservation {
+            base_offset: header.base_offset,
+            last_offset: header.last_offset(),
+            producer_id: mapped,
+            producer_epoch: header.producer_epoch,
+            base_sequence: header.base_sequence,
+            last_sequence: header.last_sequence(),
+            is_transactional: header.is_transactional(),
+            control,
+            max_timestamp: header.max_timestamp,
+        };
+        sink.clear();
+        if observe {
+            handle.observe(&origin, &obs, now, sink);
+        }
+        for a in sink.iter() {
+            mirror
+                .metrics
+                .anomalies
+                .get_or_create(&MirrorKindLabels {
+                    mirror: mirror.metrics.mirror.clone(),
+                    kind: a.kind().as_str(),
+                })
+                .inc();
+            tracing::warn!(mirror = %mirror.name, kind = a.kind().as_str(), "{a}");
+        }
+        if mapped != pid && crate::records::rewrite_producer_id(batch, mapped) {
+            mirror.metrics.rewritten.inc();
+        }
+    };
+    if let (true, Some(epoch)) = (observe && forwarding, last_epoch) {
+        handle.with(|s| s.note_leader_epoch(epoch));
+    }
+    result
+}
+
+/// A MIRROR_PID_RESET barrier passes: expires the partition's producer
+/// state through [`PartitionState::observe`](ps::PartitionState::observe),
+/// whose replay guard makes a re-fetch of a barrier already seen (a lost
+/// response, a reader starting at 0, a replay) change nothing: producers
+/// seen after the barrier keep their state.
+pub(super) fn pass_barrier(
+    mirror: &MirrorContext,
+    handle: &PartitionHandle,
+    header: &crate::records::BatchHeader,
+    from: &str,
+    now: i64,
+    sink: &mut Vec<Anomaly>,
+) {
+    let obs = BatchObservation {
+        base_offset: header.base_offset,
+        last_offset: header.last_offset(),
+        producer_id: header.producer_id,
+        producer_epoch: header.producer_epoch,
+        base_sequence: header.base_sequence,
+        last_sequence: header.last_sequence(),
+        is_transactional: header.is_transactional(),
+        control: Some(ControlKind::MirrorPidReset),
+        max_timestamp: header.max_timestamp,
+    };
+    let before = handle.with(|s| s.producer_count());
+    sink.clear();
+    let outcome = handle.observe(
+        &Origin {
+            source_cluster: ps::ClusterId([0; 16]),
+            original_pid: -1,
+        },
+        &obs,
+        now,
+        sink,
+    );
+    if outcome == ps::ObserveOutcome::Reset {
+        mirror.metrics.barriers.inc();
+        tracing::info!(mirror = %mirror.name, partition = %handle.key(),
+            offset = header.base_offset, barrier_source = from, expired = before,
+            "MIRROR_PID_RESET barrier passed: producer state expired");
+    } else {
+        tracing::debug!(mirror = %mirror.name, partition = %handle.key(),
+            offset = header.base_offset, ?outcome,
+            "MIRROR_PID_RESET barrier re-fetched: producer state already past it, left alone");
+    }
+}
+
+/// Rewrites the PIDs of `aborted_transactions` with the mapping the batches got.
+pub(super) fn rewrite_aborted(
+    mirror: &MirrorContext,
+    source: &SourceIdentity,
+    handle: &PartitionHandle,
+    body: &mut [u8],
+    slice: &PartitionSlice,
+) {
+    for &at in &slice.aborted {
+        let Some(dst) = body.get_mut(at..at + 8) else {
+            continue;
+        };
+        let mut pid_bytes = [0u8; 8];
+        pid_bytes.copy_from_slice(dst);
+        let pid = i64::from_be_bytes(pid_bytes);
+        if pid == -1 || pid::is_mapped(pid) {
+            continue;
+        }
+        let origin = Origin {
+            source_cluster: source.origin_cluster(),
+            original_pid: pid,
+        };
+        let salt = handle.with(|s| s.salts().salt_for(&origin).unwrap_or(0));
+        let mapped = mirror.map(source, pid, salt);
+        dst.copy_from_slice(&mapped.to_be_bytes());
+        mirror.metrics.aborted_rewritten.inc();
+    }
+}

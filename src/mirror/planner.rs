@@ -1,0 +1,398 @@
+//! The planner: the phases of a Fetch response rewrite as functions over
+//! the producer state that change nothing and return what must be durable
+//! or observed first ([`Pending`]): phase 0 finds the partitions and the
+//! source ranges to replay, phase 1 the collisions (salts to persist) and
+//! the new producers (claims to persist), and only when nothing is pending
+//! phase 2 hands each partition to the batch rewriting ([`super::batch`]).
+
+use super::*;
+
+/// A salt chosen for a collision, waiting to be persisted.
+#[derive(Debug, Clone)]
+pub struct PendingSalt {
+    /// Destination partition.
+    pub partition: PartitionKey,
+    /// The remapped origin.
+    pub origin: Origin,
+    /// The choice (salt, mapped PID, holder).
+    pub choice: ps::SaltChoice,
+    /// Wall-clock ms of the resolution.
+    pub timestamp_ms: i64,
+}
+
+/// What a Fetch response waits for before it may be rewritten.
+#[derive(Debug)]
+pub enum Pending {
+    /// Collision salts to persist.
+    Salts(Vec<PendingSalt>),
+    /// The destination topic ids (to seed and key a salt).
+    TopicIds,
+    /// Source ranges to observe first (producer state after a restart).
+    Replay(Vec<replay::ReplayJob>),
+    /// Producers seen for the first time in a partition: their claims
+    /// (mapped PID → origin) are made durable before their batches leave.
+    Claims(Vec<(PartitionHandle, Vec<(i64, Origin)>)>),
+}
+
+/// One partition of a Fetch response, as the rewriter needs it.
+pub(super) struct PartitionSlice {
+    pub(super) key: PartitionKey,
+    pub(super) handle: PartitionHandle,
+    pub(super) records: std::ops::Range<usize>,
+    /// Body offsets of the ProducerId of each aborted-transaction entry
+    /// (empty, and unallocated, unless the fetch was read_committed).
+    pub(super) aborted: Vec<usize>,
+}
+
+/// Rewrites the records and aborted transactions of a Fetch response body in
+/// place. Returns the salts that must be persisted first, if any (then
+/// nothing has been changed).
+pub fn rewrite_fetch_body(
+    mirror: &MirrorContext,
+    version: i16,
+    body: &mut [u8],
+    skip: &dyn Fn(&FetchTopic<'_>, i32) -> bool,
+) -> Result<Option<Pending>, MirrorError> {
+    rewrite_fetch_body_as(mirror, version, body, skip, true)
+}
+
+/// [`rewrite_fetch_body`] for the destination fetcher (`fetcher`) or for
+/// another reader: a reader's responses are mapped with the same salts and
+/// claims, but never observed (its position says nothing about the
+/// destination's log, so the shadow producer state must not follow it),
+/// and never replayed for.
+pub fn rewrite_fetch_body_as(
+    mirror: &MirrorContext,
+    version: i16,
+    body: &mut [u8],
+    skip: &dyn Fn(&FetchTopic<'_>, i32) -> bool,
+    fetcher: bool,
+) -> Result<Option<Pending>, MirrorError> {
+    rewrite_fetch_body_holding(mirror, version, body, skip, fetcher, None)
+}
+
+/// [`rewrite_fetch_body_as`] that holds partitions whose destination topic
+/// id is not known yet, when `held` is given: their records (which cannot
+/// be claimed nor salted without the id) are neither observed nor changed,
+/// their keys are pushed to `held` (the caller answers them with no
+/// records), and every other partition is rewritten as usual.
+pub fn rewrite_fetch_body_holding(
+    mirror: &MirrorContext,
+    version: i16,
+    body: &mut [u8],
+    skip: &dyn Fn(&FetchTopic<'_>, i32) -> bool,
+    fetcher: bool,
+    mut held: Option<&mut Vec<PartitionKey>>,
+) -> Result<Option<Pending>, MirrorError> {
+    // Without a durable store no record needs the id (preserve mode only).
+    let holding = held.is_some() && mirror.salts.durable();
+    let Some(source) = mirror.source() else {
+        return Err(MirrorError::SourceUnknown {
+            mirror: mirror.name.clone(),
+        });
+    };
+    let mut slices: Vec<PartitionSlice> = Vec::new();
+    let mut limit: Option<MirrorError> = None;
+    handlers::walk_fetch_response(version, body, &mut |p| {
+        if p.error_code != 0 || skip(&p.topic, p.partition_index) {
+            return; // error partitions are left alone; controlled ones are replaced
+        }
+        let aborted: Vec<usize> = match &p.aborted_transactions {
+            Some(a) if !a.is_empty() => a.iter().map(|t| t.producer_id_offset).collect(),
+            _ => Vec::new(),
+        };
+        let records = p.records.clone().unwrap_or(0..0);
+        if records.is_empty() && aborted.is_empty() {
+            return;
+        }
+        if let (true, FetchTopic::Id(id)) = (holding, &p.topic) {
+            // A source topic id the source's Metadata has not named yet: its
+            // destination topic is not known either, and a state keyed by a
+            // placeholder would be orphaned once it is.
+            if !mirror.names_source_id(id) {
+                if let Some(held) = held.as_deref_mut() {
+                    held.push(mirror.partition_key(&p.topic, p.partition_index));
+                }
+                return;
+            }
+        }
+        let handle = match mirror.partition_handle(&p.topic, p.partition_index) {
+            Ok(h) => h,
+            Err(e) => {
+                limit.get_or_insert(e);
+                return;
+            }
+        };
+        if holding && mirror.salts.topic_id(&handle.key().topic).is_none() {
+            if let Some(held) = held.as_deref_mut() {
+                held.push(handle.key().clone());
+            }
+            return;
+        }
+        slices.push(PartitionSlice {
+            key: handle.key().clone(),
+            handle,
+            records,
+            aborted,
+        });
+    })?;
+    if let Some(e) = limit {
+        return Err(mirror.state_limit(e));
+    }
+
+    let now = now_ms();
+    let handles: Vec<PartitionHandle> = slices.iter().map(|s| s.handle.clone()).collect();
+
+    // Phase 0: a partition seen for the first time since start-up must have
+    // its producer state complete up to where the fetcher is before any of
+    // its batches is mapped: replay the source range the state has not seen.
+    let mut replays = Vec::new();
+    for (slice, handle) in slices.iter().zip(&handles) {
+        if !fetcher || mirror.is_warm(&slice.key) {
+            continue;
+        }
+        let first = body
+            .get(slice.records.clone())
+            .and_then(|r| match walk(r).next() {
+                Some(Ok(Entry::V2(h))) => Some(h.base_offset),
+                // A legacy entry starts with its offset too.
+                Some(Ok(Entry::Legacy { range, .. })) => r
+                    .get(range.start..range.start + 8)
+                    .and_then(|b| b.try_into().ok())
+                    .map(i64::from_be_bytes),
+                _ => None,
+            });
+        let Some(first) = first else { continue };
+        let next = handle.with(|s| s.next_offset());
+        match mirror.source_topic(&slice.key.topic) {
+            Some(source_topic) if next < first => replays.push(replay::ReplayJob {
+                key: slice.key.clone(),
+                source_topic,
+                partition: slice.key.partition,
+                from: next,
+                upto: first,
+            }),
+            _ => mirror.mark_warm(&slice.key),
+        }
+    }
+    if !replays.is_empty() {
+        return Ok(Some(Pending::Replay(replays)));
+    }
+
+    // Phase 1: one scan of each partition, under its lock, changing nothing:
+    // collisions (two origins on one mapped PID, region mode) need a salt
+    // persisted, and producers seen for the first time have their claim on
+    // the mapped PID made durable, before any of their batches leaves (so a
+    // crash cannot make a later collision with them go unseen). Only the
+    // batches that would create such state have their CRC verified; those
+    // that arrived corrupt create none (listed per slice for phase 2).
+    let mut pending: Vec<PendingSalt> = Vec::new();
+    let mut claims: Vec<(PartitionHandle, Vec<(i64, Origin)>)> = Vec::new();
+    let mut corrupt: Vec<(usize, Vec<usize>)> = Vec::new();
+    let mut new_total = 0u64;
+    for (i, (slice, handle)) in slices.iter().zip(&handles).enumerate() {
+        let Some(records) = body.get(slice.records.clone()) else {
+            continue;
+        };
+        let scan = handle.with(|state| scan_partition(mirror, source, state, records));
+        if !scan.corrupt.is_empty() {
+            corrupt.push((i, scan.corrupt));
+        }
+        for origin in scan.colliding {
+            // The salt sequence is seeded by the destination topic id.
+            let Some(topic_id) = mirror.salts.topic_id(&slice.key.topic) else {
+                return Ok(Some(Pending::TopicIds));
+            };
+            let pid = origin.original_pid;
+            let map = |salt: i64| mirror.map(source, pid, salt);
+            // Resolve against the state as it will be once the earlier
+            // batches of this response are observed (their claims included).
+            let earlier: Vec<(i64, Origin)> = scan
+                .claims
+                .iter()
+                .filter(|(_, o)| *o != origin)
+                .copied()
+                .collect();
+            let choice = handle.with(|state| {
+                let with_claims;
+                let state = if earlier.is_empty() {
+                    &*state
+                } else {
+                    let mut s = state.clone_for_lookup();
+                    for (mapped, o) in &earlier {
+                        s.claim(*mapped, *o, now);
+                    }
+                    with_claims = s;
+                    &with_claims
+                };
+                match state.lookup_mapping(&origin, &map) {
+                    MappingLookup::Ready { .. } => None,
+                    MappingLookup::Collision { .. } => Some(resolve_collision_for_topic(
+                        state,
+                        &topic_id,
+                        &origin,
+                        &map,
+                        DEFAULT_MAX_SALT_CANDIDATES,
+                    )),
+                }
+            });
+            match choice {
+                None => {}
+                Some(Ok(choice)) => {
+                    mirror.metrics.collisions.inc();
+                    tracing::warn!(mirror = %mirror.name, partition = %slice.key, %origin,
+                        holder = %choice.holder, salt = choice.salt, mapped_pid = choice.mapped_pid,
+                        "PID collision: two origins map to one PID; persisting a salt before forwarding");
+                    pending.push(PendingSalt {
+                        partition: slice.key.clone(),
+                        origin,
+                        choice,
+                        timestamp_ms: now,
+                    });
+                }
+                Some(Err(e)) => return Err(MirrorError::Collision(e)),
+            }
+        }
+        if !scan.claims.is_empty() {
+            new_total += scan.claims.len() as u64;
+            claims.push((handle.clone(), scan.claims));
+        }
+    }
+    if !pending.is_empty() {
+        return Ok(Some(Pending::Salts(pending)));
+    }
+    let max = mirror.registry.config().max_producers;
+    if new_total > 0 && mirror.registry.total_producers() + new_total > max {
+        return Err(mirror.state_limit(MirrorError::ProducerLimit {
+            tracked: mirror.registry.total_producers(),
+            new: new_total,
+            max,
+        }));
+    }
+    if !claims.is_empty() && mirror.salts.durable() {
+        return Ok(Some(Pending::Claims(claims)));
+    }
+
+    // Phase 2: observe and rewrite.
+    let mut sink: Vec<Anomaly> = Vec::new();
+    for (i, (slice, handle)) in slices.iter().zip(&handles).enumerate() {
+        let slice_corrupt = corrupt
+            .iter()
+            .find(|(j, _)| *j == i)
+            .map_or(&[][..], |(_, c)| c.as_slice());
+        if let Some(records) = body.get_mut(slice.records.clone()) {
+            rewrite_partition_records(
+                mirror,
+                source,
+                handle,
+                records,
+                now,
+                &mut sink,
+                true,
+                fetcher,
+                slice_corrupt,
+            )?;
+        }
+        if !slice.aborted.is_empty() && mirror.mode == PidMode::Region {
+            rewrite_aborted(mirror, source, handle, body, slice);
+        }
+    }
+    Ok(None)
+}
+
+/// What one scan of a partition's batches found (see phase 1).
+#[derive(Default)]
+pub(super) struct Scan {
+    /// Origins whose mapped PID another origin holds (region mode).
+    pub(super) colliding: Vec<Origin>,
+    /// (mapped PID, origin) pairs no one holds yet.
+    pub(super) claims: Vec<(i64, Origin)>,
+    /// Index of `claims` by mapped PID (a response may start thousands of
+    /// producers: a linear search per batch would be quadratic).
+    pub(super) claimed: std::collections::HashMap<i64, Origin>,
+    /// Start positions (within the partition's records, in order) of the
+    /// batches that would have created durable state (a claim, a salt) but
+    /// whose CRC-32C does not verify: they create none and leave as they
+    /// came (phase 2).
+    pub(super) corrupt: Vec<usize>,
+}
+
+/// Whether the batch `h` of `records` may create durable state: its CRC-32C
+/// verifies (one full pass, only for batches that would start a producer or
+/// need a salt). A corrupt one is listed in `scan.corrupt` instead.
+pub(super) fn verified(records: &[u8], h: &crate::records::BatchHeader, scan: &mut Scan) -> bool {
+    let ok = records
+        .get(h.range.clone())
+        .is_some_and(crate::records::verify_crc);
+    if !ok {
+        scan.corrupt.push(h.range.start);
+    }
+    ok
+}
+
+/// Scans `records` against `state`. Allocates only when it finds something
+/// (new producers and collisions are rare). Reads batch headers only, except
+/// that a batch that would create durable state (a new producer's claim, a
+/// collision's salt) is verified first: a corrupted header (a flipped PID)
+/// must never write a claim or a salt.
+pub(super) fn scan_partition(
+    mirror: &MirrorContext,
+    source: &SourceIdentity,
+    state: &ps::PartitionState,
+    records: &[u8],
+) -> Scan {
+    let mut scan = Scan::default();
+    for entry in walk(records) {
+        let h = match entry {
+            Ok(Entry::V2(h)) => h,
+            Ok(Entry::Legacy { .. }) => continue, // v2 batches after it still count
+            _ => break,
+        };
+        let pid = h.producer_id;
+        if pid == -1 {
+            continue;
+        }
+        let origin = Origin {
+            source_cluster: source.origin_cluster(),
+            original_pid: pid,
+        };
+        let mapped = if mirror.mode == PidMode::Region && !pid::is_mapped(pid) {
+            match state.lookup_mapping(&origin, &|salt| mirror.map(source, pid, salt)) {
+                MappingLookup::Ready { mapped_pid, .. } => mapped_pid,
+                MappingLookup::Collision { .. } => {
+                    if !scan.colliding.contains(&origin) && verified(records, &h, &mut scan) {
+                        scan.colliding.push(origin);
+                    }
+                    continue;
+                }
+            }
+        } else {
+            pid
+        };
+        // Markers do not start producers; data batches do. A batch below
+        // what the state has seen (a re-fetch) starts nothing again: its
+        // producer may be gone for a reason (a barrier after it).
+        if !h.is_control()
+            && h.last_offset() >= state.next_offset()
+            && state.holder_of(mapped).is_none()
+        {
+            match scan.claimed.get(&mapped) {
+                None => {
+                    if verified(records, &h, &mut scan) {
+                        scan.claimed.insert(mapped, origin);
+                        scan.claims.push((mapped, origin));
+                    }
+                }
+                // Two origins on one PID within this response (an already
+                // mapped PID that a source PID maps onto): a collision too.
+                Some(first) if *first != origin => {
+                    if !scan.colliding.contains(&origin) && verified(records, &h, &mut scan) {
+                        scan.colliding.push(origin);
+                    }
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    scan
+}
