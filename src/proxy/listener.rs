@@ -21,7 +21,7 @@ use crate::proxy::connection::{
     relay, serve_offline, ConnectionContext, ConnectionEnd, UpstreamHealth,
 };
 use crate::proxy::nodes::{NodeBinder, NodeRegistry};
-use crate::proxy::refresh::RefreshHook;
+use crate::proxy::refresh::{RefreshHook, RefreshTarget};
 use crate::proxy::upstream::{connect, connect_any, ConnectError};
 
 /// Where a listening port sends its connections.
@@ -290,7 +290,7 @@ impl Listener {
         let mut failures: u32 = 0;
         loop {
             let hook = crate::proxy::nodes::lock(&self.refresh_hook).clone();
-            let refreshed = super::refresh::refresh_nodes(&self, hook.is_some())
+            let refreshed = super::refresh::refresh_nodes(&*self, hook.is_some())
                 .await
                 .and_then(|(n, view)| match &hook {
                     Some(h) => h.on_refresh(&view).map(|_| n).map_err(anyhow::Error::msg),
@@ -342,6 +342,21 @@ impl Listener {
     /// Frame limit.
     pub fn max_frame(&self) -> usize {
         self.ctx.max_frame
+    }
+}
+
+impl RefreshTarget for Listener {
+    fn upstream_bootstrap(&self) -> &[(String, u16)] {
+        Listener::upstream_bootstrap(self)
+    }
+    fn connect_timeout(&self) -> Duration {
+        Listener::connect_timeout(self)
+    }
+    fn max_frame(&self) -> usize {
+        Listener::max_frame(self)
+    }
+    fn nodes(&self) -> &NodeRegistry {
+        &self.nodes
     }
 }
 

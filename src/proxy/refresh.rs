@@ -16,7 +16,7 @@ use crate::codec::api::METADATA;
 use crate::codec::header::{response_body_offset, response_correlation_id};
 use crate::codec::FrameReader;
 use crate::handlers::rewrite_metadata_response;
-use crate::proxy::listener::Listener;
+use crate::proxy::nodes::NodeRegistry;
 use crate::proxy::upstream::connect_any;
 use crate::wire::{Reader, WireResult};
 
@@ -34,6 +34,20 @@ pub struct ClusterView {
     /// Topics with partition leaders and epochs (v12 refreshes only; what a
     /// mirror persists as its source topology).
     pub topic_details: Vec<crate::mirror::offline::TopicTopology>,
+}
+
+/// What a refresh needs of its listener (implemented by
+/// [`crate::proxy::listener::Listener`]; a trait so that this module, which
+/// the listener calls, does not import the listener back).
+pub trait RefreshTarget {
+    /// The upstream's bootstrap servers.
+    fn upstream_bootstrap(&self) -> &[(String, u16)];
+    /// The connect (and, doubled, answer) timeout.
+    fn connect_timeout(&self) -> std::time::Duration;
+    /// The largest frame read.
+    fn max_frame(&self) -> usize;
+    /// The node registry the brokers learned go to.
+    fn nodes(&self) -> &NodeRegistry;
 }
 
 /// Receives what each refresh learned (mirror listeners use it).
@@ -71,7 +85,7 @@ pub fn metadata_request(version: i16, correlation_id: i32) -> Vec<u8> {
 /// Reads the upstream's brokers into the listener's node registry; returns
 /// how many brokers the upstream reported and what else it learned.
 pub async fn refresh_nodes(
-    listener: &Listener,
+    listener: &impl RefreshTarget,
     with_topics: bool,
 ) -> anyhow::Result<(usize, ClusterView)> {
     let version: i16 = if with_topics { 12 } else { 4 };
@@ -96,7 +110,7 @@ pub async fn refresh_nodes(
     let mut count = 0;
     let mut learn = |node_id: i32, host: &str, port: i32| {
         count += 1;
-        listener.nodes.advertise(node_id, host, port);
+        listener.nodes().advertise(node_id, host, port);
         None
     };
     rewrite_metadata_response(version, body, &mut learn)?;
