@@ -5,6 +5,9 @@
 //! column and field path of the first problem; [`Config::validate`] then checks
 //! what types cannot express (addresses that parse, unique names, sane
 //! limits), naming the offending field.
+//!
+//! (Over 600 lines on purpose: the whole `proxy.toml` schema and its
+//! validation in one place, so defaults and checks are read together.)
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};

@@ -33,6 +33,9 @@
 //!
 //! Never panics on any file content: all parsing goes through the
 //! bounds-checked walkers of [`crate::records`].
+//!
+//! (Over 600 lines on purpose: one command's output, segment walking and
+//! `kafka-dump-log.sh` layout, kept together.)
 
 use std::io::{self, Write};
 use std::path::{Path, PathBuf};

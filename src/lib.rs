@@ -10,11 +10,15 @@
 //!   answers);
 //! - per-API handlers ([`handlers`], on the bounds-checked primitives of
 //!   [`wire`]);
-//! - the mirror fetch path ([`mirror`]) on the record-batch engine
-//!   ([`records`], [`pid`]) and the shadow producer state
-//!   ([`producer_state`]);
+//! - the mirror fetch path ([`mirror`]: an I/O-free planner and batch
+//!   rewriting, with adapters for what they ask to be persisted or replayed)
+//!   on the record-batch engine ([`records`], [`pid`]) and the shadow
+//!   producer state ([`producer_state`]);
 //! - the partition life cycle and seal ([`lifecycle`]) and the durable state
-//!   in `__mirror_state` ([`state_store`]);
+//!   in `__mirror_state` ([`state_store`]; [`state_store::sync`] is the
+//!   adapter that implements the persistence ports of the mirror and the
+//!   life cycle: [`mirror::SaltStore`], [`lifecycle::TransitionStore`], whose
+//!   futures are [`BoxFuture`]s failing with a [`PersistError`]);
 //! - the disaster path: [`mirror::offline`] (answers and topology when the
 //!   source is gone) and [`abort_open`] (closing open mirrored transactions on
 //!   the destination when its fetcher is gone);

@@ -16,6 +16,9 @@
 //! partition the source would have served, sent after the request's
 //! MaxWaitMs. STOPPING and STOPPED partitions never reach this point: the
 //! seal path answers them before anything is forwarded.
+//!
+//! (Over 600 lines only with its tests, a quarter of the file: the topology
+//! record and the answers built from it are one contract, read together.)
 
 use bytes::BytesMut;
 

@@ -125,6 +125,10 @@
 //! versions newer than this code are *not* errors: they decode as
 //! [`StateRecord::Unknown`] / [`StateRecord::NewerVersion`], so a rolling
 //! upgrade that adds a record type never stops an older instance's load.
+//!
+//! (Over 600 lines on purpose: every record type's key and value codec of
+//! the durable contract side by side, so their version rules are read
+//! together; a fifth of the file is its tests.)
 
 use crate::wire::{Reader, WireError, Writer};
 

@@ -1,0 +1,403 @@
+//! Planning a Fetch request that touches controlled partitions: which
+//! partitions are answered locally, which are forwarded, and the durable
+//! decisions (taking the cut, completing the seal) that must come first.
+
+use super::*;
+
+/// Decides what to do with a Fetch request; `None` when nothing is controlled.
+///
+/// Fetch sessions (KIP-227): a request that carries a session (epoch >= 0)
+/// is always forwarded, even when every partition it lists is answered
+/// locally, so the upstream sees every session epoch. Controlled partitions
+/// are dropped from it, and in an incremental request every controlled
+/// partition not yet known to be out of the session is added to
+/// `forgotten_topics_data`: the upstream then never returns source records
+/// or errors for them, listed or not. Whatever the upstream still returns
+/// for a controlled partition the fetcher did not list is dropped from the
+/// response (see [`drop_strays`]).
+pub fn plan_fetch(
+    mirror: &MirrorContext,
+    h: &RequestHeader,
+    frame: &[u8],
+    fetcher: bool,
+) -> Result<Option<RequestAction>, RewriteError> {
+    if !mirror.lifecycle.controls() && !mirror.sessions.any() {
+        return Ok(None);
+    }
+    let hv = handlers::request_header_version(h.api_key, h.api_version)
+        .ok_or_else(|| err(h.api_version, "unknown request header version".into()))?;
+    let at = request_body_offset(frame, hv).map_err(|e| err(h.api_version, e.to_string()))?;
+    let body = frame.get(at..).unwrap_or(&[]);
+    let req =
+        parse_fetch_request(h.api_version, body).map_err(|e| err(h.api_version, e.to_string()))?;
+    let mut controlled = Vec::new();
+    let mut below_cut: Vec<BelowCut> = Vec::new();
+    let mut below_cut_keys: Vec<PartitionKey> = Vec::new();
+    let mut total = 0;
+    // A listed partition whose seal is (about to be) served: the upstream
+    // must not hold the answer for MaxWaitMs.
+    let mut serving = false;
+    for t in &req.topics {
+        for p in &t.partitions {
+            total += 1;
+            let key = mirror.partition_key(&t.topic, p.partition);
+            let Some(entry) = mirror.lifecycle.get(&key) else {
+                continue;
+            };
+            if entry.state == State::Mirroring {
+                continue;
+            }
+            // A reader below the cut of a sealed (or sealing) partition reads
+            // what the destination holds there: the source's records up to
+            // the cut, from the source.
+            if let (false, State::Stopping | State::Stopped, Some(cut)) =
+                (fetcher, entry.state, entry.cut)
+            {
+                if p.fetch_offset < cut {
+                    below_cut.push(BelowCut {
+                        topic: match t.topic {
+                            FetchTopic::Name(n) => TopicRef::Name(n.to_string()),
+                            FetchTopic::Id(id) => TopicRef::Id(id),
+                        },
+                        partition: p.partition,
+                        key: key.clone(),
+                        cut,
+                        end: cut + i64::from(entry.seal_batches.unwrap_or(0).max(0)),
+                        sealed_aborts: entry
+                            .seal
+                            .as_ref()
+                            .map(|plan| plan.open_txns.as_slice())
+                            .or(entry.restored_open_txns.as_deref())
+                            .unwrap_or(&[])
+                            .iter()
+                            .map(|t| (t.producer_id, t.first_offset))
+                            .collect(),
+                    });
+                    below_cut_keys.push(key);
+                    continue;
+                }
+            }
+            if entry.state == State::Stopping && fetcher {
+                serving |= match (entry.cut, entry.seal_batches) {
+                    (None, _) => true,
+                    (Some(cut), n) => p.fetch_offset < cut + i64::from(n.unwrap_or(1)),
+                };
+            }
+            if fetcher {
+                mirror.lifecycle.note_fetch(&key, p.fetch_offset);
+            }
+            controlled.push(Controlled {
+                topic: match t.topic {
+                    FetchTopic::Name(n) => TopicRef::Name(n.to_string()),
+                    FetchTopic::Id(id) => TopicRef::Id(id),
+                },
+                partition: p.partition,
+                key,
+                fetch_offset: p.fetch_offset,
+                last_fetched_epoch: p.last_fetched_epoch,
+                current_leader_epoch: p.current_leader_epoch,
+            });
+        }
+    }
+    let has_session = h.api_version >= 7 && req.session_epoch >= 0;
+    let incremental = has_session && req.session_id != 0 && req.session_epoch > 0;
+    let is_listed = |k: &PartitionKey| controlled.iter().any(|c| c.key == *k);
+    // Controlled partitions of this mirror that an incremental request left
+    // out: they stay in the upstream session unless forgotten.
+    let mut forget: Vec<(TopicRef, Vec<i32>)> = Vec::new();
+    let mut forgotten_keys: Vec<PartitionKey> = Vec::new();
+    let mut force_full_fetch = false;
+    if incremental {
+        let known_out = mirror.sessions.out_of(req.session_id);
+        // A partition forgotten earlier that mirrors again (resumed): the
+        // fetcher still counts it in its session and would never list it
+        // again; a full fetch puts it back.
+        let resumed = known_out.iter().any(|k| {
+            mirror
+                .lifecycle
+                .get(k)
+                .is_none_or(|e| e.state == State::Mirroring)
+        });
+        for e in mirror.lifecycle.list() {
+            if e.mirror != mirror.name || e.state == State::Mirroring {
+                continue;
+            }
+            let key = mirror.key_for(&e.topic, e.partition);
+            // A STOPPING partition without a cut needs the fetcher's
+            // position, which an incremental request that leaves it out does
+            // not carry: make the fetcher send a full fetch (one session
+            // error per seal).
+            if fetcher && e.state == State::Stopping && e.cut.is_none() && !is_listed(&key) {
+                force_full_fetch = true;
+            }
+            // Listed or not, it leaves the upstream session: a listed one is
+            // dropped from the request, which alone would leave it in the
+            // session at its old position. A reader's partition read below
+            // its cut is asked of the source: it stays.
+            if known_out.contains(&key) || below_cut_keys.contains(&key) {
+                continue;
+            }
+            let Some(topic) = source_topic_ref(mirror, &key, h.api_version) else {
+                continue;
+            };
+            match forget.iter_mut().find(|(t, _)| *t == topic) {
+                Some((_, v)) => v.push(e.partition),
+                None => forget.push((topic, vec![e.partition])),
+            }
+            forgotten_keys.push(key);
+        }
+        if resumed {
+            force_full_fetch = true;
+        }
+    }
+    if force_full_fetch {
+        mirror.sessions.forget_session(req.session_id);
+        mirror.seal_metrics.session_resets.inc();
+        let plan = RequestState::Seal(FetchPlan {
+            controlled,
+            below_cut,
+            read_committed: req.isolation_level == 1,
+            force_full_fetch: true,
+            session_id: req.session_id,
+            session_epoch: req.session_epoch,
+            out_of_session: Vec::new(),
+            fetcher,
+            max_wait_ms: req.max_wait_ms,
+            waited: false,
+        });
+        return Ok(Some(RequestAction::Answer(plan)));
+    }
+    if controlled.is_empty() && forget.is_empty() && below_cut.is_empty() {
+        return Ok(None);
+    }
+    let all_controlled = controlled.len() == total;
+    let mut out_of_session: Vec<PartitionKey> = controlled.iter().map(|c| c.key.clone()).collect();
+    out_of_session.extend(forgotten_keys);
+    let plan = FetchPlan {
+        controlled,
+        below_cut,
+        read_committed: req.isolation_level == 1,
+        force_full_fetch: false,
+        session_id: req.session_id,
+        session_epoch: req.session_epoch,
+        out_of_session,
+        fetcher,
+        max_wait_ms: req.max_wait_ms,
+        waited: false,
+    };
+    // Without a session nothing upstream needs to see the request.
+    if all_controlled && !has_session {
+        return Ok(Some(RequestAction::Answer(RequestState::Seal(plan))));
+    }
+    // Controlled partitions are never asked of the source: drop them from
+    // the forwarded request (their entries are added to the response).
+    let forget_refs: Vec<(FetchTopic<'_>, Vec<i32>)> = forget
+        .iter()
+        .map(|(t, ps)| (t.as_fetch_topic(), ps.clone()))
+        .collect();
+    let kept = rewrite_fetch_request(
+        h.api_version,
+        body,
+        &mut |t, p| {
+            !plan
+                .controlled
+                .iter()
+                .any(|c| c.topic.as_fetch_topic() == *t && c.partition == p)
+        },
+        &forget_refs,
+        serving.then_some(0),
+    )
+    .map_err(|e| err(h.api_version, e.to_string()))?;
+    let replacement = (kept.as_slice() != body).then(|| {
+        let mut f = BytesMut::with_capacity(at + kept.len());
+        f.put_i32((at - 4 + kept.len()) as i32);
+        f.extend_from_slice(&frame[4..at]);
+        f.extend_from_slice(&kept);
+        f
+    });
+    Ok(Some(RequestAction::Forward {
+        replacement,
+        state: Some(RequestState::Seal(plan)),
+    }))
+}
+
+/// Runs the decisions of every controlled partition; returns the answers, or
+/// a wait for the first decision that must be persisted.
+pub(super) fn decide_all(
+    mirror: &Arc<MirrorContext>,
+    plan: &FetchPlan,
+) -> Result<Vec<LocalPartition>, Rewritten> {
+    let mut answers = Vec::with_capacity(plan.controlled.len());
+    for c in &plan.controlled {
+        let Some(entry) = mirror.lifecycle.get(&c.key) else {
+            // Resumed meanwhile: serve nothing this time.
+            answers.push(LocalPartition::empty_at(c.fetch_offset));
+            continue;
+        };
+        if !plan.fetcher {
+            answers.push(serve_reader(&entry, c.fetch_offset));
+            continue;
+        }
+        // Taking the cut needs the open transactions: after a restart the
+        // producer state may lag the fetcher; replay the source first.
+        if entry.state == State::Stopping && entry.cut.is_none() && !mirror.is_warm(&c.key) {
+            let next = mirror.registry.partition(&c.key).with(|s| s.next_offset());
+            match mirror.source_topic(&c.key.topic) {
+                Some(source_topic) if next < c.fetch_offset => {
+                    let job = crate::mirror::replay::ReplayJob {
+                        key: c.key.clone(),
+                        source_topic,
+                        partition: c.partition,
+                        from: next,
+                        upto: c.fetch_offset,
+                    };
+                    let (mirror, servers) = (mirror.clone(), mirror.replay_servers());
+                    let max_frame = crate::config::DEFAULT_MAX_FRAME_BYTES as usize;
+                    let key = c.key.clone();
+                    return Err(Rewritten::Blocked {
+                        frame: None,
+                        wait: Box::pin(async move {
+                            // The seal never needs the source (SPEC 3.1): when
+                            // the replay cannot run, the cut is taken from the
+                            // persisted producer state alone.
+                            let limit = mirror.request_timeout;
+                            let replay = crate::mirror::run_replays(
+                                mirror.clone(),
+                                servers,
+                                vec![job],
+                                max_frame,
+                            );
+                            let failed = match tokio::time::timeout(limit, replay).await {
+                                Ok(Ok(())) => None,
+                                Ok(Err(m)) => Some(m.to_string()),
+                                Err(_) => Some(format!("no answer within {limit:?}")),
+                            };
+                            if let Some(why) = failed {
+                                tracing::warn!(partition = %key, error = %why,
+                                    "source unreachable: sealing from the persisted producer state \
+                                     (transactions begun after the last snapshot get no ABORT \
+                                     marker; `ctl abort-open` closes them after promotion)");
+                                mirror.mark_warm(&key);
+                            }
+                            Ok(())
+                        }),
+                    });
+                }
+                _ => mirror.mark_warm(&c.key),
+            }
+        }
+        let registry = mirror.registry.clone();
+        let key = c.key.clone();
+        let cut = c.fetch_offset;
+        let closed_past_cut = mirror.seal_metrics.closed_past_cut.clone();
+        let incomplete = mirror.seal_metrics.open_at_cut_incomplete.clone();
+        // The transactions open AT THE CUT: the shadow state may be ahead of
+        // it (a response the fetcher lost was walked), so a transaction
+        // closed past the cut is still open there, and one opened past it
+        // is not.
+        let open = move || -> Vec<OpenTxn> {
+            registry
+                .get(&key)
+                .map(|h| {
+                    h.with(|s| {
+                        // The cut is the fetcher's fetch offset: it appended
+                        // everything below it.
+                        s.note_fetcher_position(cut);
+                        let at = s.open_at(cut);
+                        if s.next_offset() > cut {
+                            tracing::warn!(partition = %key, cut, state_offset = s.next_offset(),
+                                closed_past_cut = at.closed_past_cut,
+                                "producer state is ahead of the cut (a response the fetcher did not append): \
+                                 open transactions are taken as they are at the cut");
+                        }
+                        closed_past_cut.inc_by(at.closed_past_cut as u64);
+                        if at.incomplete {
+                            incomplete.inc();
+                            tracing::warn!(partition = %key, cut,
+                                bound = crate::producer_state::MAX_CLOSED_TRANSACTIONS,
+                                "transaction closings past the cut may be unknown (dropped at their bound, \
+                                 or lost with a restart or a fetcher position that moved back): \
+                                 transactions they closed get no ABORT marker in this seal \
+                                 (`ctl abort-open` closes them after promotion)");
+                        }
+                        at.transactions
+                            .into_iter()
+                            .map(|t| OpenTxn {
+                                producer_id: t.txn.mapped_pid,
+                                producer_epoch: t.txn.epoch,
+                                coordinator_epoch: t.coordinator_epoch,
+                                first_offset: t.txn.first_offset,
+                                origin_cluster: t.txn.origin.source_cluster.0,
+                                original_pid: t.txn.origin.original_pid,
+                            })
+                            .collect()
+                    })
+                })
+                .unwrap_or_default()
+        };
+        // Without LastFetchedEpoch (Fetch < v12) the seal is stamped with
+        // the epoch of the last batch forwarded to the fetcher.
+        let last_fetched_epoch = if c.last_fetched_epoch >= 0 {
+            c.last_fetched_epoch
+        } else {
+            mirror
+                .registry
+                .get(&c.key)
+                .map(|h| h.with(|s| s.last_leader_epoch()))
+                .unwrap_or(-1)
+        };
+        match decide(
+            &c.key,
+            &entry,
+            c.fetch_offset,
+            last_fetched_epoch,
+            c.current_leader_epoch,
+            &open,
+        ) {
+            Decision::Answer(a) => {
+                mirror
+                    .seal_metrics
+                    .aborts
+                    .inc_by(u64::from(a.aborts_served));
+                mirror
+                    .seal_metrics
+                    .barriers
+                    .inc_by(u64::from(a.barriers_served));
+                answers.push(a)
+            }
+            Decision::Persist(next) => {
+                let lifecycle = mirror.lifecycle.clone();
+                let registry = mirror.registry.clone();
+                let key = c.key.clone();
+                let completed = mirror.seal_metrics.completed.clone();
+                let becomes_stopped = next.state == State::Stopped;
+                let version = 0;
+                return Err(Rewritten::Blocked {
+                    frame: None,
+                    wait: Box::pin(async move {
+                        lifecycle
+                            .commit(&key, *next)
+                            .await
+                            .map_err(|e| err(version, e.to_string()))?;
+                        if becomes_stopped {
+                            // The destination appended the ABORT markers and
+                            // the barrier: its producer state is expired, so
+                            // is ours (open transactions included, which idle
+                            // expiry never drops).
+                            if let Some(h) = registry.get(&key) {
+                                h.with(|s| {
+                                    s.reset();
+                                    s.forget_closed();
+                                });
+                            }
+                            completed.inc();
+                            tracing::info!(partition = %key, "seal complete: partition STOPPED; its fetches are answered locally from now on");
+                        }
+                        Ok(())
+                    }),
+                });
+            }
+        }
+    }
+    Ok(answers)
+}
