@@ -18,19 +18,17 @@
 //! - The byte stream is abstracted by [`Connector`], so TLS can be slotted in
 //!   later without touching the protocol code.
 
-use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use bytes::Bytes;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, oneshot};
-use tokio::time::{sleep, timeout, Instant};
+use tokio::time::{sleep, Instant};
 
 use super::proto::{self, code};
-use crate::codec::frame::FrameReader;
-use crate::codec::header::{response_body_offset, response_correlation_id};
 use crate::handlers::walk_fetch_response;
+use crate::kafka_client::{ClientError, Connection};
+pub use crate::kafka_client::{Connector, TcpConnector};
 use crate::records::builder::{build_batch, BatchSpec, RecordSpec};
 use crate::records::record::records;
 use crate::records::{batch::increment_sequence, walk, Entry};
@@ -231,6 +229,24 @@ impl StateStoreError {
     }
 }
 
+impl From<ClientError> for StateStoreError {
+    fn from(e: ClientError) -> Self {
+        match e {
+            ClientError::Unreachable(m) => Self::Unreachable(m),
+            ClientError::Timeout(m) => Self::Timeout(m),
+            ClientError::Io(m) => Self::Io(m),
+            ClientError::Protocol(m) => Self::Protocol(m),
+            ClientError::Broker { api, code, message } => Self::broker(api, code, message),
+        }
+    }
+}
+
+impl From<StateStoreError> for String {
+    fn from(e: StateStoreError) -> Self {
+        e.to_string()
+    }
+}
+
 impl From<WireError> for StateStoreError {
     fn from(e: WireError) -> Self {
         Self::Protocol(e.to_string())
@@ -238,28 +254,6 @@ impl From<WireError> for StateStoreError {
 }
 
 type Result<T> = std::result::Result<T, StateStoreError>;
-
-/// Opens byte streams to brokers. Plain TCP today ([`TcpConnector`]); a TLS
-/// connector implements the same trait.
-pub trait Connector: Send + Sync + 'static {
-    /// The stream type.
-    type Stream: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static;
-    /// Connects to `addr` (`host:port`).
-    fn connect(&self, addr: &str) -> impl Future<Output = std::io::Result<Self::Stream>> + Send;
-}
-
-/// Plain TCP with `TCP_NODELAY` (requests are small and latency-bound).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct TcpConnector;
-
-impl Connector for TcpConnector {
-    type Stream = TcpStream;
-    async fn connect(&self, addr: &str) -> std::io::Result<TcpStream> {
-        let s = TcpStream::connect(addr).await?;
-        s.set_nodelay(true)?;
-        Ok(s)
-    }
-}
 
 /// Handle to the state store. Cheap to clone; the connection lives in a
 /// background task that ends when the last handle is dropped.
@@ -494,9 +488,7 @@ impl StateStore {
 
 /// A connection with its negotiated versions.
 struct Conn<S> {
-    frames: FrameReader<S>,
-    addr: String,
-    correlation: i32,
+    inner: Connection<S>,
     versions: Vec<(i16, i16)>,
     /// Whether the broker answers DescribeConfigs v1 (optional API).
     describe_configs: bool,
@@ -512,8 +504,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
     }
 
     /// Sends one request and returns the response frame and the offset of
-    /// its body. One request is in flight at a time, so the response must
-    /// carry our correlation id.
+    /// its body (see [`Connection::request`]).
     async fn roundtrip(
         &mut self,
         api: i16,
@@ -521,44 +512,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Conn<S> {
         limit: Duration,
         body: impl FnOnce(&mut Writer<Vec<u8>>) -> crate::wire::WireResult<()>,
     ) -> Result<(Bytes, usize)> {
-        self.correlation = self.correlation.wrapping_add(1);
-        let corr = self.correlation;
-        let frame = proto::request_frame(api, version, corr, CLIENT_ID, body)?;
-        let name = proto::api_name(api);
-        let addr = self.addr.clone();
-        let io = async {
-            self.frames.get_mut().write_all(&frame).await?;
-            self.frames.get_mut().flush().await?;
-            self.frames
-                .next_frame_bytes()
-                .await
-                .map_err(|e| std::io::Error::other(e.to_string()))
-        };
-        let resp = match timeout(limit, io).await {
-            Err(_) => {
-                return Err(StateStoreError::Timeout(format!(
-                    "{name} to {addr} got no answer within {limit:?}"
-                )))
-            }
-            Ok(Err(e)) => return Err(StateStoreError::Io(format!("{name} to {addr}: {e}"))),
-            Ok(Ok(None)) => {
-                return Err(StateStoreError::Io(format!(
-                    "{addr} closed the connection during {name}"
-                )))
-            }
-            Ok(Ok(Some(f))) => f,
-        };
-        if response_correlation_id(&resp) != Some(corr) {
-            return Err(StateStoreError::Protocol(format!(
-                "{name} response from {addr} carries correlation id {:?}, expected {corr}",
-                response_correlation_id(&resp)
-            )));
-        }
-        let off =
-            response_body_offset(&resp, proto::response_header(api, version)).ok_or_else(|| {
-                StateStoreError::Protocol(format!("{name} response header truncated"))
-            })?;
-        Ok((resp, off))
+        Ok(self
+            .inner
+            .request(api, version, limit, body)
+            .await?
+            .into_parts())
     }
 }
 
@@ -644,24 +602,16 @@ impl<C: Connector> Actor<C> {
 
     /// Connects to `addr` and negotiates API versions.
     async fn connect(&self, addr: &str) -> Result<Conn<C::Stream>> {
-        let stream = match timeout(self.cfg.connect_timeout, self.connector.connect(addr)).await {
-            Err(_) => {
-                return Err(StateStoreError::Unreachable(format!(
-                    "connecting to {addr} timed out after {:?}",
-                    self.cfg.connect_timeout
-                )))
-            }
-            Ok(Err(e)) => {
-                return Err(StateStoreError::Unreachable(format!(
-                    "connecting to {addr}: {e}"
-                )))
-            }
-            Ok(Ok(s)) => s,
-        };
+        let inner = Connection::connect(
+            &self.connector,
+            addr,
+            self.cfg.connect_timeout,
+            MAX_FRAME,
+            CLIENT_ID,
+        )
+        .await?;
         let mut conn = Conn {
-            frames: FrameReader::new(stream, MAX_FRAME),
-            addr: addr.to_owned(),
-            correlation: 0,
+            inner,
             versions: Vec::new(),
             describe_configs: false,
         };
@@ -919,7 +869,7 @@ impl<C: Connector> Actor<C> {
                     retriable: true,
                 })?;
             let leader_addr = format!("{}:{}", leader.host, leader.port);
-            let conn = if leader_addr == boot.addr {
+            let conn = if leader_addr == boot.inner.addr() {
                 boot
             } else {
                 drop(boot);
