@@ -343,4 +343,84 @@ mod tests {
         assert_eq!(address("::1", 9), "[::1]:9");
         assert_eq!(address("h", 9), "h:9");
     }
+
+    /// A peer that reads one request and answers with `answer(correlation)`
+    /// (nothing when `None`), then keeps the socket open for a while.
+    async fn peer(answer: fn(i32) -> Option<Vec<u8>>) -> String {
+        use tokio::io::AsyncReadExt;
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        tokio::spawn(async move {
+            let (mut s, _) = l.accept().await.unwrap();
+            let mut head = [0u8; 12];
+            s.read_exact(&mut head).await.unwrap();
+            let size = i32::from_be_bytes(head[..4].try_into().unwrap()) as usize;
+            let mut rest = vec![0u8; size - 8];
+            s.read_exact(&mut rest).await.unwrap();
+            let corr = i32::from_be_bytes(head[8..12].try_into().unwrap());
+            if let Some(a) = answer(corr) {
+                s.write_all(&a).await.unwrap();
+            }
+            tokio::time::sleep(Duration::from_secs(5)).await;
+        });
+        addr
+    }
+
+    async fn ask(addr: &str, limit: Duration) -> Result<Response, ClientError> {
+        let mut c = Connection::connect(&TcpConnector, addr, Duration::from_secs(1), 64, "t")
+            .await
+            .unwrap();
+        // Metadata v4: response header v0 (correlation id only).
+        c.request(3, 4, limit, |w| {
+            w.put_i32(0);
+            Ok(())
+        })
+        .await
+    }
+
+    #[tokio::test]
+    async fn a_response_is_matched_bounded_and_timed() {
+        let ok =
+            peer(|c| Some([&8i32.to_be_bytes()[..], &c.to_be_bytes(), &[1, 2, 3, 4]].concat()));
+        let r = ask(&ok.await, Duration::from_secs(5)).await.unwrap();
+        assert_eq!(r.body(), &[1, 2, 3, 4]);
+
+        let wrong = peer(|c| Some([&4i32.to_be_bytes()[..], &(c + 1).to_be_bytes()].concat()));
+        let e = ask(&wrong.await, Duration::from_secs(5)).await.unwrap_err();
+        assert_eq!(e.kind(), "protocol", "{e}");
+
+        // Larger than the 64-byte limit: refused before it is read.
+        let big = peer(|_| Some(1000i32.to_be_bytes().to_vec()));
+        let e = ask(&big.await, Duration::from_secs(5)).await.unwrap_err();
+        assert!(e.to_string().contains("exceeds the limit"), "{e}");
+
+        let silent = peer(|_| None);
+        let e = ask(&silent.await, Duration::from_millis(200))
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), "timeout", "{e}");
+        assert!(e.is_retriable());
+    }
+
+    #[tokio::test]
+    async fn the_first_reachable_server_is_used() {
+        // A port nobody listens on: bind, note it, close.
+        let closed = {
+            let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+            l.local_addr().unwrap().to_string()
+        };
+        let live = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let live_addr = live.local_addr().unwrap().to_string();
+        let servers = vec![closed.clone(), live_addr.clone()];
+        let c = Connection::connect_first(&TcpConnector, &servers, Duration::from_secs(1), 64, "t")
+            .await
+            .unwrap();
+        assert_eq!(c.addr(), live_addr);
+        let e =
+            Connection::connect_first(&TcpConnector, &[closed], Duration::from_secs(1), 64, "t")
+                .await
+                .err()
+                .unwrap();
+        assert_eq!(e.kind(), "unreachable");
+    }
 }
