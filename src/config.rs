@@ -110,6 +110,14 @@ pub struct MirrorConfig {
     /// `fetcher_node_port_base + N` (with `fetcher_bootstrap`).
     #[serde(default)]
     pub fetcher_node_port_base: Option<u16>,
+    /// Verify the CRC-32C of one batch in this many that pass (0, the
+    /// default: never) and count the corrupt ones in the `corrupt_records`
+    /// mirror event. PID rewrites never need it (a corrupt batch stays
+    /// corrupt by CRC linearity, valid stays valid) and the destination
+    /// verifies every batch it appends; a batch that would create durable
+    /// state (a new producer's claim, a salt) is always verified.
+    #[serde(default)]
+    pub crc_verify_every: u64,
 }
 
 fn default_upstream_request_timeout_ms() -> u64 {

@@ -65,7 +65,7 @@ fn nodes() -> Arc<NodeRegistry> {
 fn advertised_through(chain: &Chain) -> Vec<(i16, i16, i16)> {
     let h = header(api::API_VERSIONS, 3);
     let frame = response_frame(42, 0, &enc(&versions(&ADVERTISED), 3));
-    let Rewritten::Ready(out) = chain.on_response(&h, &mut None, frame).unwrap() else {
+    let Rewritten::Ready(out) = chain.on_response(&h, &mut None, frame, &mut 0).unwrap() else {
         panic!("the clamp never blocks");
     };
     let got: ApiVersionsResponse = dec(&out[8..], 3);
@@ -195,7 +195,7 @@ fn a_new_filter_is_one_registration_and_runs_in_order() {
 
     // Responses: in registration order.
     let Rewritten::Ready(out) = chain
-        .on_response(&h, &mut None, BytesMut::from(&b"resp"[..]))
+        .on_response(&h, &mut None, BytesMut::from(&b"resp"[..]), &mut 0)
         .unwrap()
     else {
         panic!("ready");

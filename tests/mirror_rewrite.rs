@@ -79,6 +79,7 @@ fn mirror_with(mode: PidMode, layout: LayoutConfig, limits: RegistryConfig) -> A
         upstream_request_timeout_ms: 10_000,
         fetcher_bootstrap: None,
         fetcher_node_port_base: None,
+        crc_verify_every: 0,
     };
     let metrics = Metrics::new();
     let m = MirrorContext::new(

@@ -239,10 +239,18 @@ fn rewrite_keeps_a_corrupt_batch_corrupt() {
     let mut b = hex(VECTOR_B);
     b[70] ^= 0x40; // corrupt a record byte
     assert!(!records::verify_crc(&b));
+    let mut verified = b.clone();
+    // The hot-path rewrite never reads the records, so it cannot tell...
     assert_eq!(
         records::rewrite_producer_id_checked(&mut b, 77),
+        records::RewriteOutcome::Rewritten
+    );
+    // ...but the verifying variant does, and writes the very same bytes.
+    assert_eq!(
+        records::rewrite_producer_id_verified(&mut verified, 77),
         records::RewriteOutcome::RewrittenCrcWasInvalid
     );
+    assert_eq!(b, verified);
     assert!(
         !records::verify_crc(&b),
         "a corrupt batch must not be laundered"

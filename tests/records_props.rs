@@ -165,6 +165,93 @@ proptest! {
         }
     }
 
+    /// A batch that arrived corrupt (one byte changed anywhere the CRC
+    /// covers, or in the stored CRC itself) leaves with exactly the same CRC
+    /// error: `stored ^ computed` is unchanged by the O(1) rewrite, so it
+    /// stays corrupt and no downstream check can tell the rewrite happened.
+    #[test]
+    fn rewrite_keeps_a_corrupt_batch_corrupt_by_the_same_error(
+        batch in batch_strategy(),
+        new_pid in any::<i64>(),
+        at in any::<proptest::sample::Index>(),
+        flip in 1u8..=255,
+    ) {
+        let mut b = batch;
+        let i = 17 + at.index(b.len() - 17);
+        b[i] ^= flip;
+        let error = |b: &[u8]| {
+            records::compute_crc(b).unwrap() ^ u32::from_be_bytes(b[17..21].try_into().unwrap())
+        };
+        let before = error(&b);
+        prop_assert_ne!(before, 0, "CRC-32C detects every single-byte error");
+        let old_pid = i64::from_be_bytes(b[43..51].try_into().unwrap());
+        let orig = b.clone();
+        let mut verified = b.clone();
+        let outcome = records::rewrite_producer_id_checked(&mut b, new_pid);
+        if old_pid == new_pid {
+            prop_assert_eq!(outcome, records::RewriteOutcome::Unchanged);
+            prop_assert_eq!(&b, &orig);
+        } else {
+            prop_assert_eq!(outcome, records::RewriteOutcome::Rewritten);
+            prop_assert_eq!(
+                records::rewrite_producer_id_verified(&mut verified, new_pid),
+                records::RewriteOutcome::RewrittenCrcWasInvalid
+            );
+            prop_assert_eq!(&b, &verified, "both variants write the same bytes");
+        }
+        prop_assert_eq!(error(&b), before, "same CRC error after the rewrite");
+        prop_assert!(!records::verify_crc(&b));
+    }
+
+    /// A valid batch: the O(1) rewrite writes exactly the CRC a full
+    /// recomputation gives, and the verifying variant agrees it was valid.
+    #[test]
+    fn constant_time_rewrite_equals_full_recompute(batch in batch_strategy(), new_pid in any::<i64>()) {
+        let mut b = batch.clone();
+        let mut verified = batch;
+        let changed = records::rewrite_producer_id(&mut b, new_pid);
+        prop_assert_eq!(
+            u32::from_be_bytes(b[17..21].try_into().unwrap()),
+            records::compute_crc(&b).unwrap()
+        );
+        let outcome = records::rewrite_producer_id_verified(&mut verified, new_pid);
+        prop_assert_eq!(
+            outcome,
+            if changed { records::RewriteOutcome::Rewritten } else { records::RewriteOutcome::Unchanged }
+        );
+        prop_assert_eq!(b, verified);
+    }
+
+    /// `rewrite_all_verified` counts exactly the corrupt batches it rewrote
+    /// and writes the same bytes as `rewrite_all`.
+    #[test]
+    fn rewrite_all_verified_counts_corrupt_batches(
+        batches in proptest::collection::vec((batch_strategy(), any::<bool>(), any::<proptest::sample::Index>()), 1..6),
+        salt in 1i64..,
+    ) {
+        let mut corrupt = 0;
+        let blob: Vec<u8> = batches
+            .iter()
+            .flat_map(|(b, bad, at)| {
+                let mut b = b.clone();
+                if *bad {
+                    let i = 21 + at.index(b.len() - 21);
+                    b[i] ^= 0x5a;
+                    corrupt += 1;
+                }
+                b
+            })
+            .collect();
+        let mut fast = blob.clone();
+        let mut slow = blob;
+        let stats = rewrite_all(&mut fast, |h| Some(h.producer_id ^ salt)).unwrap();
+        let checked = records::rewrite_all_verified(&mut slow, |h| Some(h.producer_id ^ salt)).unwrap();
+        prop_assert_eq!(stats.crc_was_invalid, 0);
+        prop_assert_eq!(checked.crc_was_invalid, corrupt);
+        prop_assert_eq!(checked.rewritten, stats.rewritten);
+        prop_assert_eq!(fast, slow);
+    }
+
     #[test]
     fn rewrite_all_matches_per_batch_rewrite(batches in proptest::collection::vec(batch_strategy(), 1..6), salt in any::<i64>()) {
         let mut blob: Vec<u8> = batches.concat();

@@ -100,24 +100,32 @@ impl Chain {
     }
 
     /// Passes a response through every filter that handles it, in order,
-    /// stopping at the first that blocks (the caller runs the chain again
-    /// on the returned frame once the wait completes).
+    /// from filter number `*from` (0 for a fresh response), stopping at the
+    /// first that blocks: `*from` is then that filter, and once the wait
+    /// completes the caller resumes there with the returned frame. The
+    /// filters before it already rewrote the frame and do not run again
+    /// (they need not be idempotent).
     pub fn on_response(
         &self,
         h: &RequestHeader,
         state: &mut Option<RequestState>,
         frame: BytesMut,
+        from: &mut usize,
     ) -> Result<Rewritten, RewriteError> {
         let mut frame = frame;
-        for f in &self.filters {
+        for (i, f) in self.filters.iter().enumerate().skip(*from) {
             if !f.handles(h.api_key, h.api_version) {
                 continue;
             }
             frame = match f.on_response(h, state.as_mut(), frame)? {
                 Rewritten::Ready(next) => next,
-                blocked => return Ok(blocked),
+                blocked => {
+                    *from = i;
+                    return Ok(blocked);
+                }
             };
         }
+        *from = self.filters.len();
         Ok(Rewritten::Ready(frame))
     }
 
@@ -212,6 +220,80 @@ mod tests {
         assert!(!chain.wants(&header(api::FETCH, 15)));
         assert!(chain.wants(&header(api::FETCH, 16)));
         assert!(!chain.wants(&header(2, 8)));
+    }
+
+    /// Counts its responses; blocks the first `blocks` of them.
+    struct Probe {
+        seen: Arc<std::sync::atomic::AtomicUsize>,
+        blocks: usize,
+    }
+
+    impl Filter for Probe {
+        fn decodes(&self) -> &[(i16, RangeInclusive<i16>)] {
+            &[]
+        }
+
+        fn handles(&self, api_key: i16, _api_version: i16) -> bool {
+            api_key == api::FETCH
+        }
+
+        fn on_response(
+            &self,
+            _h: &RequestHeader,
+            _state: Option<&mut RequestState>,
+            mut frame: BytesMut,
+        ) -> Result<Rewritten, RewriteError> {
+            let n = self.seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if n < self.blocks {
+                return Ok(Rewritten::Blocked {
+                    frame: Some(frame),
+                    wait: Box::pin(async { Ok(()) }),
+                });
+            }
+            frame.extend_from_slice(b"!");
+            Ok(Rewritten::Ready(frame))
+        }
+    }
+
+    /// After a filter blocks, the chain resumes at it: the filters before
+    /// it ran once, the frame keeps their rewrite, the ones after run once.
+    #[test]
+    fn a_blocked_response_resumes_at_the_filter_that_blocked() {
+        let counters: Vec<Arc<std::sync::atomic::AtomicUsize>> =
+            (0..3).map(|_| Default::default()).collect();
+        let chain = Chain::new(vec![
+            Box::new(Probe {
+                seen: counters[0].clone(),
+                blocks: 0,
+            }),
+            Box::new(Probe {
+                seen: counters[1].clone(),
+                blocks: 2,
+            }),
+            Box::new(Probe {
+                seen: counters[2].clone(),
+                blocks: 0,
+            }),
+        ]);
+        let h = header(api::FETCH, 12);
+        let mut state = None;
+        let mut from = 0;
+        let mut frame = BytesMut::from(&b"f"[..]);
+        let out = loop {
+            match chain.on_response(&h, &mut state, frame, &mut from).unwrap() {
+                Rewritten::Ready(f) => break f,
+                Rewritten::Blocked { frame: f, .. } => {
+                    assert_eq!(from, 1);
+                    frame = f.unwrap();
+                }
+            }
+        };
+        let seen: Vec<usize> = counters
+            .iter()
+            .map(|c| c.load(std::sync::atomic::Ordering::SeqCst))
+            .collect();
+        assert_eq!(seen, vec![1, 3, 1]);
+        assert_eq!(&out[..], b"f!!!");
     }
 
     /// The guard's own Produce limit lowers the chain's clamp; nothing else moves.

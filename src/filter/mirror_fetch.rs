@@ -56,6 +56,9 @@ impl Filter for MirrorFetch {
         frame: BytesMut,
     ) -> Result<Rewritten, RewriteError> {
         let fetch_plan = state.and_then(|s| s.seal_plan());
+        // A reader's batches past the cut of a sealed partition never reach
+        // it: they are dropped before the scan, so they claim nothing.
+        let frame = seal_path::trim_below_cut(h, fetch_plan, frame)?;
         // Controlled partitions, listed or not, are answered by the seal
         // path: their source bytes are never observed nor forwarded.
         let skip = |t: &FetchTopic<'_>, p: i32| {

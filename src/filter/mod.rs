@@ -171,8 +171,9 @@ pub enum Rewritten {
     /// The frame to send on (to the next filter, then the client).
     Ready(BytesMut),
     /// The frame cannot leave until `wait` completes (for example a collision
-    /// salt being persisted); then the whole chain runs again on `frame`.
-    /// Filters must be idempotent on a partly rewritten frame.
+    /// salt being persisted); then the chain resumes on `frame` at the filter
+    /// that blocked ([`Chain::on_response`](Chain::on_response)),
+    /// which must be idempotent on its own partly rewritten frame.
     Blocked {
         /// The frame, possibly partly rewritten (`None` for a local answer,
         /// which is built again).

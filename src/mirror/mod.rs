@@ -12,7 +12,10 @@
 //!    unchanged), `preserve` mode keeps it;
 //! 3. feeds the batch to the destination partition's shadow producer state,
 //!    which reports anomalies (metric by kind, WARN line, admin list);
-//! 4. patches bytes 43..51 and the CRC in place when the PID changed.
+//! 4. patches bytes 43..51 and the CRC in place when the PID changed (O(1):
+//!    the CRC is shifted by the delta of the 8 changed bytes, so a corrupt
+//!    batch stays corrupt unread; only a batch that would create durable
+//!    state, a claim or a salt, is verified first, see phase 1).
 //!
 //! `aborted_transactions` entries get the same mapping so read_committed
 //! consumers downstream still filter aborted data. A MIRROR_PID_RESET barrier
@@ -164,10 +167,13 @@ pub struct MirrorMetrics {
     held: Counter,
     anomalies: Family<MirrorKindLabels, Counter>,
     mirror: String,
+    /// Verify the CRC-32C of one batch in this many (0: never; see
+    /// `MirrorConfig::crc_verify_every`).
+    crc_verify_every: u64,
 }
 
 impl MirrorMetrics {
-    fn new(metrics: &Metrics, mirror: &str) -> Self {
+    fn new(metrics: &Metrics, mirror: &str, crc_verify_every: u64) -> Self {
         let m = |kind: &'static str| {
             metrics
                 .mirror_events
@@ -189,6 +195,7 @@ impl MirrorMetrics {
             held: m("held_unknown_topic"),
             anomalies: metrics.anomalies.clone(),
             mirror: mirror.to_string(),
+            crc_verify_every,
         }
     }
 }
@@ -252,6 +259,12 @@ struct SealMetrics {
     /// Seals whose open transactions may be incomplete (closings past the
     /// fetcher's position dropped at their bound).
     open_at_cut_incomplete: Counter,
+    /// Reader fetches below a cut answered with no records because the
+    /// source's batch at the reader's offset crosses the cut (the reader
+    /// cannot move on; see `seal_path::below_cut_straddles`).
+    below_cut_straddles: Counter,
+    /// Partitions already warned about for `below_cut_straddles`.
+    below_cut_straddle_warned: std::sync::Mutex<std::collections::HashSet<PartitionKey>>,
 }
 
 impl SealMetrics {
@@ -273,6 +286,8 @@ impl SealMetrics {
             strays: m("stray_partition_dropped"),
             closed_past_cut: m("txn_closed_past_cut_aborted"),
             open_at_cut_incomplete: m("open_at_cut_incomplete"),
+            below_cut_straddles: m("below_cut_batch_straddles_cut"),
+            below_cut_straddle_warned: Default::default(),
         }
     }
 }
@@ -630,7 +645,7 @@ impl MirrorContext {
             source: OnceLock::new(),
             registry,
             salts,
-            metrics: MirrorMetrics::new(metrics, &cfg.name),
+            metrics: MirrorMetrics::new(metrics, &cfg.name, cfg.crc_verify_every),
             topics: Default::default(),
             handles: Default::default(),
             topic_prefix: cfg.destination_topic_prefix.clone(),
@@ -928,15 +943,21 @@ pub fn rewrite_fetch_body_holding(
     // collisions (two origins on one mapped PID, region mode) need a salt
     // persisted, and producers seen for the first time have their claim on
     // the mapped PID made durable, before any of their batches leaves (so a
-    // crash cannot make a later collision with them go unseen).
+    // crash cannot make a later collision with them go unseen). Only the
+    // batches that would create such state have their CRC verified; those
+    // that arrived corrupt create none (listed per slice for phase 2).
     let mut pending: Vec<PendingSalt> = Vec::new();
     let mut claims: Vec<(PartitionHandle, Vec<(i64, Origin)>)> = Vec::new();
+    let mut corrupt: Vec<(usize, Vec<usize>)> = Vec::new();
     let mut new_total = 0u64;
-    for (slice, handle) in slices.iter().zip(&handles) {
+    for (i, (slice, handle)) in slices.iter().zip(&handles).enumerate() {
         let Some(records) = body.get(slice.records.clone()) else {
             continue;
         };
         let scan = handle.with(|state| scan_partition(mirror, source, state, records));
+        if !scan.corrupt.is_empty() {
+            corrupt.push((i, scan.corrupt));
+        }
         for origin in scan.colliding {
             // The salt sequence is seeded by the destination topic id.
             let Some(topic_id) = mirror.salts.topic_id(&slice.key.topic) else {
@@ -957,7 +978,7 @@ pub fn rewrite_fetch_body_holding(
                 let state = if earlier.is_empty() {
                     &*state
                 } else {
-                    let mut s = state.clone();
+                    let mut s = state.clone_for_lookup();
                     for (mapped, o) in &earlier {
                         s.claim(*mapped, *o, now);
                     }
@@ -1015,10 +1036,22 @@ pub fn rewrite_fetch_body_holding(
 
     // Phase 2: observe and rewrite.
     let mut sink: Vec<Anomaly> = Vec::new();
-    for (slice, handle) in slices.iter().zip(&handles) {
+    for (i, (slice, handle)) in slices.iter().zip(&handles).enumerate() {
+        let slice_corrupt = corrupt
+            .iter()
+            .find(|(j, _)| *j == i)
+            .map_or(&[][..], |(_, c)| c.as_slice());
         if let Some(records) = body.get_mut(slice.records.clone()) {
             rewrite_partition_records(
-                mirror, source, handle, records, now, &mut sink, true, fetcher,
+                mirror,
+                source,
+                handle,
+                records,
+                now,
+                &mut sink,
+                true,
+                fetcher,
+                slice_corrupt,
             )?;
         }
         if !slice.aborted.is_empty() && mirror.mode == PidMode::Region {
@@ -1038,10 +1071,31 @@ struct Scan {
     /// Index of `claims` by mapped PID (a response may start thousands of
     /// producers: a linear search per batch would be quadratic).
     claimed: std::collections::HashMap<i64, Origin>,
+    /// Start positions (within the partition's records, in order) of the
+    /// batches that would have created durable state (a claim, a salt) but
+    /// whose CRC-32C does not verify: they create none and leave as they
+    /// came (phase 2).
+    corrupt: Vec<usize>,
+}
+
+/// Whether the batch `h` of `records` may create durable state: its CRC-32C
+/// verifies (one full pass, only for batches that would start a producer or
+/// need a salt). A corrupt one is listed in `scan.corrupt` instead.
+fn verified(records: &[u8], h: &crate::records::BatchHeader, scan: &mut Scan) -> bool {
+    let ok = records
+        .get(h.range.clone())
+        .is_some_and(crate::records::verify_crc);
+    if !ok {
+        scan.corrupt.push(h.range.start);
+    }
+    ok
 }
 
 /// Scans `records` against `state`. Allocates only when it finds something
-/// (new producers and collisions are rare).
+/// (new producers and collisions are rare). Reads batch headers only, except
+/// that a batch that would create durable state (a new producer's claim, a
+/// collision's salt) is verified first: a corrupted header (a flipped PID)
+/// must never write a claim or a salt.
 fn scan_partition(
     mirror: &MirrorContext,
     source: &SourceIdentity,
@@ -1067,7 +1121,7 @@ fn scan_partition(
             match state.lookup_mapping(&origin, &|salt| mirror.map(source, pid, salt)) {
                 MappingLookup::Ready { mapped_pid, .. } => mapped_pid,
                 MappingLookup::Collision { .. } => {
-                    if !scan.colliding.contains(&origin) {
+                    if !scan.colliding.contains(&origin) && verified(records, &h, &mut scan) {
                         scan.colliding.push(origin);
                     }
                     continue;
@@ -1085,13 +1139,15 @@ fn scan_partition(
         {
             match scan.claimed.get(&mapped) {
                 None => {
-                    scan.claimed.insert(mapped, origin);
-                    scan.claims.push((mapped, origin));
+                    if verified(records, &h, &mut scan) {
+                        scan.claimed.insert(mapped, origin);
+                        scan.claims.push((mapped, origin));
+                    }
                 }
                 // Two origins on one PID within this response (an already
                 // mapped PID that a source PID maps onto): a collision too.
                 Some(first) if *first != origin => {
-                    if !scan.colliding.contains(&origin) {
+                    if !scan.colliding.contains(&origin) && verified(records, &h, &mut scan) {
                         scan.colliding.push(origin);
                     }
                 }
@@ -1138,7 +1194,7 @@ pub(crate) fn observe_records(
 ) {
     // A replay forwards nothing: a collision met here is resolved by phase 1
     // when the fetcher's response carries the batch.
-    let _ = rewrite_partition_records(mirror, source, handle, records, now, sink, false, true);
+    let _ = rewrite_partition_records(mirror, source, handle, records, now, sink, false, true, &[]);
 }
 
 /// Runs the replays a response waits for, then marks the partitions warm.
@@ -1179,6 +1235,7 @@ fn rewrite_partition_records(
     sink: &mut Vec<Anomaly>,
     forwarding: bool,
     observe: bool,
+    corrupt: &[usize],
 ) -> Result<(), String> {
     // Collect headers first: the walk borrows the buffer immutably.
     let mut pos = 0;
@@ -1213,8 +1270,28 @@ fn rewrite_partition_records(
             handle.with(|s| s.note_fetcher_position(header.base_offset));
         }
         last_epoch = Some(header.partition_leader_epoch);
-        mirror.metrics.batches.inc();
+        let seen = mirror.metrics.batches.inc();
         let batch = &mut records[start..end];
+        if corrupt.contains(&start) {
+            // Phase 1 verified it (it would have started a producer or needed
+            // a salt) and its CRC-32C does not match: it creates no state and
+            // leaves byte for byte as it came, still corrupt, for the
+            // destination to reject.
+            mirror.metrics.corrupt.inc();
+            tracing::warn!(mirror = %mirror.name, partition = %handle.key(), offset = header.base_offset,
+                producer_id = header.producer_id,
+                "record batch with a bad CRC-32C would start a producer; forwarded as it came, no claim, no state");
+            continue;
+        }
+        // Optional sampled verification (off by default): the rewrite below
+        // keeps a corrupt batch corrupt without reading it, so this is only
+        // a count for the operator; the destination verifies every batch.
+        let every = mirror.metrics.crc_verify_every;
+        if every > 0 && seen % every == 0 && !crate::records::verify_crc(batch) {
+            mirror.metrics.corrupt.inc();
+            tracing::warn!(mirror = %mirror.name, partition = %handle.key(), offset = header.base_offset,
+                "record batch with a bad CRC-32C (sampled check); forwarded still corrupt");
+        }
         let control = if header.is_control() {
             match first_control_record(batch) {
                 Ok(rec) => Some(match (rec.key.control_type, rec.value) {

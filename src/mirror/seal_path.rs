@@ -69,6 +69,8 @@ struct Controlled {
 struct BelowCut {
     topic: TopicRef,
     partition: i32,
+    /// The destination partition (for metrics and logs).
+    key: PartitionKey,
     /// The cut: batches at or past it never reach the reader.
     cut: i64,
     /// The destination's log end once sealed (cut + sealing batches, or
@@ -247,6 +249,7 @@ pub fn plan_fetch(
                             FetchTopic::Id(id) => TopicRef::Id(id),
                         },
                         partition: p.partition,
+                        key: key.clone(),
                         cut,
                         end: cut + i64::from(entry.seal_batches.unwrap_or(0).max(0)),
                         sealed_aborts: entry
@@ -497,7 +500,8 @@ fn decide_all(
                             incomplete.inc();
                             tracing::warn!(partition = %key, cut,
                                 bound = crate::producer_state::MAX_CLOSED_TRANSACTIONS,
-                                "transaction closings past the cut were dropped at their bound: \
+                                "transaction closings past the cut may be unknown (dropped at their bound, \
+                                 or lost with a restart or a fetcher position that moved back): \
                                  transactions they closed get no ABORT marker in this seal \
                                  (`ctl abort-open` closes them after promotion)");
                         }
@@ -721,6 +725,9 @@ pub fn splice_controlled(
                 if let Some(b) = plan.below_cut.iter().find(|b| {
                     b.topic.as_fetch_topic() == p.topic && b.partition == p.partition_index
                 }) {
+                    if below_cut_straddles(body, p, b.cut) {
+                        note_straddle(mirror, b);
+                    }
                     return Some(below_cut_response(body, p, b, plan.read_committed));
                 }
                 let i = plan.controlled.iter().position(|c| {
@@ -787,33 +794,149 @@ fn below_cut_response<'b>(
             Some(v)
         }
     };
-    r.records = p.records.clone().map(|range| {
-        let records = body.get(range).unwrap_or(&[]);
-        // Entry ranges are positions in `records`: keep up to the end of
-        // the last entry wholly below the cut.
-        let mut keep = 0;
-        for entry in crate::records::walk(records) {
-            let (last, end) = match entry {
-                Ok(crate::records::Entry::V2(h)) => (h.last_offset(), h.range.end),
-                Ok(crate::records::Entry::Legacy { range, .. }) => {
-                    // A legacy entry starts with its (last) offset.
-                    let offset = records
-                        .get(range.start..range.start + 8)
-                        .and_then(|o| o.try_into().ok())
-                        .map_or(i64::MAX, i64::from_be_bytes);
-                    (offset, range.end)
-                }
-                // A truncated tail or a corrupt batch: nothing after it.
-                _ => break,
-            };
-            if last >= b.cut {
-                break;
-            }
-            keep = end;
-        }
-        Cow::Borrowed(records.get(..keep).unwrap_or(&[]))
-    });
+    r.records = p
+        .records
+        .clone()
+        .map(|range| Cow::Borrowed(records_below(body.get(range).unwrap_or(&[]), b.cut)));
     r
+}
+
+/// The entries of `records` wholly below `cut` (a batch that crosses it
+/// excluded; a truncated tail or a corrupt batch ends them).
+fn records_below(records: &[u8], cut: i64) -> &[u8] {
+    // Entry ranges are positions in `records`: keep up to the end of the
+    // last entry wholly below the cut.
+    let mut keep = 0;
+    for entry in crate::records::walk(records) {
+        let (last, end) = match entry {
+            Ok(crate::records::Entry::V2(h)) => (h.last_offset(), h.range.end),
+            Ok(crate::records::Entry::Legacy { range, .. }) => {
+                // A legacy entry starts with its (last) offset.
+                let offset = records
+                    .get(range.start..range.start + 8)
+                    .and_then(|o| o.try_into().ok())
+                    .map_or(i64::MAX, i64::from_be_bytes);
+                (offset, range.end)
+            }
+            _ => break,
+        };
+        if last >= cut {
+            break;
+        }
+        keep = end;
+    }
+    records.get(..keep).unwrap_or(&[])
+}
+
+/// Whether the first batch of a below-cut entry is whole and crosses the
+/// cut: the reader's offset lies in it, the answer holds no records and
+/// the high watermark is past its offset, so a consumer fetches the same
+/// offset again forever. The destination never holds such a batch (its
+/// fetcher took the cut at a batch boundary of what it appended), so the
+/// source's log there differs from what was mirrored (rewritten or
+/// compacted since); no answer is right for it, and no error code means
+/// that to a consumer (OFFSET_OUT_OF_RANGE would make it reset its
+/// position). It is counted and logged so an operator sees the stuck
+/// reader.
+fn below_cut_straddles(body: &[u8], p: &handlers::FetchPartition<'_>, cut: i64) -> bool {
+    let Some(records) = p.records.clone().and_then(|r| body.get(r)) else {
+        return false;
+    };
+    matches!(
+        crate::records::walk(records).next(),
+        Some(Ok(crate::records::Entry::V2(h))) if h.base_offset < cut && h.last_offset() >= cut
+    )
+}
+
+/// Counts a below-cut answer stuck on a batch crossing the cut; warns once
+/// per partition.
+fn note_straddle(mirror: &MirrorContext, b: &BelowCut) {
+    let m = &mirror.seal_metrics;
+    m.below_cut_straddles.inc();
+    let first = m
+        .below_cut_straddle_warned
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(b.key.clone());
+    if first {
+        tracing::warn!(mirror = %mirror.name, partition = %b.key, cut = b.cut,
+            "a reader below the cut is stuck: the source's batch at its offset crosses the cut, \
+             which the destination never holds (the source's log changed since it was mirrored); \
+             it gets no records there (logged once per partition)");
+    }
+}
+
+/// Drops from a reader's upstream Fetch response the batches of its
+/// below-cut partitions at or past the cut, before they are mapped: the
+/// destination never holds them, so their producers must not be claimed,
+/// persisted, salted or counted against `max_producers`. Everything else
+/// is left as the upstream sent it (the seal's filter finishes the entry:
+/// watermarks and the seal's aborts). The frame is returned unchanged when
+/// there is nothing to drop.
+pub fn trim_below_cut(
+    h: &RequestHeader,
+    plan: Option<&FetchPlan>,
+    frame: BytesMut,
+) -> Result<BytesMut, RewriteError> {
+    let Some(plan) = plan.filter(|p| !p.below_cut.is_empty()) else {
+        return Ok(frame);
+    };
+    let hv = handlers::response_header_version(h.api_key, h.api_version)
+        .ok_or_else(|| err(h.api_version, "unknown response header version".into()))?;
+    let body_at = response_body_offset(&frame, hv)
+        .ok_or_else(|| err(h.api_version, "response header truncated".into()))?;
+    let body = &frame[body_at..];
+    let cut_of = |p: &handlers::FetchPartition<'_>| {
+        plan.below_cut
+            .iter()
+            .find(|b| b.topic.as_fetch_topic() == p.topic && b.partition == p.partition_index)
+            .map(|b| b.cut)
+    };
+    let mut past_cut = false;
+    handlers::walk_fetch_response(h.api_version, body, &mut |p| {
+        if let (Some(cut), Some(range)) = (cut_of(p), p.records.clone()) {
+            let records = body.get(range).unwrap_or(&[]);
+            past_cut |= records_below(records, cut).len() < records.len();
+        }
+    })
+    .map_err(|e| err(h.api_version, e.to_string()))?;
+    if !past_cut {
+        return Ok(frame);
+    }
+    let new_body = splice_fetch_response_dropping(
+        h.api_version,
+        body,
+        &mut |_| false,
+        &mut |p| {
+            let cut = cut_of(p)?;
+            let mut r = FetchPartitionResponse::new(p.partition_index);
+            r.error_code = p.error_code;
+            r.high_watermark = p.high_watermark;
+            r.last_stable_offset = p.last_stable_offset;
+            r.log_start_offset = p.log_start_offset;
+            r.preferred_read_replica = p.preferred_read_replica;
+            r.aborted_transactions = p.aborted_transactions.as_ref().map(|a| {
+                a.iter()
+                    .map(|t| handlers::AbortedTransaction {
+                        producer_id: t.producer_id,
+                        first_offset: t.first_offset,
+                    })
+                    .collect()
+            });
+            r.records = p
+                .records
+                .clone()
+                .map(|range| Cow::Borrowed(records_below(body.get(range).unwrap_or(&[]), cut)));
+            Some(r)
+        },
+        &[],
+    )
+    .map_err(|e| err(h.api_version, e.to_string()))?;
+    let mut out = BytesMut::with_capacity(body_at + new_body.len());
+    out.put_i32((body_at - 4 + new_body.len()) as i32);
+    out.extend_from_slice(&frame[4..body_at]);
+    out.extend_from_slice(&new_body);
+    Ok(out)
 }
 
 /// Once the upstream accepted a session request, remembers which controlled
@@ -974,6 +1097,7 @@ mod tests {
         let b = BelowCut {
             topic: TopicRef::Name("t".into()),
             partition: 0,
+            key: PartitionKey::new([0; 16], "t", 0),
             cut,
             end: cut + 2,
             sealed_aborts: vec![(7, 3)],
@@ -1000,6 +1124,24 @@ mod tests {
         // A batch crossing the cut is dropped with everything after it.
         let (records, ..) = cut_at(&all, 4, vec![]);
         assert_eq!(records, a);
+        // A reader whose offset lies in a batch crossing the cut gets
+        // nothing: that is detected (counted, warned once).
+        let straddles = |records: &[u8], cut| {
+            let mut p = FetchPartitionResponse::new(0);
+            p.records = Some(Cow::Borrowed(records));
+            let body =
+                build_fetch_response(12, 0, 0, 0, &[(FetchTopic::Name("t"), vec![p])]).unwrap();
+            let mut parts = Vec::new();
+            handlers::walk_fetch_response(12, &body, &mut |p| parts.push(p.clone())).unwrap();
+            below_cut_straddles(&body, &parts[0], cut)
+        };
+        assert!(straddles(&[b.clone(), c.clone()].concat(), 4));
+        assert!(!straddles(&all, 4), "the first batch is below the cut");
+        assert!(
+            !straddles(&[b.clone(), c.clone()].concat(), 5),
+            "a batch boundary"
+        );
+        assert!(!straddles(&b[..b.len() - 3], 4), "a truncated batch");
         // A truncated tail below the cut is left out too.
         let partial = [a.clone(), b[..b.len() - 3].to_vec()].concat();
         let (records, ..) = cut_at(&partial, 9, vec![]);

@@ -218,6 +218,75 @@ type KeptClaim = (MirrorProducerClaimValue, StoredRecord);
 /// 3,900) is snapshotted in chunks (type 7) instead.
 pub const MAX_SNAPSHOT_BYTES: usize = 256 * 1024;
 
+/// The closings of `snap` as the snapshot record's tagged field, when the
+/// record stays below `max_bytes` with them (else the record goes without:
+/// a restore then reports a cut below its offset as possibly incomplete).
+fn closings_tag(
+    snap: &ps::PartitionSnapshot,
+    max_bytes: usize,
+) -> Option<Result<crate::state_store::schema::RawTaggedField, String>> {
+    let c = snap.closings.as_ref()?;
+    let size = 64usize
+        .saturating_add(snap.producers.len().saturating_mul(67))
+        .saturating_add(c.closed.len().saturating_mul(55));
+    if size > max_bytes {
+        return None;
+    }
+    let value = crate::state_store::schema::SnapshotClosings {
+        fetcher_position: c.fetcher_position,
+        dropped_upto: c.dropped_upto,
+        closings: c
+            .closed
+            .iter()
+            .map(|t| crate::state_store::schema::SnapshotClosing {
+                marker_offset: t.marker_offset,
+                producer_id: t.txn.mapped_pid,
+                producer_epoch: t.txn.epoch,
+                first_offset: t.txn.first_offset,
+                coordinator_epoch: t.coordinator_epoch,
+                origin_cluster_id: t.txn.origin.source_cluster.0,
+                original_pid: t.txn.origin.original_pid,
+            })
+            .collect(),
+    };
+    Some(value.encode_tag().map_err(|e| e.to_string()))
+}
+
+/// The closings kept with a type-5 snapshot, if any (a malformed field is
+/// treated as absent: the restore is then conservative).
+fn closings_from(value: &MirrorProducerSnapshotValue) -> Option<ps::ClosingsSnapshot> {
+    let c = match crate::state_store::schema::SnapshotClosings::from_tags(
+        &value.unknown_tagged_fields,
+    ) {
+        Ok(c) => c?,
+        Err(e) => {
+            tracing::warn!(error = %e, "transaction closings of a producer-state snapshot not read");
+            return None;
+        }
+    };
+    Some(ps::ClosingsSnapshot {
+        fetcher_position: c.fetcher_position,
+        dropped_upto: c.dropped_upto,
+        closed: c
+            .closings
+            .iter()
+            .map(|t| ps::ClosedTransaction {
+                txn: ps::OpenTransaction {
+                    mapped_pid: t.producer_id,
+                    epoch: t.producer_epoch,
+                    first_offset: t.first_offset,
+                    origin: Origin {
+                        source_cluster: ps::ClusterId(t.origin_cluster_id),
+                        original_pid: t.original_pid,
+                    },
+                },
+                coordinator_epoch: t.coordinator_epoch,
+                marker_offset: t.marker_offset,
+            })
+            .collect(),
+    })
+}
+
 /// A destination topic id and partition.
 type SnapshotKey = ([u8; 16], i32);
 
@@ -1193,6 +1262,7 @@ impl StateSync {
                 })
                 .collect(),
             salts,
+            closings: closings_from(value),
         };
         match self.registry.restore(&snapshot) {
             Ok(()) => tracing::info!(partition = %pk, producers = snapshot.producers.len(),
@@ -1369,6 +1439,10 @@ impl StateSync {
         if chunked {
             return self.write_chunked_snapshot(topic_id, snap, value).await;
         }
+        let mut value = value;
+        if let Some(tag) = closings_tag(snap, MAX_SNAPSHOT_BYTES) {
+            value.unknown_tagged_fields.push(tag?);
+        }
         let v = value.encode().map_err(|e| e.to_string())?;
         self.append_record(k, v).await?;
         self.snapshotted
@@ -1498,7 +1572,16 @@ impl StateSync {
                 return;
             }
         }
-        let restored_open_txns = (v.state == MirrorPartitionState::Stopping && v.cut_offset >= 0)
+        // The seal's open transactions (its type-5 record or chunk
+        // generation, written before the STOPPING record) stay the latest
+        // snapshot of a sealing or sealed partition: periodic snapshots skip
+        // partitions that are not MIRRORING. A STOPPED partition needs them
+        // too: a read_committed reader below the cut must be told that the
+        // seal aborted them.
+        let restored_open_txns = (matches!(
+            v.state,
+            MirrorPartitionState::Stopping | MirrorPartitionState::Stopped
+        ) && v.cut_offset >= 0)
             .then(|| {
                 self.snapshots
                     .lock()
@@ -1507,6 +1590,18 @@ impl StateSync {
                     .cloned()
             })
             .flatten();
+        if v.state == MirrorPartitionState::Stopped
+            && v.seal_batches >= 0
+            && restored_open_txns.as_ref().map_or(0, Vec::len) + 1 != v.seal_batches as usize
+        {
+            // One ABORT per open transaction plus the barrier: anything else
+            // means the seal's snapshot is missing, and a read_committed
+            // reader below the cut may be told too few aborts.
+            self.count("sealed_open_txns_mismatch");
+            tracing::warn!(topic = %topic, partition = key.partition, seal_batches = v.seal_batches,
+                restored = restored_open_txns.as_ref().map_or(0, Vec::len),
+                "the seal's open-transaction snapshot does not match the sealed partition; readers below the cut may miss its aborts");
+        }
         if v.state == MirrorPartitionState::Stopped {
             // Sealed: the destination expired its producer state at the
             // barrier; a snapshot restored before must not keep open
@@ -1787,5 +1882,55 @@ impl TransitionStore for StateSync {
                 None => Err("state store is shutting down".into()),
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A partition's closings go out with its type-5 snapshot and come back
+    /// on restore; too large a record goes without them.
+    #[test]
+    fn closings_round_trip_through_the_snapshot_record() {
+        let txn = ps::ClosedTransaction {
+            txn: ps::OpenTransaction {
+                mapped_pid: 5,
+                epoch: 2,
+                first_offset: 12,
+                origin: Origin {
+                    source_cluster: ps::ClusterId([9; 16]),
+                    original_pid: 6,
+                },
+            },
+            coordinator_epoch: 3,
+            marker_offset: 44,
+        };
+        let closings = ps::ClosingsSnapshot {
+            fetcher_position: 40,
+            dropped_upto: -1,
+            closed: vec![txn],
+        };
+        let snap = ps::PartitionSnapshot {
+            version: ps::PARTITION_SNAPSHOT_VERSION,
+            key: PartitionKey::new([1; 16], "t", 0),
+            next_offset: 45,
+            producers: Vec::new(),
+            salts: Vec::new(),
+            closings: Some(closings.clone()),
+        };
+        let tag = closings_tag(&snap, MAX_SNAPSHOT_BYTES).unwrap().unwrap();
+        let value = MirrorProducerSnapshotValue {
+            snapshot_offset: 45,
+            producers: Vec::new(),
+            unknown_tagged_fields: vec![tag],
+        };
+        assert_eq!(closings_from(&value), Some(closings));
+        assert!(closings_tag(&snap, 100).is_none());
+        let plain = MirrorProducerSnapshotValue {
+            unknown_tagged_fields: Vec::new(),
+            ..value
+        };
+        assert_eq!(closings_from(&plain), None);
     }
 }

@@ -48,9 +48,9 @@ mod salt;
 
 pub use anomaly::{Anomaly, AnomalyDetail, AnomalyKind, AnomalyLog, AnomalyRecord};
 pub use partition::{
-    ClosedTransaction, ObserveOutcome, OpenAtCut, OpenTransaction, PartitionSnapshot,
-    PartitionState, ProducerEntry, ProducerSnapshotEntry, SnapshotError, TransactionAtCut,
-    MAX_CLOSED_TRANSACTIONS, PARTITION_SNAPSHOT_VERSION,
+    ClosedTransaction, ClosingsSnapshot, ObserveOutcome, OpenAtCut, OpenTransaction,
+    PartitionSnapshot, PartitionState, ProducerEntry, ProducerSnapshotEntry, SnapshotError,
+    TransactionAtCut, MAX_CLOSED_TRANSACTIONS, PARTITION_SNAPSHOT_VERSION,
 };
 pub use registry::{
     PartitionHandle, ProducerStateRegistry, RegistryConfig, DEFAULT_MAX_PARTITIONS,

@@ -68,7 +68,7 @@ impl ProducerEntry {
 }
 
 /// An open transaction, as needed for an ABORT marker at the seal.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct OpenTransaction {
     /// The mapped PID (the marker's PID).
     pub mapped_pid: i64,
@@ -84,7 +84,7 @@ pub struct OpenTransaction {
 /// destination fetcher's last known position: the fetcher may not have
 /// appended that marker yet (its response lost, or not fetched yet), so a
 /// cut taken below it must still see the transaction open.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct ClosedTransaction {
     /// The transaction as it was before its marker (epoch of its batches).
     pub txn: OpenTransaction,
@@ -114,9 +114,11 @@ pub struct OpenAtCut {
     /// How many of them the shadow state saw closed past the cut (a marker
     /// the fetcher did not append).
     pub closed_past_cut: usize,
-    /// Closings past the fetcher's position were dropped at the bound
-    /// ([`MAX_CLOSED_TRANSACTIONS`]) at or above the cut: transactions they
-    /// closed are missing from `transactions`.
+    /// Closings at or above the cut may be unknown: dropped at the bound
+    /// ([`MAX_CLOSED_TRANSACTIONS`]), lost with a restore from a snapshot
+    /// (which holds no closings) taken past the cut, or forgotten before the
+    /// fetcher's position moved back below them. Transactions they closed
+    /// are missing from `transactions`.
     pub incomplete: bool,
 }
 
@@ -126,6 +128,9 @@ pub struct OpenAtCut {
 /// bound the oldest are dropped and a cut at or below them is reported as
 /// incomplete ([`OpenAtCut::incomplete`]), never silently.
 pub const MAX_CLOSED_TRANSACTIONS: usize = 16_384;
+
+/// Capacity of the closings kept when they empty after a burst.
+const CLOSED_KEPT_CAPACITY: usize = 64;
 
 /// What [`PartitionState::observe`] did with a batch.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -162,8 +167,12 @@ pub struct PartitionState {
     /// Lower bound of the destination fetcher's position: it appended
     /// every offset below it. Moved only by the fetcher's own responses.
     fetcher_position: i64,
-    /// Highest marker offset of a closing dropped at the bound while still
-    /// at or above `fetcher_position` (-1: none).
+    /// Highest offset below which closings at or above the fetcher's
+    /// position may be unknown (-1: none): a closing dropped at the bound,
+    /// the state restored from a snapshot (closings are not in it: markers
+    /// re-fetched below its `next_offset` are replays and never
+    /// remembered), or closings forgotten at a position the fetcher later
+    /// moved back from. Cleared once the fetcher's position passes it.
     closed_dropped_upto: i64,
 }
 
@@ -189,6 +198,13 @@ impl PartitionState {
     /// destination fetcher's fetches may call this: another reader's
     /// position says nothing about the destination's log.
     pub fn note_fetcher_position(&mut self, offset: i64) {
+        if offset < self.fetcher_position {
+            // The fetcher moved back (its log truncated, or a reader taken
+            // for it): closings below the old position were forgotten and
+            // come back as replays, never remembered again. A cut below the
+            // old position may miss them: say so rather than guess.
+            self.closed_dropped_upto = self.closed_dropped_upto.max(self.fetcher_position - 1);
+        }
         self.fetcher_position = offset;
         while self
             .closed
@@ -200,9 +216,25 @@ impl PartitionState {
         if self.closed_dropped_upto < offset {
             self.closed_dropped_upto = -1;
         }
-        if self.closed.is_empty() && self.closed.capacity() > 64 {
-            // Give back the memory of a burst of markers.
-            self.closed = VecDeque::new();
+        if self.closed.is_empty() && self.closed.capacity() > CLOSED_KEPT_CAPACITY {
+            // Give back the memory of a burst of markers, keeping a small
+            // buffer so that steady traffic does not reallocate.
+            self.closed.shrink_to(CLOSED_KEPT_CAPACITY);
+        }
+    }
+
+    /// A copy for mapping lookups (producers and salts) without the
+    /// closings, which no lookup reads and which may hold thousands.
+    pub fn clone_for_lookup(&self) -> Self {
+        Self {
+            key: self.key.clone(),
+            producers: self.producers.clone(),
+            salts: self.salts.clone(),
+            next_offset: self.next_offset,
+            last_leader_epoch: self.last_leader_epoch,
+            closed: VecDeque::new(),
+            fetcher_position: self.fetcher_position,
+            closed_dropped_upto: self.closed_dropped_upto,
         }
     }
 
@@ -739,6 +771,11 @@ impl PartitionState {
             next_offset: self.next_offset,
             producers,
             salts,
+            closings: Some(ClosingsSnapshot {
+                fetcher_position: self.fetcher_position,
+                dropped_upto: self.closed_dropped_upto,
+                closed: self.closed.iter().copied().collect(),
+            }),
         }
     }
 
@@ -749,6 +786,26 @@ impl PartitionState {
         }
         let mut state = Self::new(snapshot.key.clone());
         state.next_offset = snapshot.next_offset;
+        match &snapshot.closings {
+            // The markers below `next_offset` are replays from here on:
+            // the closings they made come from the snapshot.
+            Some(c) => {
+                state.fetcher_position = c.fetcher_position;
+                state.closed_dropped_upto = c.dropped_upto;
+                // Bounded like the live record (a foreign record may hold
+                // more): the oldest go, and a cut at them is reported.
+                let extra = c.closed.len().saturating_sub(MAX_CLOSED_TRANSACTIONS);
+                if let Some(last_dropped) = extra.checked_sub(1).map(|i| c.closed[i]) {
+                    state.closed_dropped_upto =
+                        state.closed_dropped_upto.max(last_dropped.marker_offset);
+                }
+                state.closed = c.closed[extra..].iter().copied().collect();
+            }
+            // Without them, a snapshot taken ahead of the fetcher (a
+            // response in flight) hides the transactions closed below its
+            // offset from a cut there: report such a cut.
+            None => state.closed_dropped_upto = snapshot.next_offset - 1,
+        }
         state.producers.reserve(snapshot.producers.len());
         for p in &snapshot.producers {
             if p.mapped_pid == -1 {
@@ -810,6 +867,22 @@ pub struct PartitionSnapshot {
     pub producers: Vec<ProducerSnapshotEntry>,
     /// Salt records.
     pub salts: Vec<super::SaltRecord>,
+    /// The closings past the fetcher's position, when kept (`None`: a
+    /// snapshot without them; a restore then reports a cut below
+    /// `next_offset` as possibly incomplete).
+    #[serde(default)]
+    pub closings: Option<ClosingsSnapshot>,
+}
+
+/// The closings of a [`PartitionSnapshot`].
+#[derive(Clone, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
+pub struct ClosingsSnapshot {
+    /// The fetcher position they are kept from.
+    pub fetcher_position: i64,
+    /// Highest offset below which closings may be missing (-1: none).
+    pub dropped_upto: i64,
+    /// The closings, in marker offset order.
+    pub closed: Vec<ClosedTransaction>,
 }
 
 /// One producer in a [`PartitionSnapshot`].
@@ -1049,5 +1122,142 @@ mod tests {
         s.note_fetcher_position(2 * n);
         assert_eq!(s.closed_transactions().count(), 0);
         assert!(!s.open_at(2 * n).incomplete);
+    }
+
+    #[test]
+    fn a_fetcher_position_moving_back_reports_the_forgotten_closings() {
+        let mut s = PartitionState::new(key());
+        let mut sink = Vec::new();
+        let o = origin(1);
+        s.observe(
+            &o,
+            &BatchObservation::data(9, 0, 0, 0, 1, true),
+            0,
+            &mut sink,
+        );
+        s.observe(
+            &o,
+            &BatchObservation::marker(9, 0, 5, true, 0),
+            0,
+            &mut sink,
+        );
+        s.note_fetcher_position(6);
+        assert!(!s.open_at(6).incomplete);
+        // The destination truncated to 3: the closing at 5 was forgotten;
+        // pid 9 is open at 3 and a cut there must not pass silently.
+        s.note_fetcher_position(3);
+        let at = s.open_at(3);
+        assert!(
+            at.incomplete || at.transactions.iter().any(|t| t.txn.mapped_pid == 9),
+            "{at:?}"
+        );
+        // Past the old position nothing is missing.
+        s.note_fetcher_position(6);
+        assert!(!s.open_at(6).incomplete);
+    }
+
+    #[test]
+    fn a_restored_state_ahead_of_the_fetcher_reports_closings_it_cannot_know() {
+        let mut s = PartitionState::new(key());
+        let mut sink = Vec::new();
+        let o = origin(1);
+        s.observe(
+            &o,
+            &BatchObservation::data(9, 0, 0, 0, 1, true),
+            0,
+            &mut sink,
+        );
+        s.note_fetcher_position(1);
+        s.observe(
+            &o,
+            &BatchObservation::marker(9, 0, 5, true, 0),
+            0,
+            &mut sink,
+        );
+        // Snapshot taken ahead of the fetcher (next offset 6, fetcher at 1).
+        let snap = s.snapshot();
+        let mut without = snap.clone();
+        without.closings = None;
+        for (snap, kept) in [(snap, true), (without, false)] {
+            let mut r = PartitionState::restore(&snap).unwrap();
+            // The fetcher re-fetches from 1: the marker at 5 is a replay.
+            r.note_fetcher_position(1);
+            assert_eq!(
+                r.observe(
+                    &o,
+                    &BatchObservation::marker(9, 0, 5, true, 0),
+                    0,
+                    &mut sink
+                ),
+                ObserveOutcome::Replayed
+            );
+            let at = r.open_at(1);
+            let pids: Vec<i64> = at.transactions.iter().map(|t| t.txn.mapped_pid).collect();
+            if kept {
+                // The closing came back with the snapshot: pid 9 is open at 1.
+                assert!(!at.incomplete && pids == [9], "{at:?}");
+            } else {
+                // Without it, the cut is reported.
+                assert!(at.incomplete, "{at:?}");
+            }
+            // A fetcher at or past the snapshot's offset misses nothing.
+            let mut r = PartitionState::restore(&snap).unwrap();
+            r.note_fetcher_position(6);
+            assert!(!r.open_at(6).incomplete);
+        }
+    }
+
+    #[test]
+    fn closings_keep_a_small_buffer_when_emptied() {
+        let mut s = PartitionState::new(key());
+        let mut sink = Vec::new();
+        let o = origin(1);
+        for i in 0..200 {
+            s.observe(
+                &o,
+                &BatchObservation::data(100 + i, 0, 2 * i, 0, 1, true),
+                0,
+                &mut sink,
+            );
+            s.observe(
+                &o,
+                &BatchObservation::marker(100 + i, 0, 2 * i + 1, true, 0),
+                0,
+                &mut sink,
+            );
+        }
+        assert!(s.closed.capacity() > CLOSED_KEPT_CAPACITY);
+        s.note_fetcher_position(400);
+        let cap = s.closed.capacity();
+        assert!(
+            (CLOSED_KEPT_CAPACITY..=2 * CLOSED_KEPT_CAPACITY).contains(&cap),
+            "{cap}"
+        );
+        s.note_fetcher_position(400);
+        assert_eq!(s.closed.capacity(), cap);
+    }
+
+    #[test]
+    fn a_lookup_copy_has_the_producers_but_not_the_closings() {
+        let mut s = PartitionState::new(key());
+        let mut sink = Vec::new();
+        let o = origin(1);
+        s.observe(
+            &o,
+            &BatchObservation::data(9, 0, 0, 0, 1, true),
+            0,
+            &mut sink,
+        );
+        s.observe(
+            &o,
+            &BatchObservation::marker(9, 0, 1, true, 0),
+            0,
+            &mut sink,
+        );
+        assert_eq!(s.closed_transactions().count(), 1);
+        let c = s.clone_for_lookup();
+        assert_eq!(c.closed_transactions().count(), 0);
+        assert_eq!(c.producer(9), s.producer(9));
+        assert_eq!(c.next_offset(), s.next_offset());
     }
 }

@@ -18,6 +18,9 @@
 //! allowed the broker to wait), and once the listener sees the upstream again
 //! the connection stops reading, delivers what it owes and closes, so the
 //! client reconnects to the live upstream.
+//!
+//! (Over 600 lines on purpose: the two pumps, their shared `Mode` and the
+//! in-flight queue are one state machine, easier to check read in one place.)
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -434,9 +437,11 @@ async fn rewrite_until_ready(
     answered_by: Option<usize>,
     mut frame: Option<BytesMut>,
 ) -> Result<BytesMut, RewriteError> {
+    // The filter an upstream response resumes at after a wait.
+    let mut from = 0;
     for _ in 0..MAX_REWRITE_ROUNDS {
         let step = match (frame, answered_by, state.as_mut()) {
-            (Some(f), _, _) => ctx.chain.on_response(h, state, f)?,
+            (Some(f), _, _) => ctx.chain.on_response(h, state, f, &mut from)?,
             (None, Some(by), Some(s)) => ctx.chain.answer(h, by, s)?,
             (None, _, _) => {
                 return Err(RewriteError::new(

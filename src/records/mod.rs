@@ -13,7 +13,9 @@
 //! - walking never decompresses and never touches record bytes, so it costs a
 //!   few header reads per batch regardless of batch size;
 //! - the rewrite path changes exactly the producerId (bytes 43..51) and the CRC
-//!   (bytes 17..21) and does nothing at all when the PID does not change.
+//!   (bytes 17..21), reads nothing but the header (the CRC is shifted by the
+//!   change's delta, so it is O(1) in the batch size), and does nothing at all
+//!   when the PID does not change.
 
 pub mod batch;
 pub mod builder;
@@ -22,7 +24,10 @@ pub mod record;
 pub mod rewrite;
 
 pub use batch::{walk, BatchError, BatchHeader, BatchWalker, Compression, Entry};
-pub use rewrite::{rewrite_all, rewrite_producer_id, rewrite_producer_id_checked, RewriteOutcome};
+pub use rewrite::{
+    rewrite_all, rewrite_all_verified, rewrite_producer_id, rewrite_producer_id_checked,
+    rewrite_producer_id_verified, RewriteOutcome, RewriteStats,
+};
 
 /// baseOffset (8) + batchLength (4): the bytes before the length-covered part.
 pub const LOG_OVERHEAD: usize = 12;

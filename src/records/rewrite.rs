@@ -1,30 +1,37 @@
-//! In-place producerId rewrite of v2 batches.
+//! In-place producerId rewrite of v2 batches, O(1) in the batch size.
 //!
-//! Only bytes 43..51 (producerId) and 17..21 (CRC) ever change. The CRC is
-//! recomputed over bytes 21..end in one pass; the same pass also tells whether
-//! the batch's *original* CRC was valid, because CRC-32C is linear: for two
-//! messages of equal length, `crc(a) ^ crc(b)` depends only on `a ^ b`, which
-//! here is 8 bytes followed by `end - 51` zeros and costs O(log n) to compute.
-//! A batch that arrived corrupt therefore stays corrupt (its stored CRC is
-//! adjusted by the same delta) instead of being laundered into a valid one
-//! that a downstream broker would accept.
+//! Only bytes 43..51 (producerId) and 17..21 (CRC) ever change, and the
+//! record bytes are never read. CRC-32C is linear: for two messages of equal
+//! length, `crc(a) ^ crc(b)` depends only on `a ^ b`, which here is 8 bytes
+//! followed by `end - 51` zeros, and costs O(log n) multiplications to
+//! compute (a handful for any real batch size). The new stored CRC is the old
+//! one XOR that delta. So a batch that arrived valid leaves valid, and a
+//! batch that arrived corrupt leaves corrupt with exactly the same error
+//! (`stored ^ computed` unchanged), without a byte of it being read: it is
+//! never laundered into a valid one that a downstream broker would accept.
+//!
+//! Whether a batch is corrupt is therefore not known from a rewrite. Callers
+//! that must know (before a batch creates durable state) verify it first:
+//! [`rewrite_producer_id_verified`] does both.
 
 use super::batch::{next_entry, BatchError, BatchHeader, Entry};
 use super::{
-    declared_end, read_i64, read_u32, ATTRIBUTES_OFFSET, CRC_OFFSET, MAGIC_OFFSET,
-    PRODUCER_ID_OFFSET,
+    declared_end, read_i64, read_u32, verify_crc, CRC_OFFSET, MAGIC_OFFSET, PRODUCER_ID_OFFSET,
 };
 
-/// What [`rewrite_producer_id_checked`] did.
+/// What [`rewrite_producer_id_checked`] (or the verifying variant) did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RewriteOutcome {
     /// The batch already carries the requested PID: not a byte touched, no
     /// CRC work.
     Unchanged,
-    /// PID replaced and CRC recomputed; the original CRC was valid.
+    /// PID replaced and the stored CRC shifted by the change's CRC delta:
+    /// valid stays valid, corrupt stays corrupt. From
+    /// [`rewrite_producer_id_verified`]: the original CRC was valid.
     Rewritten,
-    /// PID replaced, but the original CRC was already invalid: the stored CRC
-    /// was shifted by the PID delta so the batch still fails verification.
+    /// Only from [`rewrite_producer_id_verified`]: PID replaced, but the
+    /// original CRC was already invalid, and so is the rewritten one (by the
+    /// same error).
     RewrittenCrcWasInvalid,
     /// Not a complete magic-2 batch (too short, truncated, other magic):
     /// left untouched.
@@ -36,14 +43,11 @@ pub enum RewriteOutcome {
 /// Returns whether anything changed. `batch` starts at the batch's
 /// baseOffset; bytes past the declared batch end are ignored.
 pub fn rewrite_producer_id(batch: &mut [u8], new_pid: i64) -> bool {
-    matches!(
-        rewrite_producer_id_checked(batch, new_pid),
-        RewriteOutcome::Rewritten | RewriteOutcome::RewrittenCrcWasInvalid
-    )
+    rewrite_producer_id_checked(batch, new_pid) == RewriteOutcome::Rewritten
 }
 
-/// [`rewrite_producer_id`] with the detailed outcome (callers count
-/// corrupt batches in a metric).
+/// [`rewrite_producer_id`] with the outcome: O(1) in the batch size (only
+/// the header is read), never [`RewriteOutcome::RewrittenCrcWasInvalid`].
 pub fn rewrite_producer_id_checked(batch: &mut [u8], new_pid: i64) -> RewriteOutcome {
     let Some(end) = declared_end(batch) else {
         return RewriteOutcome::NotV2Batch;
@@ -64,22 +68,26 @@ pub fn rewrite_producer_id_checked(batch: &mut [u8], new_pid: i64) -> RewriteOut
         return RewriteOutcome::NotV2Batch;
     };
     pid_field.copy_from_slice(&new_pid.to_be_bytes());
-    let Some(covered) = batch.get(ATTRIBUTES_OFFSET..end) else {
-        return RewriteOutcome::NotV2Batch;
-    };
-    let computed = crc32c::crc32c(covered);
     // end >= 61 (declared_end), so this cannot underflow.
     let zeros_after = end - (PRODUCER_ID_OFFSET + 8);
     let delta = crc_delta(&(old_pid ^ new_pid).to_be_bytes(), zeros_after);
-    let (crc, outcome) = if stored ^ delta == computed {
-        (computed, RewriteOutcome::Rewritten)
-    } else {
-        (stored ^ delta, RewriteOutcome::RewrittenCrcWasInvalid)
-    };
     if let Some(f) = batch.get_mut(CRC_OFFSET..CRC_OFFSET + 4) {
-        f.copy_from_slice(&crc.to_be_bytes());
+        f.copy_from_slice(&(stored ^ delta).to_be_bytes());
     }
-    outcome
+    RewriteOutcome::Rewritten
+}
+
+/// [`rewrite_producer_id_checked`] after a full CRC-32C pass over the batch
+/// (O(n)): tells a batch that arrived corrupt
+/// ([`RewriteOutcome::RewrittenCrcWasInvalid`]) from a valid one. For the
+/// few batches whose validity matters (sampled checks, tools), not the hot
+/// path.
+pub fn rewrite_producer_id_verified(batch: &mut [u8], new_pid: i64) -> RewriteOutcome {
+    let valid = verify_crc(batch);
+    match rewrite_producer_id_checked(batch, new_pid) {
+        RewriteOutcome::Rewritten if !valid => RewriteOutcome::RewrittenCrcWasInvalid,
+        other => other,
+    }
 }
 
 /// Summary of a [`rewrite_all`] pass.
@@ -89,7 +97,8 @@ pub struct RewriteStats {
     pub batches: usize,
     /// Batches whose PID was rewritten.
     pub rewritten: usize,
-    /// Rewritten batches whose original CRC was already invalid.
+    /// Rewritten batches whose original CRC was already invalid (counted by
+    /// [`rewrite_all_verified`] only: [`rewrite_all`] never reads records).
     pub crc_was_invalid: usize,
     /// Legacy v0/v1 entries passed through.
     pub legacy: usize,
@@ -98,12 +107,31 @@ pub struct RewriteStats {
 }
 
 /// Walks a mutable records blob and rewrites each v2 batch's producerId to
-/// whatever `decide` returns (`None` or the same PID leaves it untouched).
+/// whatever `decide` returns (`None` or the same PID leaves it untouched),
+/// O(1) per batch (see the module doc).
 ///
 /// Stops at the first corrupt entry and returns its error; batches before it
 /// have been processed, bytes from it on are untouched.
 pub fn rewrite_all(
     buf: &mut [u8],
+    decide: impl FnMut(&BatchHeader) -> Option<i64>,
+) -> Result<RewriteStats, BatchError> {
+    rewrite_all_with(buf, false, decide)
+}
+
+/// [`rewrite_all`] that also verifies the CRC of every batch it rewrites
+/// (one full pass each) and counts those that arrived corrupt in
+/// [`RewriteStats::crc_was_invalid`]. The bytes written are the same.
+pub fn rewrite_all_verified(
+    buf: &mut [u8],
+    decide: impl FnMut(&BatchHeader) -> Option<i64>,
+) -> Result<RewriteStats, BatchError> {
+    rewrite_all_with(buf, true, decide)
+}
+
+fn rewrite_all_with(
+    buf: &mut [u8],
+    verify: bool,
     mut decide: impl FnMut(&BatchHeader) -> Option<i64>,
 ) -> Result<RewriteStats, BatchError> {
     let mut stats = RewriteStats::default();
@@ -115,7 +143,12 @@ pub fn rewrite_all(
                 pos = h.range.end;
                 if let Some(pid) = decide(&h) {
                     if let Some(batch) = buf.get_mut(h.range.clone()) {
-                        match rewrite_producer_id_checked(batch, pid) {
+                        let outcome = if verify {
+                            rewrite_producer_id_verified(batch, pid)
+                        } else {
+                            rewrite_producer_id_checked(batch, pid)
+                        };
+                        match outcome {
                             RewriteOutcome::Rewritten => stats.rewritten += 1,
                             RewriteOutcome::RewrittenCrcWasInvalid => {
                                 stats.rewritten += 1;

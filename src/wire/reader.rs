@@ -7,6 +7,10 @@
 //! validated (against the remaining bytes) and handed back to the caller.
 //! A read that fails consumes nothing: the cursor stays where it was, so a
 //! caller can report the error position or try another interpretation.
+//!
+//! (Over 600 lines on purpose: every wire primitive of the protocol, strict and
+//! Kafka's lenient varints alike, on one cursor whose invariant is checked
+//! in one place; a third of the file is its tests.)
 
 use super::error::{WireError, WireResult};
 

@@ -81,9 +81,9 @@ def mirror_spec(name: str, source, variant: Variant) -> MirrorSpec:
 
 
 def start_mirrorguard(mirror_factory, state_bootstrap: str, specs: list[MirrorSpec], topics: list[str], **kw):
-    # issue 13 item 6: mirrorguard looks destination topic ids up on the [state] cluster, so
-    # the destination topics are created there too until the destination bootstrap is
-    # configurable.
+    # The state broker is also the destination cluster here (`destination_bootstrap`
+    # defaults to `[state].bootstrap`): the destination topics are created there, and the
+    # stand-in destination's logs carry their topic ids (kafka_dest.promote checks it).
     md = harness.admin(state_bootstrap).list_topics(timeout=10)
     missing = [t for t in topics if t not in md.topics]
     if missing:

@@ -52,7 +52,7 @@ def live_admin(tmp_path_factory, kafka1) -> MirrorGuard:
     try:
         topic = harness.topic_name("contract")
         harness.create_topics(src.bootstrap, [topic], partitions=2)
-        harness.create_topics(kafka1.bootstrap, [topic], partitions=2)  # issue 13 item 6: destination topic id lookup
+        harness.create_topics(kafka1.bootstrap, [topic], partitions=2)  # the destination topic (kafka1 is the destination here)
         mg = MirrorGuard(work, "mg", kafka1.bootstrap,
                          [MirrorSpec("a-to-b", src.bootstrap, node_ids=src.node_ids)],
                          admin_read_timeout_ms=READ_TIMEOUT_MS).start()

@@ -39,7 +39,7 @@ def test_twenty_thousand_producers_in_one_partition_then_kill9(kafka_factory, ka
     src = kafka_factory(cluster_id=cid_a)
     topic = harness.topic_name("claims")
     harness.create_topics(src.bootstrap, [topic])
-    harness.create_topics(kafka1.bootstrap, [topic])  # issue 13 item 6: destination topic id lookup
+    harness.create_topics(kafka1.bootstrap, [topic])  # the destination topic (kafka1 is the destination here)
     produce_synthetic(src.bootstrap, topic, N)
     assert high_watermark(src.bootstrap, topic) == N
 

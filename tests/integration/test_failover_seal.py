@@ -45,7 +45,7 @@ def _setup(kafka_factory, kafka1, mirror_factory, partitions: int = 1, **kw):
     src = kafka_factory()
     state = kafka1
     harness.create_topics(src.bootstrap, [TOPIC], partitions=partitions)
-    # issue 13 item 6: destination topic id lookup
+    # the destination topic (the state broker is the destination here)
     harness.create_topics(state.bootstrap, [TOPIC], partitions=partitions)
     mg = mirror_factory(state.bootstrap, [MirrorSpec.of(MIRROR, src)], **kw)
     mg.wait_sources_known()

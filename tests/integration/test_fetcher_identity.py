@@ -18,6 +18,7 @@ from mirror_harness import (  # noqa: F401 - mirror_factory is a fixture
     high_watermark,
     idempotent_producer,
     mirror_factory,
+    read_state_records,
     send,
     transactional_producer,
 )
@@ -178,6 +179,34 @@ def test_a_reader_below_the_cut_gets_the_sources_records_up_to_the_cut(kafka1, m
         if state == "STOPPING":
             fetcher.fetch_once()  # only the fetcher completes the seal
     fetcher.close()
+
+    # A producer new to the partition writes past the cut only: a reader below the cut
+    # never gets its batches, so they claim nothing (no type-6 record, no producer tracked).
+    newcomer = idempotent_producer(kafka1.bootstrap)
+    send(newcomer, topic, [b"past-%d" % i for i in range(2)])
+    producers = mg.metrics().sum("mirrorguard_producer_state_producers")
+    claims = len([r for r in read_state_records(kafka1.bootstrap, f"__mirror_state_{topic}") if r.type == 6])
+    reader = StandInFetcher(topic).connect(mg.mirrors[MIRROR].bootstrap)
+    reader.catch_up(cut)
+    assert below_cut(reader.log) == expected
+    assert not any(v and v.startswith(b"past") for b in reader.log for v in b.values)
+    reader.close()
+    assert mg.metrics().sum("mirrorguard_producer_state_producers") == producers
+    assert len([r for r in read_state_records(kafka1.bootstrap, f"__mirror_state_{topic}") if r.type == 6]) == claims
+
+    # A restart in STOPPED (or a standby tailing the state) restores the seal's open
+    # transactions from its snapshot: a read_committed reader below the cut is still told
+    # that the transaction is aborted there.
+    mg.restart()
+    mg.wait_sources_known()
+    harness.wait_until(lambda: mg.partition(topic, 0)["state"] == "STOPPED", 20, interval=0.05,
+                       what="partition STOPPED restored")
+    rc = StandInFetcher(topic).connect(mg.mirrors[MIRROR].bootstrap)
+    res, got = rc.fetch_once(isolation_level=1)
+    assert (open_batch.producer_id, open_batch.base_offset) in (res.aborted_transactions or []), \
+        ("after restart", res.aborted_transactions)
+    assert all(b.base_offset < cut for b in got) and got
+    rc.close()
 
 
 def test_a_session_reader_copies_a_sealed_partition_up_to_the_cut(kafka1, mirror_factory,

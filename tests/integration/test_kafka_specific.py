@@ -50,7 +50,7 @@ def test_aborted_transactions_mapped_like_the_batches(kafka_factory, kafka1, mir
     src = kafka_factory()
     topic = topic_name("aborted")
     create_topics(src.bootstrap, [topic])
-    create_topics(kafka1.bootstrap, [topic])  # issue 13 item 6: destination topic id lookup
+    create_topics(kafka1.bootstrap, [topic])  # the destination topic (kafka1 is the destination here)
     mg = mirror_factory(kafka1.bootstrap, [MirrorSpec.of("a-to-b", src, layout=layout)])
     p1 = transactional_producer(src.bootstrap, f"tx1-{topic}")
     p2 = transactional_producer(src.bootstrap, f"tx2-{topic}")

@@ -66,7 +66,7 @@ def test_region_mapping_every_pid_matches_formula(kafka_factory, kafka1, mirror_
     src = kafka_factory()
     state = kafka1
     harness.create_topics(src.bootstrap, [TOPIC])
-    harness.create_topics(state.bootstrap, [TOPIC])  # issue 13 item 6: destination topic id lookup
+    harness.create_topics(state.bootstrap, [TOPIC])  # the destination topic (the state broker is the destination here)
     mg = mirror_factory(state.bootstrap, [MirrorSpec.of("a-to-b", src, layout=layout)])
     _produce_mix(src.bootstrap)
     direct = direct_batches(src.bootstrap, TOPIC)
@@ -129,7 +129,7 @@ def test_librdkafka_consumer_through_mirror_gets_source_records(kafka_factory, k
     src = kafka_factory()
     state = kafka1
     harness.create_topics(src.bootstrap, [TOPIC])
-    harness.create_topics(state.bootstrap, [TOPIC])  # issue 13 item 6: destination topic id lookup
+    harness.create_topics(state.bootstrap, [TOPIC])  # the destination topic (the state broker is the destination here)
     mg = mirror_factory(state.bootstrap, [MirrorSpec.of("a-to-b", src)])
     _produce_mix(src.bootstrap)
     # Kafka fills aborted_transactions: read_committed skips the 2 aborted records, both
@@ -157,7 +157,7 @@ def test_source_reassignment_a_b_a_keeps_a_pid(kafka_factory, kafka1, mirror_fac
     state = kafka1
     for br in (a, b):
         harness.create_topics(br.bootstrap, [TOPIC])
-    harness.create_topics(state.bootstrap, [TOPIC])  # issue 13 item 6: destination topic id lookup
+    harness.create_topics(state.bootstrap, [TOPIC])  # the destination topic (the state broker is the destination here)
     mg = mirror_factory(state.bootstrap, [MirrorSpec.of("from-a", a), MirrorSpec.of("from-b", b)])
     fa, fb = fold(a.cluster_id), fold(b.cluster_id)
     assert fa != fb
@@ -243,7 +243,7 @@ def test_same_fold_collision_salt_persisted_and_survives_restart(kafka_factory, 
     state = kafka1
     for br in (a, b):
         harness.create_topics(br.bootstrap, [TOPIC])
-    harness.create_topics(state.bootstrap, [TOPIC])  # issue 13 item 6: destination topic id lookup
+    harness.create_topics(state.bootstrap, [TOPIC])  # the destination topic (the state broker is the destination here)
     fl = fold(cid_a)
     assert fold(cid_b) == fl and cid_a != cid_b
     send(idempotent_producer(a.bootstrap), TOPIC, [b"a-%d" % i for i in range(3)])
@@ -291,7 +291,7 @@ def test_two_instances_racing_on_one_collision_converge(kafka_factory, kafka1, m
     state = kafka1
     for br in (a, b):
         harness.create_topics(br.bootstrap, [TOPIC])
-    harness.create_topics(state.bootstrap, [TOPIC])  # issue 13 item 6: destination topic id lookup
+    harness.create_topics(state.bootstrap, [TOPIC])  # the destination topic (the state broker is the destination here)
     fl = fold(cid_a)
     send(idempotent_producer(a.bootstrap), TOPIC, [b"a-%d" % i for i in range(2)])
     send(idempotent_producer(b.bootstrap), TOPIC, [b"b-%d" % i for i in range(2)])
@@ -348,7 +348,7 @@ def _restart_then_second_origin(kafka_factory, kafka1, mirror_factory, kill: boo
     state = kafka1
     for br in (a, b):
         harness.create_topics(br.bootstrap, [TOPIC])
-    harness.create_topics(state.bootstrap, [TOPIC])  # issue 13 item 6: destination topic id lookup
+    harness.create_topics(state.bootstrap, [TOPIC])  # the destination topic (the state broker is the destination here)
     fl = fold(cid_a)
     send(idempotent_producer(a.bootstrap), TOPIC, [b"a-%d" % i for i in range(3)])
     send(idempotent_producer(b.bootstrap), TOPIC, [b"b-%d" % i for i in range(3)])

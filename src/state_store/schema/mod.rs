@@ -126,8 +126,10 @@
 //! [`StateRecord::Unknown`] / [`StateRecord::NewerVersion`], so a rolling
 //! upgrade that adds a record type never stops an older instance's load.
 
+mod closings;
 mod records;
 
+pub use closings::*;
 pub use records::*;
 
 use crate::wire::{Reader, WireError};

@@ -1,6 +1,7 @@
 //! Schema tests: byte-exact encodings against the SPEC tables, round trips,
 //! and hostile input.
 
+use super::closings::MIN_CLOSING_ENTRY;
 use super::*;
 
 fn tid() -> [u8; 16] {
@@ -188,4 +189,66 @@ fn snapshot_chunk_round_trips() {
     );
     assert_eq!(decode(&k, v.as_deref()).unwrap(), rec);
     assert!(decode(&k[..33], v.as_deref()).is_err());
+}
+
+/// The closings ride in tagged field 0 of a v0 snapshot value: a reader
+/// that does not know them decodes the producers as before and keeps
+/// the field opaque; one that does gets them back.
+#[test]
+fn snapshot_closings_are_an_optional_tagged_field() {
+    let closings = SnapshotClosings {
+        fetcher_position: 40,
+        dropped_upto: -1,
+        closings: vec![SnapshotClosing {
+            marker_offset: 44,
+            producer_id: 5,
+            producer_epoch: 2,
+            first_offset: 12,
+            coordinator_epoch: 3,
+            origin_cluster_id: [9; 16],
+            original_pid: 6,
+        }],
+    };
+    let tag = closings.encode_tag().unwrap();
+    assert_eq!(tag.0, SNAPSHOT_CLOSINGS_TAG);
+    assert_eq!(tag.1.len(), 8 + 8 + 1 + MIN_CLOSING_ENTRY + 1);
+    let value = MirrorProducerSnapshotValue {
+        snapshot_offset: 45,
+        producers: vec![SnapshotProducer {
+            producer_id: 5,
+            origin_cluster_id: [9; 16],
+            original_pid: 6,
+            producer_epoch: 2,
+            last_sequence: 0,
+            last_offset: 43,
+            coordinator_epoch: 4,
+            txn_first_offset: -1,
+            last_timestamp: 7,
+        }],
+        unknown_tagged_fields: vec![tag],
+    };
+    let k = MirrorProducerSnapshotKey {
+        topic_id: tid(),
+        partition: 0,
+    }
+    .encode();
+    let v = value.encode().unwrap();
+    let StateRecord::ProducerSnapshot {
+        value: Some(back), ..
+    } = decode(&k, Some(&v)).unwrap()
+    else {
+        panic!("a type-5 record");
+    };
+    assert_eq!(back, value);
+    assert_eq!(
+        SnapshotClosings::from_tags(&back.unknown_tagged_fields).unwrap(),
+        Some(closings)
+    );
+    assert_eq!(SnapshotClosings::from_tags(&[]).unwrap(), None);
+    // Hostile bytes: an error, never a panic or a huge allocation.
+    let bad = vec![(SNAPSHOT_CLOSINGS_TAG, vec![0u8; 17])];
+    assert!(SnapshotClosings::from_tags(&bad).is_err());
+    let mut huge = vec![0u8; 16];
+    huge.extend_from_slice(&[0xff, 0xff, 0xff, 0x0f]);
+    assert!(SnapshotClosings::from_tags(&[(SNAPSHOT_CLOSINGS_TAG, huge)]).is_err());
 }
