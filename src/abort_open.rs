@@ -26,17 +26,14 @@
 
 use std::time::Duration;
 
-use bytes::BufMut;
-use tokio::io::AsyncWriteExt;
-
-use crate::codec::header::{response_body_offset, response_correlation_id};
-use crate::codec::FrameReader;
-use crate::proxy::upstream::connect;
-use crate::wire::{Reader, WireResult};
+use crate::kafka_client::{address, ClientError, Connection, TcpConnector};
+use crate::wire::{Reader, WireResult, Writer};
 
 const DESCRIBE_PRODUCERS: i16 = kafka_protocol::messages::ApiKey::DescribeProducers as i16;
 const WRITE_TXN_MARKERS: i16 = kafka_protocol::messages::ApiKey::WriteTxnMarkers as i16;
-const CLIENT_ID: &[u8] = b"mirrorguard-abort-open";
+const CLIENT_ID: &str = "mirrorguard-abort-open";
+/// Largest response accepted from the destination.
+const MAX_FRAME: usize = crate::config::DEFAULT_MAX_FRAME_BYTES as usize;
 
 /// One transaction found open on the destination.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -68,74 +65,45 @@ pub struct PartitionReport {
     pub error: Option<String>,
 }
 
-fn header(api_key: i16, version: i16, correlation_id: i32) -> Vec<u8> {
-    let mut b = Vec::with_capacity(32);
-    b.put_i16(api_key);
-    b.put_i16(version);
-    b.put_i32(correlation_id);
-    b.put_i16(CLIENT_ID.len() as i16);
-    b.put_slice(CLIENT_ID);
-    b.put_u8(0); // header tagged fields (v2)
-    b
-}
-
-fn uvarint(b: &mut Vec<u8>, mut v: u32) {
-    while v >= 0x80 {
-        b.put_u8((v as u8) | 0x80);
-        v >>= 7;
-    }
-    b.put_u8(v as u8);
-}
-
-fn compact_str(b: &mut Vec<u8>, s: &str) {
-    uvarint(b, s.len() as u32 + 1);
-    b.put_slice(s.as_bytes());
-}
-
 /// DescribeProducers v0 request body for one topic's partitions.
-pub fn describe_producers_request(correlation_id: i32, topic: &str, partitions: &[i32]) -> Vec<u8> {
-    let mut b = header(DESCRIBE_PRODUCERS, 0, correlation_id);
-    uvarint(&mut b, 2); // one topic
-    compact_str(&mut b, topic);
-    uvarint(&mut b, partitions.len() as u32 + 1);
+pub fn describe_producers_body(
+    topic: &str,
+    partitions: &[i32],
+    w: &mut Writer<Vec<u8>>,
+) -> WireResult<()> {
+    w.put_uvarint(2); // one topic
+    w.put_compact_string(topic, "topic")?;
+    w.put_compact_array_len(Some(partitions.len()), "partitions")?;
     for p in partitions {
-        b.put_i32(*p);
+        w.put_i32(*p);
     }
-    b.put_u8(0); // topic tags
-    b.put_u8(0); // request tags
-    frame(b)
+    w.put_uvarint(0); // topic tags
+    w.put_uvarint(0); // request tags
+    Ok(())
 }
 
-/// WriteTxnMarkers v1 request: one ABORT marker per transaction.
-pub fn write_abort_markers_request(
-    correlation_id: i32,
+/// WriteTxnMarkers v1 request body: one ABORT marker per transaction.
+pub fn write_abort_markers_body(
     topic: &str,
     partition: i32,
     txns: &[OpenTransaction],
-) -> Vec<u8> {
-    let mut b = header(WRITE_TXN_MARKERS, 1, correlation_id);
-    uvarint(&mut b, txns.len() as u32 + 1);
+    w: &mut Writer<Vec<u8>>,
+) -> WireResult<()> {
+    w.put_compact_array_len(Some(txns.len()), "markers")?;
     for t in txns {
-        b.put_i64(t.producer_id);
-        b.put_i16(t.producer_epoch as i16);
-        b.put_u8(0); // TransactionResult = false: ABORT
-        uvarint(&mut b, 2); // one topic
-        compact_str(&mut b, topic);
-        uvarint(&mut b, 2); // one partition
-        b.put_i32(partition);
-        b.put_u8(0); // topic tags
-        b.put_i32(t.coordinator_epoch);
-        b.put_u8(0); // marker tags
+        w.put_i64(t.producer_id);
+        w.put_i16(t.producer_epoch as i16);
+        w.put_bool(false); // TransactionResult = false: ABORT
+        w.put_uvarint(2); // one topic
+        w.put_compact_string(topic, "topic")?;
+        w.put_uvarint(2); // one partition
+        w.put_i32(partition);
+        w.put_uvarint(0); // topic tags
+        w.put_i32(t.coordinator_epoch);
+        w.put_uvarint(0); // marker tags
     }
-    b.put_u8(0);
-    frame(b)
-}
-
-fn frame(body: Vec<u8>) -> Vec<u8> {
-    let mut f = Vec::with_capacity(body.len() + 4);
-    f.put_i32(body.len() as i32);
-    f.extend_from_slice(&body);
-    f
+    w.put_uvarint(0);
+    Ok(())
 }
 
 /// One partition of a DescribeProducers answer: index, error code, error
@@ -212,27 +180,6 @@ pub fn parse_write_txn_markers(body: &[u8]) -> WireResult<Vec<(i64, i32, i16)>> 
     Ok(out)
 }
 
-async fn round_trip(
-    host: &str,
-    port: u16,
-    request: &[u8],
-    correlation_id: i32,
-    timeout: Duration,
-) -> anyhow::Result<Vec<u8>> {
-    let mut s = connect(host, port, timeout).await?;
-    s.write_all(request).await?;
-    let mut reader = FrameReader::new(&mut s, crate::config::DEFAULT_MAX_FRAME_BYTES as usize);
-    let f = tokio::time::timeout(timeout, reader.next_frame())
-        .await
-        .map_err(|_| anyhow::anyhow!("no answer from {host}:{port} within {timeout:?}"))??
-        .ok_or_else(|| anyhow::anyhow!("{host}:{port} closed the connection"))?;
-    if response_correlation_id(&f) != Some(correlation_id) {
-        anyhow::bail!("wrong correlation id from {host}:{port}");
-    }
-    let at = response_body_offset(&f, 1).ok_or_else(|| anyhow::anyhow!("response too short"))?;
-    Ok(f[at..].to_vec())
-}
-
 /// Aborts the open mirrored transactions of `topic`'s `partitions` (all
 /// when `None`) on the destination. `mirrored(pid)` says whether a PID is
 /// one of ours (a mapped region).
@@ -259,7 +206,7 @@ pub async fn abort_open(
         None => t.partitions.iter().map(|p| p.index).collect(),
     };
     let mut reports = Vec::new();
-    for (n, p) in wanted.iter().enumerate() {
+    for p in &wanted {
         let mut rep = PartitionReport {
             topic: topic.to_string(),
             partition: *p,
@@ -281,11 +228,27 @@ pub async fn abort_open(
             continue;
         };
         let port = u16::try_from(b.port).unwrap_or(0);
-        let cid = 2 * n as i32 + 1;
-        let req = describe_producers_request(cid, topic, &[*p]);
-        let described = round_trip(&b.host, port, &req, cid, timeout)
-            .await
-            .and_then(|body| Ok(parse_describe_producers(&body)?));
+        // One connection to the leader for both requests.
+        let mut conn = None;
+        let described = async {
+            let c = conn.insert(
+                Connection::connect(
+                    &TcpConnector,
+                    &address(&b.host, port),
+                    timeout,
+                    MAX_FRAME,
+                    CLIENT_ID,
+                )
+                .await?,
+            );
+            let resp = c
+                .request(DESCRIBE_PRODUCERS, 0, timeout, |w| {
+                    describe_producers_body(topic, &[*p], w)
+                })
+                .await?;
+            Ok::<_, ClientError>(parse_describe_producers(resp.body())?)
+        }
+        .await;
         let described = match described {
             Ok(d) => d,
             Err(e) => {
@@ -317,11 +280,18 @@ pub async fn abort_open(
             reports.push(rep);
             continue;
         }
-        let cid = cid + 1;
-        let req = write_abort_markers_request(cid, topic, *p, &ours);
-        let written = round_trip(&b.host, port, &req, cid, timeout)
-            .await
-            .and_then(|body| Ok(parse_write_txn_markers(&body)?));
+        let written = async {
+            let Some(c) = conn.as_mut() else {
+                return Err(ClientError::Unreachable("no connection".into()));
+            };
+            let resp = c
+                .request(WRITE_TXN_MARKERS, 1, timeout, |w| {
+                    write_abort_markers_body(topic, *p, &ours, w)
+                })
+                .await?;
+            Ok(parse_write_txn_markers(resp.body())?)
+        }
+        .await;
         match written {
             Ok(results) => {
                 let failed: Vec<String> = results
@@ -351,10 +321,15 @@ pub async fn abort_open(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::BufMut;
 
     #[test]
     fn requests_have_the_schema_layout() {
-        let d = describe_producers_request(7, "t", &[0, 3]);
+        use crate::kafka_client::request_frame;
+        let d = request_frame(DESCRIBE_PRODUCERS, 0, 7, CLIENT_ID, |w| {
+            describe_producers_body("t", &[0, 3], w)
+        })
+        .unwrap();
         // size, key 61, v0, correlation 7
         assert_eq!(&d[4..12], &[0, 61, 0, 0, 0, 0, 0, 7]);
         let body = &d[4 + 8 + 2 + CLIENT_ID.len() + 1..];
@@ -365,7 +340,10 @@ mod tests {
             coordinator_epoch: 9,
             first_offset: 10,
         };
-        let w = write_abort_markers_request(8, "t", 2, &[t]);
+        let w = request_frame(WRITE_TXN_MARKERS, 1, 8, CLIENT_ID, |w| {
+            write_abort_markers_body("t", 2, &[t], w)
+        })
+        .unwrap();
         let body = &w[4 + 8 + 2 + CLIENT_ID.len() + 1..];
         let mut want = vec![2];
         want.extend_from_slice(&0x4000_0000_0000_0005i64.to_be_bytes());

@@ -530,7 +530,8 @@ impl Config {
             field,
             message,
         };
-        parse_socket_addr(&self.admin.listen).map_err(|m| invalid("admin.listen".into(), m))?;
+        parse_socket_addr(&self.admin.listen)
+            .map_err(|m| invalid("admin.listen".into(), m.into()))?;
         if let Some(token_file) = &self.admin.token_file {
             match std::fs::read_to_string(token_file) {
                 Ok(t) if !t.trim().is_empty() => {}
@@ -580,8 +581,9 @@ impl Config {
                 })?;
             }
             for (j, addr) in m.destination_bootstrap.iter().enumerate() {
-                split_host_port(addr)
-                    .map_err(|e| invalid(format!("mirror[{i}].destination_bootstrap[{j}]"), e))?;
+                split_host_port(addr).map_err(|e| {
+                    invalid(format!("mirror[{i}].destination_bootstrap[{j}]"), e.into())
+                })?;
             }
             if !m.destination_bootstrap.is_empty() {
                 // One instance feeds one destination: its producer state and
@@ -635,7 +637,8 @@ impl Config {
                 ));
             }
             for (j, addr) in st.bootstrap.iter().enumerate() {
-                split_host_port(addr).map_err(|m| invalid(format!("state.bootstrap[{j}]"), m))?;
+                split_host_port(addr)
+                    .map_err(|m| invalid(format!("state.bootstrap[{j}]"), m.into()))?;
             }
             if st.topic.is_empty() {
                 return Err(invalid("state.topic".into(), "must not be empty".into()));
@@ -706,7 +709,7 @@ impl Config {
             if !names.insert(l.name.clone()) {
                 return Err(invalid(f("name"), format!("{:?} is used twice", l.name)));
             }
-            parse_socket_addr(&l.bootstrap).map_err(|m| invalid(f("bootstrap"), m))?;
+            parse_socket_addr(&l.bootstrap).map_err(|m| invalid(f("bootstrap"), m.into()))?;
             l.listen_host
                 .parse::<IpAddr>()
                 .map_err(|e| invalid(f("listen_host"), format!("{:?}: {e}", l.listen_host)))?;
@@ -721,7 +724,7 @@ impl Config {
             }
             for (j, addr) in l.upstream_bootstrap.iter().enumerate() {
                 split_host_port(addr)
-                    .map_err(|m| invalid(format!("{}[{j}]", f("upstream_bootstrap")), m))?;
+                    .map_err(|m| invalid(format!("{}[{j}]", f("upstream_bootstrap")), m.into()))?;
             }
             if l.connect_timeout_ms == 0 {
                 return Err(invalid(f("connect_timeout_ms"), "must be > 0".into()));
@@ -734,26 +737,60 @@ impl Config {
     }
 }
 
+/// Why an address in the configuration is unusable.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AddressError {
+    /// Not an `ip:port` literal (listen addresses).
+    #[error("{input:?} is not an ip:port address ({reason})")]
+    NotSocketAddr {
+        /// The text given.
+        input: String,
+        /// The parser's reason.
+        reason: String,
+    },
+    /// No `:port` part.
+    #[error("{0:?} is not host:port")]
+    NotHostPort(String),
+    /// Nothing before the `:port`.
+    #[error("{0:?} has an empty host")]
+    EmptyHost(String),
+    /// The port is not a number in 1-65535.
+    #[error("{0:?} has an invalid port")]
+    InvalidPort(String),
+    /// Port 0.
+    #[error("{0:?} has port 0")]
+    PortZero(String),
+}
+
+impl From<AddressError> for String {
+    fn from(e: AddressError) -> Self {
+        e.to_string()
+    }
+}
+
 /// Parses `ip:port` (listen addresses must be IP literals so binding is predictable).
-pub fn parse_socket_addr(s: &str) -> Result<SocketAddr, String> {
+pub fn parse_socket_addr(s: &str) -> Result<SocketAddr, AddressError> {
     s.parse::<SocketAddr>()
-        .map_err(|e| format!("{s:?} is not an ip:port address ({e})"))
+        .map_err(|e| AddressError::NotSocketAddr {
+            input: s.to_owned(),
+            reason: e.to_string(),
+        })
 }
 
 /// Splits `host:port` (host may be a name or `[v6]`).
-pub fn split_host_port(s: &str) -> Result<(String, u16), String> {
+pub fn split_host_port(s: &str) -> Result<(String, u16), AddressError> {
     let (host, port) = s
         .rsplit_once(':')
-        .ok_or_else(|| format!("{s:?} is not host:port"))?;
+        .ok_or_else(|| AddressError::NotHostPort(s.to_owned()))?;
     let host = host.trim_start_matches('[').trim_end_matches(']');
     if host.is_empty() {
-        return Err(format!("{s:?} has an empty host"));
+        return Err(AddressError::EmptyHost(s.to_owned()));
     }
     let port: u16 = port
         .parse()
-        .map_err(|_| format!("{s:?} has an invalid port"))?;
+        .map_err(|_| AddressError::InvalidPort(s.to_owned()))?;
     if port == 0 {
-        return Err(format!("{s:?} has port 0"));
+        return Err(AddressError::PortZero(s.to_owned()));
     }
     Ok((host.to_string(), port))
 }

@@ -10,6 +10,68 @@ use std::time::Duration;
 
 use clap::{Args, Subcommand};
 
+/// Why a `ctl` call failed before an HTTP status was known.
+#[derive(Debug, thiserror::Error)]
+pub enum CtlError {
+    /// A `--topic` selection is malformed.
+    #[error("--topic {0:?}: partitions must be integers, e.g. orders:0,1")]
+    Selection(String),
+    /// The token file cannot be read.
+    #[error("cannot read token file {path}: {source}")]
+    TokenFile {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The client runtime could not start.
+    #[error("cannot start the HTTP client: {0}")]
+    Runtime(std::io::Error),
+    /// The call took longer than its timeout.
+    #[error("no answer from the admin API at {addr} within {after:?}")]
+    Timeout {
+        /// Admin address.
+        addr: String,
+        /// The timeout.
+        after: Duration,
+    },
+    /// The admin listener refused or could not be reached.
+    #[error("cannot reach the admin API at {addr}: {source}")]
+    Unreachable {
+        /// Admin address.
+        addr: String,
+        /// The I/O error.
+        source: std::io::Error,
+    },
+    /// The request could not be built.
+    #[error("cannot build the request: {0}")]
+    Request(String),
+    /// The HTTP exchange failed.
+    #[error("admin API at {addr}: {reason}")]
+    Http {
+        /// Admin address.
+        addr: String,
+        /// The error and its causes.
+        reason: String,
+    },
+    /// The response body ended before its framing said it would.
+    #[error("admin API at {addr}: incomplete response body (HTTP {status}): {reason}")]
+    IncompleteBody {
+        /// Admin address.
+        addr: String,
+        /// The status already received.
+        status: u16,
+        /// The error and its causes.
+        reason: String,
+    },
+}
+
+impl From<CtlError> for String {
+    fn from(e: CtlError) -> Self {
+        e.to_string()
+    }
+}
+
 /// `mirrorguard ctl` arguments.
 #[derive(Args, Debug)]
 pub struct CtlArgs {
@@ -66,7 +128,7 @@ pub struct Selection {
 }
 
 impl Selection {
-    fn body(&self) -> Result<serde_json::Value, String> {
+    fn body(&self) -> Result<serde_json::Value, CtlError> {
         let mut topics = Vec::new();
         for t in &self.topics {
             match t.split_once(':') {
@@ -74,9 +136,7 @@ impl Selection {
                 Some((name, parts)) => {
                     let ps: Result<Vec<i32>, _> =
                         parts.split(',').map(|p| p.trim().parse::<i32>()).collect();
-                    let ps = ps.map_err(|_| {
-                        format!("--topic {t:?}: partitions must be integers, e.g. orders:0,1")
-                    })?;
+                    let ps = ps.map_err(|_| CtlError::Selection(t.clone()))?;
                     topics.push(serde_json::json!({"topic": name, "partitions": ps}));
                 }
             }
@@ -104,7 +164,7 @@ pub fn run(args: &CtlArgs) -> ExitCode {
     }
 }
 
-fn call(args: &CtlArgs) -> Result<(u16, String), String> {
+fn call(args: &CtlArgs) -> Result<(u16, String), CtlError> {
     let (method, path, body) = match &args.command {
         CtlCommand::Partitions => ("GET", "/v1/partitions".to_string(), None),
         CtlCommand::Stop(s) => ("POST", "/v1/partitions/stop".into(), Some(s.body()?)),
@@ -122,7 +182,10 @@ fn call(args: &CtlArgs) -> Result<(u16, String), String> {
     let token = match (&args.token_file, method) {
         (Some(f), "POST") => Some(
             std::fs::read_to_string(f)
-                .map_err(|e| format!("cannot read token file {}: {e}", f.display()))?
+                .map_err(|source| CtlError::TokenFile {
+                    path: f.clone(),
+                    source,
+                })?
                 .trim()
                 .to_string(),
         ),
@@ -145,16 +208,17 @@ pub fn http(
     path: &str,
     body: Option<&serde_json::Value>,
     token: Option<&str>,
-) -> Result<(u16, String), String> {
+) -> Result<(u16, String), CtlError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| format!("cannot start the HTTP client: {e}"))?;
+        .map_err(CtlError::Runtime)?;
     rt.block_on(async {
         tokio::time::timeout(CALL_TIMEOUT, http_async(addr, method, path, body, token))
             .await
-            .map_err(|_| {
-                format!("no answer from the admin API at {addr} within {CALL_TIMEOUT:?}")
+            .map_err(|_| CtlError::Timeout {
+                addr: addr.to_owned(),
+                after: CALL_TIMEOUT,
             })?
     })
 }
@@ -165,19 +229,25 @@ async fn http_async(
     path: &str,
     body: Option<&serde_json::Value>,
     token: Option<&str>,
-) -> Result<(u16, String), String> {
+) -> Result<(u16, String), CtlError> {
     use http_body_util::{BodyExt, Full};
     use hyper::body::Bytes;
     use hyper::header;
 
     let stream = tokio::net::TcpStream::connect(addr)
         .await
-        .map_err(|e| format!("cannot reach the admin API at {addr}: {e}"))?;
+        .map_err(|source| CtlError::Unreachable {
+            addr: addr.to_owned(),
+            source,
+        })?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Full<Bytes>>(
         hyper_util::rt::TokioIo::new(stream),
     )
     .await
-    .map_err(|e| format!("admin API at {addr}: {e}"))?;
+    .map_err(|e| CtlError::Http {
+        addr: addr.to_owned(),
+        reason: e.to_string(),
+    })?;
     // Drives the connection; it ends when the response has been read (or
     // the peer goes away, which the response future then reports).
     let conn = tokio::spawn(conn);
@@ -199,21 +269,20 @@ async fn http_async(
     };
     let req = req
         .body(Full::new(payload))
-        .map_err(|e| format!("cannot build the request: {e}"))?;
-    let resp = sender
-        .send_request(req)
-        .await
-        .map_err(|e| format!("admin API at {addr}: {}", error_chain(&e)))?;
+        .map_err(|e| CtlError::Request(e.to_string()))?;
+    let resp = sender.send_request(req).await.map_err(|e| CtlError::Http {
+        addr: addr.to_owned(),
+        reason: error_chain(&e),
+    })?;
     let status = resp.status().as_u16();
     let bytes = resp
         .into_body()
         .collect()
         .await
-        .map_err(|e| {
-            format!(
-                "admin API at {addr}: incomplete response body (HTTP {status}): {}",
-                error_chain(&e)
-            )
+        .map_err(|e| CtlError::IncompleteBody {
+            addr: addr.to_owned(),
+            status,
+            reason: error_chain(&e),
         })?
         .to_bytes();
     conn.abort();
@@ -273,7 +342,9 @@ mod tests {
     #[test]
     fn body_shorter_than_content_length_is_an_error() {
         let addr = peer(b"HTTP/1.1 200 OK\r\nContent-Length: 40\r\n\r\n{\"partitions\": []}");
-        let err = http(&addr, "GET", "/v1/partitions", None, None).unwrap_err();
+        let err = http(&addr, "GET", "/v1/partitions", None, None)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("incomplete response body"), "{err}");
     }
 
@@ -296,7 +367,9 @@ mod tests {
             .local_addr()
             .unwrap()
             .to_string();
-        let err = http(&addr, "GET", "/v1/partitions", None, None).unwrap_err();
+        let err = http(&addr, "GET", "/v1/partitions", None, None)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("cannot reach the admin API"), "{err}");
     }
 }

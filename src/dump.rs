@@ -464,7 +464,7 @@ fn record_json(h: &BatchHeader, r: &Record<'_>, opts: DumpOptions) -> Value {
                 "payload": value.map(|(v, d)| json!({"version": v.to_string(), "data": d.to_value()})),
             }),
             Ok(MirrorState::UnknownType(t)) => json!({"error": format!("unknown record type {t}")}),
-            Err(e) => json!({"error": e}),
+            Err(e) => json!({"error": e.to_string()}),
         };
     }
     o
@@ -642,14 +642,50 @@ fn schema_error_text(e: &SchemaError) -> String {
     }
 }
 
+/// Why a `__mirror_state` record cannot be shown decoded; its `Display` is
+/// the short phrasing of the dump lines.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum StateDecodeError {
+    /// The schema module refused the record.
+    #[error("{}", schema_error_text(.0))]
+    Schema(SchemaError),
+    /// The record has no key.
+    #[error("missing key")]
+    MissingKey,
+    /// The key has bytes after its fields.
+    #[error("unexpected bytes after the key")]
+    TrailingKeyBytes,
+    /// The value has fewer than two bytes.
+    #[error("value shorter than its version")]
+    ShortValue,
+    /// A negative value version.
+    #[error("invalid value version {0}")]
+    InvalidVersion(i16),
+    /// A type-8 value that does not parse.
+    #[error("malformed source topology")]
+    MalformedTopology,
+    /// A type-8 value written by a newer mirrorguard.
+    #[error("source topology value version newer than this code")]
+    NewerTopology,
+    /// A known record the dump has no field list for.
+    #[error("undecodable record")]
+    Undecodable,
+}
+
+impl From<SchemaError> for StateDecodeError {
+    fn from(e: SchemaError) -> Self {
+        Self::Schema(e)
+    }
+}
+
 /// Type 8 (decoded by `mirror::offline`, which owns the schema).
-fn source_topology(key: &[u8], value: Option<&[u8]>) -> Result<MirrorState, String> {
+fn source_topology(key: &[u8], value: Option<&[u8]>) -> Result<MirrorState, StateDecodeError> {
     let mut kr = Reader::at(key, 2);
     let mirror = kr
         .read_string("MirrorSourceTopologyKey.Mirror")
-        .map_err(|e| schema_error_text(&e.into()))?;
+        .map_err(SchemaError::from)?;
     if !kr.is_empty() {
-        return Err("unexpected bytes after the key".into());
+        return Err(StateDecodeError::TrailingKeyBytes);
     }
     let key = Fields(vec![("mirror", json!(mirror))]);
     let Some(value) = value else {
@@ -661,13 +697,13 @@ fn source_topology(key: &[u8], value: Option<&[u8]>) -> Result<MirrorState, Stri
     };
     let version = Reader::new(value)
         .read_i16("MirrorStateValue.version")
-        .map_err(|_| "value shorter than its version")?;
+        .map_err(|_| StateDecodeError::ShortValue)?;
     if version < 0 {
-        return Err(format!("invalid value version {version}"));
+        return Err(StateDecodeError::InvalidVersion(version));
     }
     let (t, ts) = crate::mirror::offline::Topology::decode_value(value)
-        .map_err(|_| "malformed source topology")?
-        .ok_or("source topology value version newer than this code")?;
+        .map_err(|_| StateDecodeError::MalformedTopology)?
+        .ok_or(StateDecodeError::NewerTopology)?;
     let brokers: Vec<Value> = t
         .brokers
         .iter()
@@ -696,19 +732,22 @@ fn source_topology(key: &[u8], value: Option<&[u8]>) -> Result<MirrorState, Stri
     })
 }
 
-fn decode_mirror_state(key: Option<&[u8]>, value: Option<&[u8]>) -> Result<MirrorState, String> {
-    let key = key.ok_or("missing key")?;
+fn decode_mirror_state(
+    key: Option<&[u8]>,
+    value: Option<&[u8]>,
+) -> Result<MirrorState, StateDecodeError> {
+    let key = key.ok_or(StateDecodeError::MissingKey)?;
     if key.get(..2) == Some(&SOURCE_TOPOLOGY_TYPE.to_be_bytes()[..]) {
         return source_topology(key, value);
     }
-    let rec = schema::decode_for_display(key, value).map_err(|e| schema_error_text(&e))?;
+    let rec = schema::decode_for_display(key, value)?;
     if let StateRecord::Unknown { record_type } = rec {
         return Ok(MirrorState::UnknownType(record_type));
     }
-    let (skey, fields) = record_fields(&rec).ok_or("undecodable record")?;
+    let (skey, fields) = record_fields(&rec).ok_or(StateDecodeError::Undecodable)?;
     let record_type = Reader::new(key)
         .read_i16("MirrorStateKey.type")
-        .map_err(|e| e.to_string())?;
+        .map_err(SchemaError::from)?;
     let version = value
         .and_then(|v| Reader::new(v).read_i16("MirrorStateValue.version").ok())
         .unwrap_or(0);

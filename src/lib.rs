@@ -22,6 +22,8 @@
 //! - the disaster path: [`mirror::offline`] (answers and topology when the
 //!   source is gone) and [`abort_open`] (closing open mirrored transactions on
 //!   the destination when its fetcher is gone);
+//! - outbound requests of our own (state store, refresh, replay, abort):
+//!   [`kafka_client`];
 //! - operations: [`admin`], [`admin_api`], [`metrics`], [`ctl`].
 //!
 //! [`config`] reads `proxy.toml`, [`run`] assembles the process, and [`dump`]
@@ -67,6 +69,7 @@ pub mod ctl;
 pub mod dump;
 pub mod filter;
 pub mod handlers;
+pub mod kafka_client;
 pub mod lifecycle;
 pub mod metrics;
 pub mod mirror;

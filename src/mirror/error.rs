@@ -112,6 +112,6 @@ pub enum MirrorError {
     #[error(transparent)]
     Persist(#[from] PersistError),
     /// A source range could not be replayed.
-    #[error("{0}")]
-    Replay(String),
+    #[error(transparent)]
+    Replay(#[from] super::replay::ReplayError),
 }

@@ -13,16 +13,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::BufMut;
-use tokio::io::AsyncWriteExt;
-
 use crate::codec::api::error::OFFSET_OUT_OF_RANGE;
-use crate::codec::header::{response_body_offset, response_correlation_id};
-use crate::codec::FrameReader;
+use crate::codec::api::FETCH;
 use crate::handlers::{walk_fetch_response, FetchTopic};
+use crate::kafka_client::{address, ClientError, Connection, TcpConnector};
 use crate::producer_state::PartitionKey;
-use crate::proxy::upstream::connect;
 use crate::records::{walk, Entry};
+use crate::wire::{WireResult, Writer};
 
 use super::{MirrorContext, SourceIdentity};
 
@@ -42,31 +39,49 @@ pub struct ReplayJob {
 }
 
 const MAX_BYTES: i32 = 4 << 20;
-const CLIENT_ID: &[u8] = b"mirrorguard-replay";
+const CLIENT_ID: &str = "mirrorguard-replay";
 
-fn fetch_v4_request(correlation_id: i32, topic: &str, partition: i32, offset: i64) -> Vec<u8> {
-    let mut b = Vec::with_capacity(64 + topic.len());
-    b.put_i16(crate::codec::api::FETCH);
-    b.put_i16(4);
-    b.put_i32(correlation_id);
-    b.put_i16(CLIENT_ID.len() as i16);
-    b.put_slice(CLIENT_ID);
-    b.put_i32(-1); // replica id: a consumer (followers must be replicas)
-    b.put_i32(100); // max wait
-    b.put_i32(1); // min bytes
-    b.put_i32(MAX_BYTES);
-    b.put_i8(0); // read uncommitted
-    b.put_i32(1);
-    b.put_i16(topic.len() as i16);
-    b.put_slice(topic.as_bytes());
-    b.put_i32(1);
-    b.put_i32(partition);
-    b.put_i64(offset);
-    b.put_i32(MAX_BYTES);
-    let mut f = Vec::with_capacity(b.len() + 4);
-    f.put_i32(b.len() as i32);
-    f.extend_from_slice(&b);
-    f
+/// Fetch v4 request body: one partition, as a consumer, read uncommitted.
+fn fetch_v4_body(
+    topic: &str,
+    partition: i32,
+    offset: i64,
+    w: &mut Writer<Vec<u8>>,
+) -> WireResult<()> {
+    w.put_i32(-1); // replica id: a consumer (followers must be replicas)
+    w.put_i32(100); // max wait
+    w.put_i32(1); // min bytes
+    w.put_i32(MAX_BYTES);
+    w.put_i8(0); // read uncommitted
+    w.put_i32(1);
+    w.put_string(topic, "topic")?;
+    w.put_i32(1);
+    w.put_i32(partition);
+    w.put_i64(offset);
+    w.put_i32(MAX_BYTES);
+    Ok(())
+}
+
+/// Why a range could not be replayed from any source broker.
+#[derive(Debug, thiserror::Error)]
+#[error("could not replay {topic}-{partition} [{from}, {upto}) from the source: {last}")]
+pub struct ReplayError {
+    /// Source topic.
+    pub topic: String,
+    /// Partition index.
+    pub partition: i32,
+    /// First offset of the range.
+    pub from: i64,
+    /// End of the range.
+    pub upto: i64,
+    /// The last broker's failure (`host:port: why`).
+    pub last: String,
+}
+
+impl From<ReplayError> for String {
+    fn from(e: ReplayError) -> Self {
+        e.to_string()
+    }
 }
 
 /// Observes `job`'s range from the first source broker that leads the
@@ -77,7 +92,7 @@ pub async fn replay(
     servers: Vec<(String, u16)>,
     job: ReplayJob,
     max_frame: usize,
-) -> Result<(), String> {
+) -> Result<(), ReplayError> {
     let mut last_err = String::from("no source broker known");
     for (host, port) in &servers {
         match replay_from(&mirror, &source, host, *port, &job, max_frame).await {
@@ -85,10 +100,13 @@ pub async fn replay(
             Err(e) => last_err = format!("{host}:{port}: {e}"),
         }
     }
-    Err(format!(
-        "could not replay {}-{} [{}, {}) from the source: {last_err}",
-        job.source_topic, job.partition, job.from, job.upto
-    ))
+    Err(ReplayError {
+        topic: job.source_topic.clone(),
+        partition: job.partition,
+        from: job.from,
+        upto: job.upto,
+        last: last_err,
+    })
 }
 
 async fn replay_from(
@@ -98,38 +116,27 @@ async fn replay_from(
     port: u16,
     job: &ReplayJob,
     max_frame: usize,
-) -> Result<(), String> {
-    let mut stream = connect(host, port, Duration::from_secs(5))
-        .await
-        .map_err(|e| e.to_string())?;
+) -> Result<(), ClientError> {
+    let mut conn = Connection::connect(
+        &TcpConnector,
+        &address(host, port),
+        Duration::from_secs(5),
+        max_frame,
+        CLIENT_ID,
+    )
+    .await?;
     let handle = mirror.registry.partition(&job.key);
     let mut offset = job.from;
-    let mut correlation_id = 0;
     let mut sink = Vec::new();
     let now = super::now_ms();
     let mut observed = 0usize;
     while offset < job.upto {
-        correlation_id += 1;
-        stream
-            .write_all(&fetch_v4_request(
-                correlation_id,
-                &job.source_topic,
-                job.partition,
-                offset,
-            ))
-            .await
-            .map_err(|e| e.to_string())?;
-        let mut reader = FrameReader::new(&mut stream, max_frame);
-        let frame = tokio::time::timeout(Duration::from_secs(10), reader.next_frame())
-            .await
-            .map_err(|_| "no Fetch response within 10 s".to_string())?
-            .map_err(|e| e.to_string())?
-            .ok_or("source closed the connection")?;
-        if response_correlation_id(&frame) != Some(correlation_id) {
-            return Err("Fetch response with the wrong correlation id".into());
-        }
-        let body_at = response_body_offset(&frame, 0).ok_or("Fetch response too short")?;
-        let mut body = frame[body_at..].to_vec();
+        let resp = conn
+            .request(FETCH, 4, Duration::from_secs(10), |w| {
+                fetch_v4_body(&job.source_topic, job.partition, offset, w)
+            })
+            .await?;
+        let mut body = resp.body().to_vec();
         let mut found: Option<(i16, i64, i64, std::ops::Range<usize>)> = None;
         walk_fetch_response(4, &body, &mut |p| {
             if p.partition_index == job.partition && p.topic == FetchTopic::Name(&job.source_topic)
@@ -141,10 +148,10 @@ async fn replay_from(
                     p.records.clone().unwrap_or(0..0),
                 ));
             }
-        })
-        .map_err(|e| e.to_string())?;
-        let (error, high_watermark, log_start, records) =
-            found.ok_or("partition missing from the Fetch response")?;
+        })?;
+        let (error, high_watermark, log_start, records) = found.ok_or_else(|| {
+            ClientError::Protocol("partition missing from the Fetch response".into())
+        })?;
         // OFFSET_OUT_OF_RANGE below the log start: what was deleted by
         // retention cannot be replayed; start at the log start.
         if error == OFFSET_OUT_OF_RANGE && log_start > offset && log_start < job.upto {
@@ -152,7 +159,7 @@ async fn replay_from(
             continue;
         }
         if error != 0 {
-            return Err(format!("Fetch error code {error}"));
+            return Err(ClientError::broker(FETCH, error, None));
         }
         // Batches past `upto` are the fetcher's to get, not ours to observe.
         let mut end = records.start;

@@ -8,19 +8,16 @@
 //! the source's cluster id and topic ids, so they send Metadata v12 for all
 //! topics (Kafka 3.1+).
 
-use bytes::BufMut;
-use tokio::io::AsyncWriteExt;
+use std::time::Duration;
 
 use crate::codec::api;
 use crate::codec::api::METADATA;
-use crate::codec::header::{response_body_offset, response_correlation_id};
-use crate::codec::FrameReader;
 use crate::handlers::rewrite_metadata_response;
+use crate::kafka_client::{address, ClientError, Connection, Response, TcpConnector};
 use crate::proxy::nodes::NodeRegistry;
-use crate::proxy::upstream::connect_any;
-use crate::wire::{Reader, WireResult};
+use crate::wire::{Reader, WireResult, Writer};
 
-const CLIENT_ID: &[u8] = b"mirrorguard";
+const CLIENT_ID: &str = "mirrorguard";
 
 /// What a refresh learned beyond the brokers.
 #[derive(Debug, Default, Clone)]
@@ -57,29 +54,36 @@ pub trait RefreshHook: Send + Sync {
     fn on_refresh(&self, view: &ClusterView) -> Result<(), String>;
 }
 
-/// A Metadata request (header v1 for v4, v2 for v12).
-/// v4: no topics; v12: all topics.
-pub fn metadata_request(version: i16, correlation_id: i32) -> Vec<u8> {
-    let mut body = Vec::with_capacity(32);
-    body.put_i16(METADATA);
-    body.put_i16(version);
-    body.put_i32(correlation_id);
-    body.put_i16(CLIENT_ID.len() as i16);
-    body.put_slice(CLIENT_ID);
+/// The Metadata request body: v4 asks for no topics, v9+ (flexible) for
+/// all topics; never creates a topic nor asks for authorized operations.
+pub fn metadata_body(version: i16, w: &mut Writer<Vec<u8>>) -> WireResult<()> {
     if version >= 9 {
-        body.put_u8(0); // header tagged fields
-        body.put_u8(0); // topics: compact null = all topics
-        body.put_u8(0); // allow_auto_topic_creation = false
-        body.put_u8(0); // include_topic_authorized_operations = false
-        body.put_u8(0); // tagged fields
+        w.put_uvarint(0); // topics: compact null = all topics
+        w.put_bool(false); // allow_auto_topic_creation
+        w.put_bool(false); // include_topic_authorized_operations
+        w.put_uvarint(0); // tagged fields
     } else {
-        body.put_i32(0); // topics: empty array = none (null would mean all)
-        body.put_u8(0); // allow_auto_topic_creation = false
+        w.put_i32(0); // topics: empty array = none (null would mean all)
+        w.put_bool(false); // allow_auto_topic_creation
     }
-    let mut frame = Vec::with_capacity(body.len() + 4);
-    frame.put_i32(body.len() as i32);
-    frame.extend_from_slice(&body);
-    frame
+    Ok(())
+}
+
+/// Sends one Metadata request to the first reachable of `bootstrap` and
+/// returns the response (connect within `timeout`, answer within twice it).
+async fn metadata(
+    bootstrap: &[(String, u16)],
+    version: i16,
+    timeout: Duration,
+    max_frame: usize,
+) -> Result<Response, ClientError> {
+    let servers: Vec<String> = bootstrap.iter().map(|(h, p)| address(h, *p)).collect();
+    let mut conn =
+        Connection::connect_first(&TcpConnector, &servers, timeout, max_frame, CLIENT_ID).await?;
+    conn.request(METADATA, version, timeout * 2, |w| {
+        metadata_body(version, w)
+    })
+    .await
 }
 
 /// Reads the upstream's brokers into the listener's node registry; returns
@@ -89,24 +93,14 @@ pub async fn refresh_nodes(
     with_topics: bool,
 ) -> anyhow::Result<(usize, ClusterView)> {
     let version: i16 = if with_topics { 12 } else { 4 };
-    let timeout = listener.connect_timeout();
-    let mut stream = connect_any(listener.upstream_bootstrap(), 0, timeout).await?;
-    let correlation_id = 1;
-    stream
-        .write_all(&metadata_request(version, correlation_id))
-        .await?;
-    let mut reader = FrameReader::new(&mut stream, listener.max_frame());
-    let frame = tokio::time::timeout(timeout * 2, reader.next_frame())
-        .await
-        .map_err(|_| anyhow::anyhow!("no Metadata response within {:?}", timeout * 2))??
-        .ok_or_else(|| anyhow::anyhow!("upstream closed before answering Metadata"))?;
-    if response_correlation_id(&frame) != Some(correlation_id) {
-        anyhow::bail!("Metadata response has the wrong correlation id");
-    }
-    let header_version = crate::codec::api::response_header_version(METADATA, version).unwrap_or(0);
-    let body_at = response_body_offset(&frame, header_version)
-        .ok_or_else(|| anyhow::anyhow!("Metadata response too short"))?;
-    let body = &frame[body_at..];
+    let resp = metadata(
+        listener.upstream_bootstrap(),
+        version,
+        listener.connect_timeout(),
+        listener.max_frame(),
+    )
+    .await?;
+    let body = resp.body();
     let mut count = 0;
     let mut learn = |node_id: i32, host: &str, port: i32| {
         count += 1;
@@ -196,20 +190,9 @@ pub fn parse_cluster_view(version: i16, body: &[u8]) -> WireResult<ClusterView> 
 /// `bootstrap`; used for the state (destination) cluster's topic ids.
 pub async fn fetch_cluster_view(
     bootstrap: &[(String, u16)],
-    timeout: std::time::Duration,
+    timeout: Duration,
     max_frame: usize,
-) -> anyhow::Result<ClusterView> {
-    let mut stream = connect_any(bootstrap, 0, timeout).await?;
-    stream.write_all(&metadata_request(12, 1)).await?;
-    let mut reader = FrameReader::new(&mut stream, max_frame);
-    let frame = tokio::time::timeout(timeout * 2, reader.next_frame())
-        .await
-        .map_err(|_| anyhow::anyhow!("no Metadata response within {:?}", timeout * 2))??
-        .ok_or_else(|| anyhow::anyhow!("closed before answering Metadata"))?;
-    if response_correlation_id(&frame) != Some(1) {
-        anyhow::bail!("Metadata response has the wrong correlation id");
-    }
-    let body_at = response_body_offset(&frame, 1)
-        .ok_or_else(|| anyhow::anyhow!("Metadata response too short"))?;
-    Ok(parse_cluster_view(12, &frame[body_at..])?)
+) -> Result<ClusterView, ClientError> {
+    let resp = metadata(bootstrap, 12, timeout, max_frame).await?;
+    Ok(parse_cluster_view(12, resp.body())?)
 }

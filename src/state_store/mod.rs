@@ -15,17 +15,27 @@
 //!   claims, life-cycle transitions and source topologies); it implements
 //!   the mirror's and the life cycle's persistence ports.
 //!
+//! The client is split by concern: `client.rs` (the handle and its
+//! configuration), `actor.rs` (the task owning the connection: bootstrap,
+//! versions, topic set-up, producer id), `log.rs` (appends and reads),
+//! `error.rs` ([`StateStoreError`]) and `proto.rs` (request and response
+//! bodies); connections go through [`crate::kafka_client`].
+//!
 //! Records are opaque bytes to the client; callers encode them with
 //! [`schema`] and resolve conflicts themselves ("for one key the record at
 //! the lowest offset wins").
 
+mod actor;
 pub mod checks;
 mod client;
+mod error;
+mod log;
 mod proto;
 pub mod schema;
 pub mod sync;
 
 pub use client::{
-    Connector, StateClusterReport, StateStore, StateStoreConfig, StateStoreError, StoredRecord,
-    TcpConnector, DEFAULT_TOPIC,
+    Connector, StateClusterReport, StateStore, StateStoreConfig, StoredRecord, TcpConnector,
+    DEFAULT_TOPIC,
 };
+pub use error::StateStoreError;

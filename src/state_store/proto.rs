@@ -14,8 +14,8 @@ use std::ops::RangeInclusive;
 
 use kafka_protocol::messages::ApiKey;
 
-use crate::codec::api::{is_flexible, request_header_version, response_header_version};
-use crate::wire::{Reader, WireError, WireResult, Writer};
+use crate::codec::api::is_flexible;
+use crate::wire::{Reader, WireResult, Writer};
 
 /// Produce.
 pub(crate) const PRODUCE: i16 = ApiKey::Produce as i16;
@@ -64,44 +64,6 @@ pub(crate) fn is_authorization(c: i16) -> bool {
             | code::CLUSTER_AUTHORIZATION_FAILED
             | code::TRANSACTIONAL_ID_AUTHORIZATION_FAILED
     )
-}
-
-/// Builds a whole request frame (size prefix included).
-pub(crate) fn request_frame(
-    api_key: i16,
-    version: i16,
-    correlation_id: i32,
-    client_id: &str,
-    body: impl FnOnce(&mut Writer<Vec<u8>>) -> WireResult<()>,
-) -> WireResult<Vec<u8>> {
-    let hv = request_header_version(api_key, version).ok_or(WireError::UnsupportedVersion {
-        api: api_name(api_key),
-        version,
-    })?;
-    let mut w = Writer::new(Vec::with_capacity(256));
-    w.put_i32(0); // size, patched below
-    w.put_i16(api_key);
-    w.put_i16(version);
-    w.put_i32(correlation_id);
-    if hv >= 1 {
-        w.put_string(client_id, "RequestHeader.client_id")?;
-    }
-    if hv >= 2 {
-        w.put_uvarint(0);
-    }
-    body(&mut w)?;
-    let mut buf = w.into_inner();
-    let size = i32::try_from(buf.len() - 4).map_err(|_| WireError::Unencodable {
-        field: "RequestHeader.size",
-        reason: "request larger than i32::MAX",
-    })?;
-    buf[..4].copy_from_slice(&size.to_be_bytes());
-    Ok(buf)
-}
-
-/// Response header version for a request sent at `version`.
-pub(crate) fn response_header(api_key: i16, version: i16) -> i16 {
-    response_header_version(api_key, version).unwrap_or(0)
 }
 
 // ---------------------------------------------------------------------------
