@@ -28,6 +28,7 @@
 //!
 //! [`config`] reads `proxy.toml`, [`run`] assembles the process, and [`dump`]
 //! is the offline log-segment reader behind `mirrorguard dump`.
+//! `docs/architecture.md` has the same map with where to change what.
 
 /// A boxed, sendable future: what a blocked response waits for, what a
 /// store persists.
