@@ -154,7 +154,7 @@ def mirrorguard_config(path: Path, admin: int, state: str | None, listeners: lis
     out = [f'[admin]\nlisten = "{HOST}:{admin}"\n', '[logging]\nformat = "text"\nlevel = "warn"\n']
     if state:
         # A single-broker bench cluster: its state topic cannot be replicated three times.
-        out.append(f'[state]\nbootstrap = ["{state}"]\nproduction = false\n')
+        out.append(f'[state]\nbootstrap = ["{state}"]\nproduction = false\nallow_source_cluster = true\n')
     for l in listeners:
         out.append(
             f'[[listener]]\nname = "{l["name"]}"\nbootstrap = "{HOST}:{l["port"]}"\nlisten_host = "{HOST}"\n'

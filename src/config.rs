@@ -217,6 +217,12 @@ pub struct StateConfig {
     /// lines (single-broker test setups).
     #[serde(default = "default_state_production")]
     pub production: bool,
+    /// Whether a state cluster that is a mirror's source cluster is only
+    /// reported (WARN) instead of refused. Off by default, whatever
+    /// `production` says: the disaster seal needs `__mirror_state` while
+    /// the source is down. For test beds that run one cluster only.
+    #[serde(default)]
+    pub allow_source_cluster: bool,
 }
 
 fn default_state_production() -> bool {

@@ -8,9 +8,10 @@
 //! failure (replication factor below [`MIN_REPLICATION_FACTOR`] or
 //! `min.insync.replicas` below [`MIN_INSYNC_REPLICAS`]) is reported.
 //!
-//! Both are errors that stop start-up unless `[state] production = false`,
-//! which turns them into WARN lines: for single-broker test beds, where
-//! neither can be met.
+//! A state cluster that is a source cluster stops start-up unless
+//! `[state] allow_source_cluster = true` (test beds with one cluster only);
+//! a weakly replicated state topic stops it unless `[state] production =
+//! false` (single-broker test beds). Either way the problem is a WARN line.
 
 use std::time::Duration;
 
@@ -99,7 +100,16 @@ pub async fn check(config: &Config, report: &StateClusterReport) -> anyhow::Resu
                 };
                 match source_id {
                     Some(source_id) if same_cluster(state_id, &source_id) => {
-                        errors.push(same_cluster_message(config, &m.name, state_id, &source_id))
+                        let message = same_cluster_message(config, &m.name, state_id, &source_id);
+                        if !st.allow_source_cluster {
+                            anyhow::bail!(
+                                "state cluster refused: {message} (a test bed with one cluster \
+                                 only may set [state] allow_source_cluster = true)"
+                            );
+                        }
+                        tracing::warn!(
+                            "state cluster (allow_source_cluster = true, not refused): {message}"
+                        );
                     }
                     Some(_) => {}
                     None => tracing::warn!(mirror = %m.name,

@@ -137,7 +137,8 @@ class MirrorGuard:
                  snapshot_interval_ms: int | None = None, state_topic: str = "__mirror_state",
                  admin_read_timeout_ms: int | None = None, guard_upstream: str | None = None,
                  guard_node_ids: list[int] | None = None, extra_config: str = "",
-                 production: bool = False, producer_state: str = ""):
+                 production: bool = False, producer_state: str = "",
+                 allow_source_cluster: bool = True):
         self.name = name
         self.state_bootstrap = state_bootstrap
         self.state_topic = state_topic
@@ -208,6 +209,7 @@ topic = "{state_topic}"
 request_timeout_ms = 10000
 # Test beds are single-broker clusters, often the source itself: report, do not refuse.
 production = {"true" if production else "false"}
+allow_source_cluster = {"true" if allow_source_cluster else "false"}
 
 """
             + ("[producer_state]\n"

@@ -35,7 +35,7 @@ pub fn answer_fetch(
             .map_err(|e| err(h.api_version, e.to_string()))?;
         return Ok(Rewritten::Ready(frame_with_body(h, hv, &body)));
     }
-    let answers = match decide_all(mirror, plan) {
+    let answers = match decide_all(mirror, plan, h.api_version) {
         Ok(a) => a,
         Err(wait) => return Ok(wait),
     };
@@ -92,7 +92,7 @@ pub fn splice_controlled(
             }
         }
     }
-    let answers = match decide_all(mirror, plan) {
+    let answers = match decide_all(mirror, plan, h.api_version) {
         Ok(a) => a,
         Err(Rewritten::Blocked { wait, .. }) => {
             return Ok(Rewritten::Blocked {

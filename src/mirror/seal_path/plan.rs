@@ -222,10 +222,12 @@ pub fn plan_fetch(
 }
 
 /// Runs the decisions of every controlled partition; returns the answers, or
-/// a wait for the first decision that must be persisted.
+/// a wait for the first decision that must be persisted (`version`, the
+/// request's Fetch version, is named in its errors).
 pub(super) fn decide_all(
     mirror: &Arc<MirrorContext>,
     plan: &FetchPlan,
+    version: i16,
 ) -> Result<Vec<LocalPartition>, Rewritten> {
     let mut answers = Vec::with_capacity(plan.controlled.len());
     for c in &plan.controlled {
@@ -371,7 +373,6 @@ pub(super) fn decide_all(
                 let key = c.key.clone();
                 let completed = mirror.seal_metrics.completed.clone();
                 let becomes_stopped = next.state == State::Stopped;
-                let version = 0;
                 return Err(Rewritten::Blocked {
                     frame: None,
                     wait: Box::pin(async move {
