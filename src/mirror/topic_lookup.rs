@@ -213,7 +213,6 @@ pub fn hold_partitions(
 ) -> Result<crate::filter::Rewritten, crate::filter::RewriteError> {
     use crate::filter::{RewriteError, Rewritten};
     use crate::handlers::{splice_fetch_response_dropping, FetchPartitionResponse};
-    use bytes::BufMut;
 
     let version = h.api_version;
     let err = |message: String| RewriteError {
@@ -321,10 +320,7 @@ pub fn hold_partitions(
             HoldStart::Retried | HoldStart::Waiting => {}
         }
     }
-    let mut out = bytes::BytesMut::with_capacity(body_at + new_body.len());
-    out.put_i32((body_at - 4 + new_body.len()) as i32);
-    out.extend_from_slice(&frame[4..body_at]);
-    out.extend_from_slice(&new_body);
+    let out = crate::filter::with_body(&frame, body_at, &new_body);
     if others_have_records {
         return Ok(Rewritten::Ready(out));
     }

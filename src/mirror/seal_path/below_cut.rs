@@ -185,10 +185,7 @@ pub fn trim_below_cut(
         &[],
     )
     .map_err(|e| err(h.api_version, e.to_string()))?;
-    let mut out = BytesMut::with_capacity(body_at + new_body.len());
-    out.put_i32((body_at - 4 + new_body.len()) as i32);
-    out.extend_from_slice(&frame[4..body_at]);
-    out.extend_from_slice(&new_body);
+    let out = crate::filter::with_body(&frame, body_at, &new_body);
     Ok(out)
 }
 
