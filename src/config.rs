@@ -121,6 +121,19 @@ pub struct MirrorConfig {
     /// state (a new producer's claim, a salt) is always verified.
     #[serde(default)]
     pub crc_verify_every: u64,
+    /// mirrorguard's own SASL identity toward the source: every upstream
+    /// connection of the listener, the Metadata refresh, the topic-id
+    /// lookup and the replay.
+    #[serde(default)]
+    pub source_sasl: Option<ClientSaslConfig>,
+    /// mirrorguard's own SASL identity toward the destination (topic ids,
+    /// the abort of open transactions); default: `[state.sasl]`.
+    #[serde(default)]
+    pub destination_sasl: Option<ClientSaslConfig>,
+    /// SASL required from the listener's clients, terminated by mirrorguard
+    /// (none: clients connect without authenticating).
+    #[serde(default)]
+    pub listener_sasl: Option<ListenerSaslConfig>,
 }
 
 fn default_upstream_request_timeout_ms() -> u64 {
@@ -153,6 +166,9 @@ impl MirrorConfig {
             upstream_bootstrap: self.source_bootstrap.clone(),
             connect_timeout_ms: self.connect_timeout_ms,
             metadata_refresh_ms: self.metadata_refresh_ms,
+            upstream_sasl: self.source_sasl.clone(),
+            terminates_sasl: true,
+            listener_sasl: self.listener_sasl.clone(),
         }
     }
 }
@@ -193,6 +209,17 @@ impl Config {
     }
 }
 
+impl Config {
+    /// The SASL identity toward the destination cluster: the first
+    /// `[[mirror]].destination_sasl` given, else `[state.sasl]`.
+    pub fn destination_sasl(&self) -> Option<&ClientSaslConfig> {
+        self.mirrors
+            .iter()
+            .find_map(|m| m.destination_sasl.as_ref())
+            .or_else(|| self.state.as_ref().and_then(|s| s.sasl.as_ref()))
+    }
+}
+
 /// `[state]`: where `__mirror_state` lives.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -223,6 +250,9 @@ pub struct StateConfig {
     /// the source is down. For test beds that run one cluster only.
     #[serde(default)]
     pub allow_source_cluster: bool,
+    /// mirrorguard's own SASL identity toward the state cluster.
+    #[serde(default)]
+    pub sasl: Option<ClientSaslConfig>,
 }
 
 fn default_state_production() -> bool {
@@ -406,6 +436,58 @@ pub struct ListenerConfig {
     /// Period of the proxy's own upstream Metadata refresh.
     #[serde(default = "default_metadata_refresh_ms")]
     pub metadata_refresh_ms: u64,
+    /// mirrorguard's own SASL identity toward the upstream, for its own
+    /// Metadata refresh. Clients' connections never use it: their
+    /// SaslHandshake/SaslAuthenticate pass through to the broker.
+    #[serde(default)]
+    pub upstream_sasl: Option<ClientSaslConfig>,
+    /// Set for mirror listeners (never in the file): clients authenticate
+    /// to mirrorguard, not to the upstream, and every upstream connection
+    /// authenticates with `upstream_sasl`.
+    #[serde(skip)]
+    pub terminates_sasl: bool,
+    /// What a mirror listener requires from its clients (never in the file;
+    /// from `[[mirror]].listener_sasl`).
+    #[serde(skip)]
+    pub listener_sasl: Option<ListenerSaslConfig>,
+}
+
+/// mirrorguard's own SASL identity toward one cluster (`[state.sasl]`,
+/// `[[mirror]].source_sasl`, `[[mirror]].destination_sasl`,
+/// `[[listener]].upstream_sasl`). The password is read at start-up from
+/// `password_file` or the environment variable `password_env` (exactly one),
+/// never from this file, and never logged.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientSaslConfig {
+    /// `PLAIN`, `SCRAM-SHA-256` or `SCRAM-SHA-512`.
+    pub mechanism: String,
+    /// The user name (Kafka principal `User:<username>`).
+    pub username: String,
+    /// A file holding the password (a trailing newline is dropped).
+    #[serde(default)]
+    pub password_file: Option<PathBuf>,
+    /// An environment variable holding the password.
+    #[serde(default)]
+    pub password_env: Option<String>,
+}
+
+/// `[[mirror]].listener_sasl`: the SASL authentication a mirror listener
+/// requires from its clients (the destination's fetcher), checked by
+/// mirrorguard itself against a local credential file (format in
+/// [`crate::sasl::server`]).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ListenerSaslConfig {
+    /// Mechanisms offered: `SCRAM-SHA-256`, `SCRAM-SHA-512`, `PLAIN`.
+    #[serde(default = "default_listener_mechanisms")]
+    pub mechanisms: Vec<String>,
+    /// The credential file (salted SCRAM credentials, no passwords).
+    pub credentials_file: PathBuf,
+}
+
+fn default_listener_mechanisms() -> Vec<String> {
+    vec!["SCRAM-SHA-256".into(), "SCRAM-SHA-512".into()]
 }
 
 fn default_listen_host() -> String {

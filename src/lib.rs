@@ -79,5 +79,6 @@ pub mod producer_state;
 pub mod proxy;
 pub mod records;
 pub mod run;
+pub mod sasl;
 pub mod state_store;
 pub mod wire;

@@ -21,6 +21,9 @@ enum Command {
     Map(mirrorguard::pid::MapArgs),
     /// Call the admin API (partitions, stop, pause, resume, producers, collisions, anomalies).
     Ctl(mirrorguard::ctl::CtlArgs),
+    /// Print a `[[mirror]].listener_sasl` credential-file line (salted
+    /// SCRAM credential) for a user whose password is read from stdin.
+    SaslCredential(mirrorguard::sasl::server::CredentialArgs),
     /// Run the proxy.
     Run {
         /// Path of proxy.toml.
@@ -35,6 +38,7 @@ fn main() -> std::process::ExitCode {
         Command::Dump(args) => mirrorguard::dump::run(&args),
         Command::Map(args) => mirrorguard::pid::run_map(&args),
         Command::Ctl(args) => mirrorguard::ctl::run(&args),
+        Command::SaslCredential(args) => mirrorguard::sasl::server::run_credential(&args),
         Command::Run { config } => match mirrorguard::run::run(&config) {
             Ok(()) => std::process::ExitCode::SUCCESS,
             Err(e) => {

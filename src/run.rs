@@ -18,6 +18,7 @@ use crate::filter::address::AddressRewrite;
 use crate::filter::mirror_fetch::MirrorFetch;
 use crate::filter::offline::SourceOffline;
 use crate::filter::produce_guard::ProduceGuard;
+use crate::filter::sasl::SaslRelay;
 use crate::filter::seal::Seal;
 use crate::filter::{BoxFuture, Chain, Filter};
 use crate::lifecycle::Lifecycle;
@@ -26,6 +27,8 @@ use crate::mirror::{MirrorContext, PendingSalt, SaltStore};
 use crate::producer_state::{ProducerStateRegistry, RegistryConfig};
 use crate::proxy::listener::{ConnectionTracker, Listener};
 use crate::proxy::nodes::NodeRegistry;
+use crate::sasl::server::ServerAuth;
+use crate::sasl::ClientCredentials;
 use crate::state_store::sync::StateSync;
 use crate::state_store::{StateStore, StateStoreConfig};
 
@@ -69,14 +72,16 @@ impl SaltStore for NoStateCluster {
 // computed from them.
 
 /// The filters every listener kind ends with (after those that change a
-/// response's content, so whatever they add is rewritten too).
-fn common_filters(nodes: Arc<NodeRegistry>) -> Vec<Box<dyn Filter>> {
-    vec![Box::new(AddressRewrite::new(nodes))]
+/// response's content, so whatever they add is rewritten too). `sasl`:
+/// whether clients' SASL requests pass through or were terminated before
+/// the relay (mirror listeners).
+fn common_filters(nodes: Arc<NodeRegistry>, sasl: SaslRelay) -> Vec<Box<dyn Filter>> {
+    vec![Box::new(sasl), Box::new(AddressRewrite::new(nodes))]
 }
 
 /// The chain of a plain listener.
 fn plain_chain(nodes: Arc<NodeRegistry>) -> Chain {
-    Chain::new(common_filters(nodes))
+    Chain::new(common_filters(nodes, SaslRelay::Passthrough))
 }
 
 /// The chain of a `[[mirror]]` listener: offline answers, the PID rewrite,
@@ -89,7 +94,7 @@ fn mirror_chain(nodes: Arc<NodeRegistry>, mirror: Arc<MirrorContext>, fetcher: b
         Box::new(MirrorFetch::new(mirror.clone(), fetcher)),
         Box::new(Seal::new(mirror, fetcher)),
     ];
-    filters.extend(common_filters(nodes));
+    filters.extend(common_filters(nodes, SaslRelay::Terminated));
     Chain::new(filters)
 }
 
@@ -104,8 +109,20 @@ fn guard_chain(
     let mut filters: Vec<Box<dyn Filter>> = vec![Box::new(ProduceGuard::new(
         name, lifecycle, mirrors, metrics,
     ))];
-    filters.extend(common_filters(nodes));
+    filters.extend(common_filters(nodes, SaslRelay::Passthrough));
     Chain::new(filters)
+}
+
+/// The authentication a mirror's listeners require from their clients.
+fn sasl_server(mc: &crate::config::MirrorConfig) -> anyhow::Result<Option<Arc<ServerAuth>>> {
+    mc.listener_sasl
+        .as_ref()
+        .map(|c| {
+            ServerAuth::new(c)
+                .map(Arc::new)
+                .map_err(|e| anyhow::anyhow!("mirror[{}].listener_sasl: {e}", mc.name))
+        })
+        .transpose()
 }
 
 /// Initialises tracing from the `[logging]` section (`RUST_LOG` overrides the level).
@@ -146,6 +163,16 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
 
     let mut listeners = Vec::new();
 
+    // mirrorguard's own SASL identities, secrets read once here.
+    let resolve = |cfg: Option<&crate::config::ClientSaslConfig>, section: &str| {
+        ClientCredentials::resolve_opt(cfg, section).map_err(anyhow::Error::msg)
+    };
+    let state_identity = resolve(
+        config.state.as_ref().and_then(|s| s.sasl.as_ref()),
+        "state.sasl",
+    )?;
+    let destination_identity = resolve(config.destination_sasl(), "mirror.destination_sasl")?;
+
     // Mirrors: shared producer state, the state store loaded before any
     // mirror listener accepts a connection.
     let registry = Arc::new(ProducerStateRegistry::new(RegistryConfig {
@@ -156,13 +183,16 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     }));
     let state_sync = match &config.state {
         Some(st) if !config.mirrors.is_empty() || !config.guards.is_empty() => {
-            let store = StateStore::open(StateStoreConfig {
-                bootstrap: st.bootstrap.clone(),
-                topic: st.topic.clone(),
-                replication_factor: st.replication_factor,
-                connect_timeout: Duration::from_millis(st.connect_timeout_ms),
-                request_timeout: Duration::from_millis(st.request_timeout_ms),
-            })
+            let store = StateStore::open_with(
+                StateStoreConfig {
+                    bootstrap: st.bootstrap.clone(),
+                    topic: st.topic.clone(),
+                    replication_factor: st.replication_factor,
+                    connect_timeout: Duration::from_millis(st.connect_timeout_ms),
+                    request_timeout: Duration::from_millis(st.request_timeout_ms),
+                },
+                crate::sasl::connector(&state_identity),
+            )
             .await
             .map_err(|e| anyhow::anyhow!("state cluster ({}): {e}", st.bootstrap.join(",")))?;
             crate::state_store::checks::check(&config, store.report()).await?;
@@ -173,12 +203,14 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
                 .iter()
                 .filter_map(|a| crate::config::split_host_port(a).ok())
                 .collect();
-            Some(StateSync::new(
+            let sync = StateSync::new(
                 Arc::new(store),
                 registry.clone(),
                 metrics.clone(),
                 bootstrap,
-            ))
+            );
+            sync.set_destination_identity(destination_identity.clone());
+            Some(sync)
         }
         _ => None,
     };
@@ -201,6 +233,10 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             &metrics,
         )
         .map_err(anyhow::Error::msg)?;
+        mirror.set_source_identity(resolve(
+            mc.source_sasl.as_ref(),
+            &format!("mirror[{}].source_sasl", mc.name),
+        )?);
         if let Some(s) = &state_sync {
             s.add_mirror(mirror.clone());
         }
@@ -232,6 +268,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             move |nodes| mirror_chain(nodes, m, main_is_fetcher),
         );
         listener.set_refresh_hook(mirror.clone());
+        listener.set_sasl(mirror.source_identity(), sasl_server(mc)?);
         listener.start().await?;
         // With a topology restored from __mirror_state the source's node
         // ports are bound now, so the fetcher finds them with the source down.
@@ -253,6 +290,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
                 move |nodes| mirror_chain(nodes, m, true),
             );
             listener.set_refresh_hook(mirror.clone());
+            listener.set_sasl(mirror.source_identity(), sasl_server(mc)?);
             listener.start().await?;
             if let Some(t) = mirror.topology() {
                 for b in &t.brokers {
@@ -280,6 +318,13 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             tracker.clone(),
             move |nodes| guard_chain(nodes, &name, lifecycle, mirror_contexts, metrics2),
         );
+        listener.set_sasl(
+            resolve(
+                gc.upstream_sasl.as_ref(),
+                &format!("guard[{}].upstream_sasl", gc.name),
+            )?,
+            None,
+        );
         listener.start().await?;
         listeners.push(listener);
     }
@@ -292,6 +337,13 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             shutdown_rx.clone(),
             tracker.clone(),
             plain_chain,
+        );
+        listener.set_sasl(
+            resolve(
+                lc.upstream_sasl.as_ref(),
+                &format!("listener[{}].upstream_sasl", lc.name),
+            )?,
+            None,
         );
         listener.start().await?;
         listeners.push(listener);
@@ -331,6 +383,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             .iter()
             .filter_map(|a| crate::config::split_host_port(a).ok())
             .collect(),
+        destination_identity,
         metrics: Some(metrics.clone()),
     });
     let admin_read_timeout = Duration::from_millis(config.admin.read_timeout_ms);

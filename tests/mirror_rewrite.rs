@@ -79,6 +79,9 @@ fn mirror_with(mode: PidMode, layout: LayoutConfig, limits: RegistryConfig) -> A
         fetcher_bootstrap: None,
         fetcher_node_port_base: None,
         crc_verify_every: 0,
+        source_sasl: None,
+        destination_sasl: None,
+        listener_sasl: None,
     };
     let metrics = Metrics::new();
     let m = MirrorContext::new(

@@ -115,6 +115,7 @@ async fn records_of_unknown_topic_ids_are_applied_when_the_topic_appears() {
     create_topic(&kafka.bootstrap);
     let view = mirrorguard::proxy::refresh::fetch_cluster_view(
         &[host_port(&kafka.bootstrap)],
+        &None,
         Duration::from_secs(10),
         1 << 20,
     )

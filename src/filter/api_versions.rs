@@ -6,7 +6,9 @@
 //! parses, the filter would fail on the response (and the connection would
 //! close), so each advertised maximum is lowered to the lowest maximum any
 //! filter of the chain declares for that API. APIs no filter decodes are
-//! advertised as the broker sent them. [`Chain::new`](super::Chain::new)
+//! advertised as the broker sent them, except SaslHandshake, advertised as
+//! v1 only (v0 is followed by raw SASL tokens no frame reader can follow).
+//! [`Chain::new`](super::Chain::new)
 //! appends this filter to every chain, computed from the others.
 
 use std::ops::RangeInclusive;
@@ -19,6 +21,9 @@ use super::{
 use crate::codec::api;
 use crate::codec::RequestHeader;
 use crate::handlers;
+
+/// SaslHandshake's API key.
+const SASL_HANDSHAKE: i16 = 17;
 
 /// Lowers advertised maxima to the chain's decode set.
 pub struct ApiVersionsClamp {
@@ -71,9 +76,102 @@ impl Filter for ApiVersionsClamp {
         let clamped =
             handlers::clamp_api_versions_response(h.api_version, &frame[body_at..], &self.table)
                 .map_err(|e| RewriteError::new(h, e.to_string()))?;
-        Ok(Rewritten::Ready(match clamped {
+        let frame = match clamped {
+            None => frame,
+            Some(body) => with_body(&frame, body_at, &body),
+        };
+        // SaslHandshake v0 is followed by raw SASL tokens, not frames: never
+        // offer it (see filter::sasl, which refuses a v0 request).
+        let raised = handlers::set_api_versions(
+            h.api_version,
+            &frame[body_at..],
+            &[(SASL_HANDSHAKE, 1, 1)],
+            false,
+        )
+        .map_err(|e| RewriteError::new(h, e.to_string()))?;
+        Ok(Rewritten::Ready(match raised {
             None => frame,
             Some(body) => with_body(&frame, body_at, &body),
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An ApiVersions v`version` response frame advertising `entries`.
+    fn response(version: i16, entries: &[(i16, i16, i16)]) -> BytesMut {
+        let flexible = version >= 3;
+        let mut b = vec![0, 0]; // error_code
+        if flexible {
+            b.push(entries.len() as u8 + 1);
+        } else {
+            b.extend_from_slice(&(entries.len() as i32).to_be_bytes());
+        }
+        for (k, min, max) in entries {
+            for v in [k, min, max] {
+                b.extend_from_slice(&v.to_be_bytes());
+            }
+            if flexible {
+                b.push(0);
+            }
+        }
+        if version >= 1 {
+            b.extend_from_slice(&0i32.to_be_bytes());
+        }
+        if flexible {
+            b.push(0);
+        }
+        crate::codec::header::response_frame(9, 0, &b)
+    }
+
+    #[test]
+    fn sasl_handshake_v0_is_never_advertised() {
+        let clamp = ApiVersionsClamp::for_filters(&[]);
+        for v in [0, 3, 4] {
+            let h = RequestHeader {
+                api_key: api::API_VERSIONS,
+                api_version: v,
+                correlation_id: 9,
+            };
+            let f = response(v, &[(17, 0, 1), (18, 0, 4), (36, 0, 2)]);
+            let Rewritten::Ready(out) = clamp.on_response(&h, None, f).unwrap() else {
+                panic!()
+            };
+            let max_api_versions = handlers::decoded_versions(api::API_VERSIONS)
+                .map(|r| *r.end())
+                .unwrap();
+            assert_eq!(
+                out,
+                response(
+                    v,
+                    &[(17, 1, 1), (18, 0, max_api_versions.min(4)), (36, 0, 2)]
+                ),
+                "v{v}"
+            );
+        }
+    }
+
+    #[test]
+    fn missing_entries_are_added_in_place() {
+        for v in [0, 3] {
+            let f = response(v, &[(1, 4, 17), (17, 0, 1)]);
+            let body = handlers::set_api_versions(v, &f[8..], &[(17, 1, 1), (36, 0, 2)], true)
+                .unwrap()
+                .unwrap();
+            assert_eq!(
+                &body[..],
+                &response(v, &[(1, 4, 17), (17, 1, 1), (36, 0, 2)])[8..],
+                "v{v}"
+            );
+            // Nothing to change: None.
+            let same = response(v, &[(17, 1, 1)]);
+            assert!(
+                handlers::set_api_versions(v, &same[8..], &[(17, 1, 1)], false)
+                    .unwrap()
+                    .is_none()
+            );
+        }
     }
 }

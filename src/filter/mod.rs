@@ -19,6 +19,8 @@
 //!   mapped and observed in the shadow producer state;
 //! - [`seal::Seal`]: controlled partitions of a Fetch are served from the
 //!   seal path, never from the source;
+//! - [`sasl::SaslRelay`]: SaslHandshake v0 refused (raw tokens follow it);
+//!   on mirror listeners every SASL request answered locally;
 //! - [`address::AddressRewrite`]: broker addresses become proxy addresses;
 //! - [`api_versions::ApiVersionsClamp`]: added by [`Chain::new`] to every
 //!   chain, it lowers the advertised versions to what the chain's filters
@@ -39,6 +41,7 @@ pub mod chain;
 pub mod mirror_fetch;
 pub mod offline;
 pub mod produce_guard;
+pub mod sasl;
 pub mod seal;
 
 use std::ops::RangeInclusive;
@@ -129,6 +132,8 @@ pub enum RequestState {
     Guard(produce_guard::Refusals),
     /// The seal's plan of a Fetch touching controlled partitions ([`seal`]).
     Seal(crate::mirror::seal_path::FetchPlan),
+    /// A SASL request answered locally ([`sasl`]).
+    Sasl(sasl::LocalSaslAnswer),
 }
 
 impl RequestState {

@@ -171,3 +171,77 @@ pub fn clamp_api_versions_response<M: MaxVersion>(
     v.extend_from_slice(out.get(len_range.end..).unwrap_or_default());
     Ok(Some(v))
 }
+
+/// Sets the `(api_key, min_version, max_version)` entries of `set` in an
+/// ApiVersionsResponse body: an advertised entry of one of these keys gets
+/// these versions, and with `add_missing` a key the body lacks is appended
+/// (an API the proxy answers itself, such as SASL on a mirror listener).
+/// Error responses are left alone. Returns `Ok(None)` when nothing changed.
+pub fn set_api_versions(
+    version: i16,
+    body: &[u8],
+    set: &[(i16, i16, i16)],
+    add_missing: bool,
+) -> WireResult<Option<Vec<u8>>> {
+    check_version("ApiVersionsResponse", version, 0..=5)?;
+    let mut entries = Vec::new();
+    let mut end = 0;
+    let parsed = parse(version, body, |e| {
+        entries.push((e.api_key, e.start));
+        end = end.max(e.end);
+    });
+    let (code, len_range) = match parsed {
+        Ok(r) => r,
+        Err(e) => {
+            // An UNSUPPORTED_VERSION answer comes as a v0 body: nothing to set.
+            return match parse(0, body, |_| {}) {
+                Ok((code, _)) if code != 0 && version > 0 => Ok(None),
+                _ => Err(e),
+            };
+        }
+    };
+    if code != 0 {
+        return Ok(None);
+    }
+    let mut out = body.to_vec();
+    let mut changed = false;
+    for (key, start) in &entries {
+        if let Some((_, min, max)) = set.iter().find(|(k, _, _)| k == key) {
+            let mut v = [0u8; 4];
+            v[..2].copy_from_slice(&min.to_be_bytes());
+            v[2..].copy_from_slice(&max.to_be_bytes());
+            if out[start + 2..start + 6] != v {
+                out[start + 2..start + 6].copy_from_slice(&v);
+                changed = true;
+            }
+        }
+    }
+    let missing: Vec<_> = set
+        .iter()
+        .filter(|(k, _, _)| add_missing && !entries.iter().any(|(key, _)| key == k))
+        .collect();
+    if missing.is_empty() {
+        return Ok(changed.then_some(out));
+    }
+    let flexible = api::is_flexible(api::API_VERSIONS, version);
+    // The array ends after its last entry (or its length prefix).
+    let end = end.max(len_range.end);
+    let mut w = Writer::new(Vec::with_capacity(out.len() + 7 * missing.len() + 4));
+    w.put_raw(&out[..len_range.start]);
+    w.put_array_len_v(
+        flexible,
+        Some(entries.len() + missing.len()),
+        "ApiVersionsResponse.api_keys",
+    )?;
+    w.put_raw(&out[len_range.end..end]);
+    for (k, min, max) in missing {
+        w.put_i16(*k);
+        w.put_i16(*min);
+        w.put_i16(*max);
+        if flexible {
+            w.put_uvarint(0);
+        }
+    }
+    w.put_raw(&out[end..]);
+    Ok(Some(w.into_inner()))
+}

@@ -35,7 +35,7 @@ pub mod produce_build;
 pub mod produce_request;
 
 pub use crate::codec::api::{request_header_version, response_header_version};
-pub use api_versions::{clamp_api_versions_response, MaxVersion};
+pub use api_versions::{clamp_api_versions_response, set_api_versions, MaxVersion};
 pub use describe_cluster::rewrite_describe_cluster_response;
 pub use fetch::{walk_fetch_response, AbortedTxn, FetchPartition, FetchResponseInfo, FetchTopic};
 pub use fetch_build::{

@@ -48,6 +48,9 @@ pub enum ClientError {
     /// A request could not be encoded or a response not parsed.
     #[error("malformed exchange: {0}")]
     Protocol(String),
+    /// mirrorguard's own SASL authentication was refused or broke down.
+    #[error("authentication failed: {0}")]
+    Authentication(String),
     /// The broker answered with an error code.
     #[error("{} failed: {} ({code}){}", api_label(*api), error_name(*code), message.as_deref().map(|m| format!(": {m}")).unwrap_or_default())]
     Broker {
@@ -66,6 +69,15 @@ impl ClientError {
         Self::Broker { api, code, message }
     }
 
+    /// A failed SASL exchange with `addr`: transport failures stay
+    /// retriable, refusals are not.
+    pub fn from_sasl(addr: &str, e: crate::sasl::SaslError) -> Self {
+        match e {
+            crate::sasl::SaslError::Io(m) => Self::Io(format!("authenticating to {addr}: {m}")),
+            e => Self::Authentication(format!("{addr}: {e}")),
+        }
+    }
+
     /// Stable label for a metric's or a log's `kind`.
     pub fn kind(&self) -> &'static str {
         match self {
@@ -73,6 +85,7 @@ impl ClientError {
             Self::Timeout(_) => "timeout",
             Self::Io(_) => "io",
             Self::Protocol(_) => "protocol",
+            Self::Authentication(_) => "authentication",
             Self::Broker { .. } => "broker_error",
         }
     }
@@ -91,7 +104,7 @@ impl ClientError {
         match self {
             Self::Unreachable(_) | Self::Timeout(_) | Self::Io(_) => true,
             Self::Broker { code, .. } => is_retriable(*code),
-            Self::Protocol(_) => false,
+            Self::Protocol(_) | Self::Authentication(_) => false,
         }
     }
 }
@@ -115,6 +128,13 @@ pub trait Connector: Send + Sync + 'static {
     type Stream: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static;
     /// Connects to `addr` (`host:port`).
     fn connect(&self, addr: &str) -> impl Future<Output = std::io::Result<Self::Stream>> + Send;
+
+    /// mirrorguard's own SASL credentials toward this cluster: when set,
+    /// [`Connection::connect`] authenticates right after the transport is
+    /// up ([`crate::sasl::Authenticated`] adds them to any connector).
+    fn sasl(&self) -> Option<&crate::sasl::ClientCredentials> {
+        None
+    }
 }
 
 /// Plain TCP with `TCP_NODELAY` (requests are small and latency-bound).
@@ -223,6 +243,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
             }
             Ok(Ok(s)) => s,
         };
+        let mut stream = stream;
+        if let Some(creds) = connector.sasl() {
+            crate::sasl::client::authenticate(&mut stream, creds, connect_timeout)
+                .await
+                .map_err(|e| ClientError::from_sasl(addr, e))?;
+        }
         Ok(Self {
             frames: FrameReader::new(stream, max_frame),
             addr: addr.to_owned(),

@@ -201,11 +201,23 @@ impl MirrorContext {
             topology_live: Default::default(),
             sessions: Default::default(),
             lookups: Default::default(),
+            source_identity: Default::default(),
         };
         if let Some(text) = &cfg.source_cluster_id {
             ctx.set_source(SourceIdentity::parse(text)?)?;
         }
         Ok(Arc::new(ctx))
+    }
+
+    /// Sets mirrorguard's own SASL identity toward the source (at start-up,
+    /// before any source connection).
+    pub fn set_source_identity(&self, identity: crate::sasl::Identity) {
+        let _ = self.source_identity.set(identity);
+    }
+
+    /// mirrorguard's own SASL identity toward the source.
+    pub fn source_identity(&self) -> crate::sasl::Identity {
+        self.source_identity.get().cloned().flatten()
     }
 
     /// The source identity, once known.

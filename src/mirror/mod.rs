@@ -241,6 +241,8 @@ pub struct MirrorContext {
     sessions: seal_path::SessionMemory,
     /// Destination topic ids looked up for held partitions.
     lookups: Arc<topic_lookup::TopicIdLookups>,
+    /// mirrorguard's own SASL identity toward the source (set at start-up).
+    source_identity: std::sync::OnceLock<crate::sasl::Identity>,
 }
 
 /// Seal metric handles of one mirror.

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Notify};
 
@@ -23,6 +24,8 @@ use crate::proxy::connection::{
 use crate::proxy::nodes::{NodeBinder, NodeRegistry};
 use crate::proxy::refresh::{RefreshHook, RefreshTarget};
 use crate::proxy::upstream::{connect, connect_any, ConnectError};
+use crate::sasl::server::ServerAuth;
+use crate::sasl::Identity;
 
 /// Where a listening port sends its connections.
 #[derive(Debug, Clone, Copy)]
@@ -88,6 +91,9 @@ pub struct Listener {
     next_bootstrap: AtomicUsize,
     me: Weak<Listener>,
     refresh_hook: std::sync::Mutex<Option<Arc<dyn RefreshHook>>>,
+    /// mirrorguard's own identity toward the upstream, and (mirror
+    /// listeners) the authentication required from clients.
+    sasl: std::sync::OnceLock<(Identity, Option<Arc<ServerAuth>>)>,
 }
 
 impl Listener {
@@ -132,6 +138,7 @@ impl Listener {
             next_bootstrap: AtomicUsize::new(0),
             me: me.clone(),
             refresh_hook: std::sync::Mutex::new(None),
+            sasl: std::sync::OnceLock::new(),
         });
         let weak: Weak<dyn NodeBinder> = listener.me.clone();
         listener.nodes.set_binder(weak);
@@ -142,6 +149,14 @@ impl Listener {
     /// (mirror listeners: source cluster id and topic ids). Set before `start`.
     pub fn set_refresh_hook(&self, hook: Arc<dyn RefreshHook>) {
         *crate::proxy::nodes::lock(&self.refresh_hook) = Some(hook);
+    }
+
+    /// Sets mirrorguard's own SASL identity toward the upstream (its
+    /// Metadata refresh; on a mirror listener every upstream connection)
+    /// and, for a mirror listener, the authentication its clients must
+    /// pass before anything is relayed. Set before `start`.
+    pub fn set_sasl(&self, upstream: Identity, clients: Option<Arc<ServerAuth>>) {
+        let _ = self.sasl.set((upstream, clients));
     }
 
     /// Whether the upstream cluster has been reached at least once (or, for
@@ -200,7 +215,7 @@ impl Listener {
 
     async fn serve(
         self: Arc<Self>,
-        client: tokio::net::TcpStream,
+        mut client: tokio::net::TcpStream,
         peer: SocketAddr,
         target: Target,
         _guard: TrackerGuard,
@@ -225,6 +240,10 @@ impl Listener {
                     "upstream unavailable: serving the connection locally");
                 None
             }
+        };
+        let Some(upstream) = self.authenticate(&mut client, upstream, peer).await else {
+            open.dec();
+            return;
         };
         tracing::debug!(listener = %self.config.name, %peer, ?target, "connection opened");
         let end = match upstream {
@@ -262,6 +281,61 @@ impl Listener {
             }
         }
         open.dec();
+    }
+
+    /// The SASL step between accept and relay (mirror listeners only: on
+    /// others clients authenticate to the broker through the relay). The
+    /// upstream connection authenticates with mirrorguard's source
+    /// credentials (failing that it is dropped, and the connection is
+    /// served offline), then the client authenticates to mirrorguard
+    /// ([`ServerAuth::accept`]). `None`: close the client.
+    async fn authenticate<C, U>(
+        &self,
+        client: &mut C,
+        mut upstream: Option<U>,
+        peer: SocketAddr,
+    ) -> Option<Option<U>>
+    where
+        C: AsyncRead + AsyncWrite + Unpin,
+        U: AsyncRead + AsyncWrite + Unpin,
+    {
+        if !self.config.terminates_sasl {
+            return Some(upstream);
+        }
+        let (identity, server) = self.sasl.get().cloned().unwrap_or_default();
+        if let (Some(creds), Some(u)) = (&identity, upstream.as_mut()) {
+            if let Err(e) =
+                crate::sasl::client::authenticate(u, creds, self.connect_timeout()).await
+            {
+                Metrics::count(
+                    &self.metrics.upstream_errors,
+                    &self.config.name,
+                    "authentication",
+                );
+                tracing::warn!(listener = %self.config.name, %peer, error = %e,
+                    "mirrorguard's own authentication to the upstream failed");
+                if !self.ctx.chain.serves_offline() {
+                    return None;
+                }
+                upstream = None;
+            }
+        }
+        let Some(server) = server else {
+            return Some(upstream);
+        };
+        match server
+            .accept(client, upstream.as_mut(), &self.ctx, peer)
+            .await
+        {
+            Ok(_user) => Some(upstream),
+            Err(e) => {
+                self.metrics
+                    .connection_end(&self.config.name, "client", "authentication");
+                tracing::info!(listener = %self.config.name, %peer, error = %e,
+                    "client not authenticated: connection closed");
+                None
+            }
+        }
     }
 
     async fn connect_upstream(
@@ -346,6 +420,9 @@ impl Listener {
 }
 
 impl RefreshTarget for Listener {
+    fn upstream_identity(&self) -> Identity {
+        self.sasl.get().and_then(|(i, _)| i.clone())
+    }
     fn upstream_bootstrap(&self) -> &[(String, u16)] {
         Listener::upstream_bootstrap(self)
     }

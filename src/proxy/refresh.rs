@@ -13,8 +13,9 @@ use std::time::Duration;
 use crate::codec::api;
 use crate::codec::api::METADATA;
 use crate::handlers::rewrite_metadata_response;
-use crate::kafka_client::{address, ClientError, Connection, Response, TcpConnector};
+use crate::kafka_client::{address, ClientError, Connection, Response};
 use crate::proxy::nodes::NodeRegistry;
+use crate::sasl::Identity;
 use crate::wire::{Reader, WireResult, Writer};
 
 const CLIENT_ID: &str = "mirrorguard";
@@ -45,6 +46,10 @@ pub trait RefreshTarget {
     fn max_frame(&self) -> usize;
     /// The node registry the brokers learned go to.
     fn nodes(&self) -> &NodeRegistry;
+    /// mirrorguard's own SASL identity toward the upstream.
+    fn upstream_identity(&self) -> Identity {
+        None
+    }
 }
 
 /// Receives what each refresh learned (mirror listeners use it).
@@ -73,13 +78,20 @@ pub fn metadata_body(version: i16, w: &mut Writer<Vec<u8>>) -> WireResult<()> {
 /// returns the response (connect within `timeout`, answer within twice it).
 async fn metadata(
     bootstrap: &[(String, u16)],
+    identity: &Identity,
     version: i16,
     timeout: Duration,
     max_frame: usize,
 ) -> Result<Response, ClientError> {
     let servers: Vec<String> = bootstrap.iter().map(|(h, p)| address(h, *p)).collect();
-    let mut conn =
-        Connection::connect_first(&TcpConnector, &servers, timeout, max_frame, CLIENT_ID).await?;
+    let mut conn = Connection::connect_first(
+        &crate::sasl::connector(identity),
+        &servers,
+        timeout,
+        max_frame,
+        CLIENT_ID,
+    )
+    .await?;
     conn.request(METADATA, version, timeout * 2, |w| {
         metadata_body(version, w)
     })
@@ -95,6 +107,7 @@ pub async fn refresh_nodes(
     let version: i16 = if with_topics { 12 } else { 4 };
     let resp = metadata(
         listener.upstream_bootstrap(),
+        &listener.upstream_identity(),
         version,
         listener.connect_timeout(),
         listener.max_frame(),
@@ -187,12 +200,14 @@ pub fn parse_cluster_view(version: i16, body: &[u8]) -> WireResult<ClusterView> 
 }
 
 /// Reads brokers, cluster id and topics (Metadata v12) from any of
-/// `bootstrap`; used for the state (destination) cluster's topic ids.
+/// `bootstrap`, authenticating as `identity`; used for the state
+/// (destination) cluster's topic ids.
 pub async fn fetch_cluster_view(
     bootstrap: &[(String, u16)],
+    identity: &Identity,
     timeout: Duration,
     max_frame: usize,
 ) -> Result<ClusterView, ClientError> {
-    let resp = metadata(bootstrap, 12, timeout, max_frame).await?;
+    let resp = metadata(bootstrap, identity, 12, timeout, max_frame).await?;
     Ok(parse_cluster_view(12, resp.body())?)
 }

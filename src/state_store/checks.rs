@@ -96,7 +96,15 @@ pub async fn check(config: &Config, report: &StateClusterReport) -> anyhow::Resu
             for m in &config.mirrors {
                 let source_id = match &m.source_cluster_id {
                     Some(id) => Some(id.clone()),
-                    None => source_cluster_id(&m.source_bootstrap).await,
+                    None => {
+                        // An unreadable secret is reported when the mirror starts.
+                        let identity = crate::sasl::ClientCredentials::resolve_opt(
+                            m.source_sasl.as_ref(),
+                            "source_sasl",
+                        )
+                        .unwrap_or_default();
+                        source_cluster_id(&m.source_bootstrap, &identity).await
+                    }
                 };
                 match source_id {
                     Some(source_id) if same_cluster(state_id, &source_id) => {
@@ -139,7 +147,10 @@ pub async fn check(config: &Config, report: &StateClusterReport) -> anyhow::Resu
 }
 
 /// A source's cluster id from its Metadata, if it answers in time.
-async fn source_cluster_id(bootstrap: &[String]) -> Option<String> {
+async fn source_cluster_id(
+    bootstrap: &[String],
+    identity: &crate::sasl::Identity,
+) -> Option<String> {
     let servers: Vec<(String, u16)> = bootstrap
         .iter()
         .filter_map(|a| crate::config::split_host_port(a).ok())
@@ -148,6 +159,7 @@ async fn source_cluster_id(bootstrap: &[String]) -> Option<String> {
         SOURCE_ID_TIMEOUT,
         crate::proxy::refresh::fetch_cluster_view(
             &servers,
+            identity,
             SOURCE_ID_TIMEOUT,
             crate::config::DEFAULT_MAX_FRAME_BYTES as usize,
         ),

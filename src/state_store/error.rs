@@ -83,6 +83,9 @@ pub enum StateStoreError {
         /// What is wrong.
         detail: String,
     },
+    /// mirrorguard's own SASL authentication was refused.
+    #[error("authentication to the state cluster failed: {0}")]
+    Authentication(String),
     /// The configuration is unusable.
     #[error("invalid state store configuration: {0}")]
     Config(String),
@@ -106,6 +109,7 @@ impl StateStoreError {
             Self::Io(_) => "io",
             Self::Corrupt { .. } => "corrupt",
             Self::Config(_) => "config",
+            Self::Authentication(_) => "authentication",
             Self::Closed => "closed",
         }
     }
@@ -152,6 +156,7 @@ impl From<ClientError> for StateStoreError {
             ClientError::Timeout(m) => Self::Timeout(m),
             ClientError::Io(m) => Self::Io(m),
             ClientError::Protocol(m) => Self::Protocol(m),
+            ClientError::Authentication(m) => Self::Authentication(m),
             ClientError::Broker { api, code, message } => Self::broker(api, code, message),
         }
     }

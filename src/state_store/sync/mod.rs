@@ -85,6 +85,8 @@ pub struct StateSync {
     /// Bootstrap of the destination cluster, for its topic ids (the state
     /// cluster may be another one).
     dest_bootstrap: Vec<(String, u16)>,
+    /// mirrorguard's SASL identity toward the destination cluster.
+    dest_identity: std::sync::OnceLock<crate::sasl::Identity>,
     dest_topics: std::sync::RwLock<DestinationTopics>,
     lifecycle: std::sync::OnceLock<Arc<Lifecycle>>,
     /// Open transactions of seals read back (type 5), by destination topic
@@ -214,6 +216,12 @@ struct DestinationTopics {
 }
 
 impl StateSync {
+    /// Sets mirrorguard's SASL identity toward the destination cluster
+    /// (before the first destination read).
+    pub fn set_destination_identity(&self, identity: crate::sasl::Identity) {
+        let _ = self.dest_identity.set(identity);
+    }
+
     /// A sync over an opened store; `dest_bootstrap` is the destination
     /// cluster (where topic ids are read).
     pub fn new(
@@ -230,6 +238,7 @@ impl StateSync {
             metrics,
             me: me.clone(),
             dest_bootstrap,
+            dest_identity: Default::default(),
             dest_topics: Default::default(),
             lifecycle: Default::default(),
             snapshots: Default::default(),

@@ -1,0 +1,280 @@
+//! SASL: mirrorguard's own identity toward Kafka clusters, and the
+//! authentication its `[[mirror]]` listeners require from their clients.
+//!
+//! A connection is first a transport (TCP today, TLS later: whatever the
+//! [`Connector`](crate::kafka_client::Connector) or the listener's accept
+//! gives), then optionally authenticated on that stream. Three roles:
+//!
+//! - **Passthrough** (`[[listener]]`, `[[guard]]`): SaslHandshake and
+//!   SaslAuthenticate of the clients flow through the relay to the broker
+//!   like any other request; mirrorguard never sees a client credential.
+//!   SaslHandshake v0 (raw SASL tokens follow it, not Kafka frames) is never
+//!   advertised and refused ([`crate::filter::sasl`]).
+//! - **Client** ([`client::authenticate`]): mirrorguard's own connections
+//!   (state store, Metadata refresh, topic-id lookup, replay, the
+//!   destination admin calls, and every upstream connection of a mirror
+//!   listener) authenticate with PLAIN or SCRAM-SHA-256/512 right after the
+//!   transport is up, before the first request.
+//! - **Server** ([`server`]): a mirror listener authenticates its clients
+//!   itself, against a local credential file, before relaying anything,
+//!   because the seal must keep serving the destination's fetcher with the
+//!   source dead.
+//!
+//! Secrets come from a file or an environment variable named in the
+//! configuration, are read once at start-up, and are never logged: the
+//! types holding them print `<redacted>`.
+
+pub mod client;
+pub mod scram;
+pub mod server;
+
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::config::ClientSaslConfig;
+
+/// A SASL mechanism mirrorguard speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Mechanism {
+    /// RFC 4616 (only over TLS in production: the password crosses the wire).
+    Plain,
+    /// RFC 7677.
+    ScramSha256,
+    /// RFC 5802 with SHA-512 (Kafka's SCRAM-SHA-512).
+    ScramSha512,
+}
+
+impl Mechanism {
+    /// The mechanism's name on the wire (SaslHandshake).
+    pub fn name(self) -> &'static str {
+        match self {
+            Mechanism::Plain => "PLAIN",
+            Mechanism::ScramSha256 => "SCRAM-SHA-256",
+            Mechanism::ScramSha512 => "SCRAM-SHA-512",
+        }
+    }
+
+    /// Parses a wire name (case-sensitive, as Kafka).
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "PLAIN" => Some(Mechanism::Plain),
+            "SCRAM-SHA-256" => Some(Mechanism::ScramSha256),
+            "SCRAM-SHA-512" => Some(Mechanism::ScramSha512),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for Mechanism {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Why an authentication failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum SaslError {
+    /// The peer sent something that is not a valid SASL or Kafka message.
+    #[error("malformed SASL exchange: {0}")]
+    Malformed(String),
+    /// The peer refused the credentials (or we refused the peer's).
+    #[error("authentication failed: {0}")]
+    Rejected(String),
+    /// The broker does not offer the configured mechanism.
+    #[error("the broker does not enable SASL mechanism {wanted} (it offers {offered:?})")]
+    Mechanism {
+        /// What we asked for.
+        wanted: String,
+        /// What it offers.
+        offered: Vec<String>,
+    },
+    /// Transport failure or timeout during the exchange.
+    #[error("SASL exchange failed: {0}")]
+    Io(String),
+    /// A local problem (no randomness, unreadable secret).
+    #[error("{0}")]
+    Local(String),
+}
+
+impl SaslError {
+    pub(crate) fn malformed(m: impl Into<String>) -> Self {
+        SaslError::Malformed(m.into())
+    }
+}
+
+/// A password, never printed.
+#[derive(Clone)]
+pub struct Secret(Vec<u8>);
+
+impl Secret {
+    /// Wraps a secret value.
+    pub fn new(v: impl Into<Vec<u8>>) -> Self {
+        Secret(v.into())
+    }
+
+    /// The secret bytes (for the mechanism only).
+    pub fn expose(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+/// mirrorguard's own credentials toward one cluster, resolved from a
+/// [`ClientSaslConfig`] at start-up.
+#[derive(Clone, Debug)]
+pub struct ClientCredentials {
+    /// The mechanism.
+    pub mechanism: Mechanism,
+    /// The user name (Kafka principal `User:<username>`).
+    pub username: String,
+    /// The password.
+    pub password: Secret,
+}
+
+impl ClientCredentials {
+    /// Resolves `cfg`: reads the password from its file (trailing newline
+    /// dropped) or environment variable. `section` names the config section
+    /// in errors; the secret never appears in them.
+    pub fn resolve(cfg: &ClientSaslConfig, section: &str) -> Result<Arc<Self>, String> {
+        let mechanism = Mechanism::parse(&cfg.mechanism).ok_or_else(|| {
+            format!(
+                "{section}.mechanism: unknown SASL mechanism {:?} (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512)",
+                cfg.mechanism
+            )
+        })?;
+        let password = match (&cfg.password_file, &cfg.password_env) {
+            (Some(path), None) => {
+                read_secret_file(path).map_err(|e| format!("{section}.password_file: {e}"))?
+            }
+            (None, Some(var)) => std::env::var(var).map_err(|_| {
+                format!(
+                    "{section}.password_env: environment variable {var} is not set (or not UTF-8)"
+                )
+            })?,
+            _ => {
+                return Err(format!(
+                    "{section}: exactly one of password_file and password_env is required"
+                ))
+            }
+        };
+        if password.is_empty() || cfg.username.is_empty() {
+            return Err(format!("{section}: empty username or password"));
+        }
+        Ok(Arc::new(Self {
+            mechanism,
+            username: cfg.username.clone(),
+            password: Secret::new(password),
+        }))
+    }
+
+    /// Optional credentials of an optional section.
+    pub fn resolve_opt(
+        cfg: Option<&ClientSaslConfig>,
+        section: &str,
+    ) -> Result<Option<Arc<Self>>, String> {
+        cfg.map(|c| Self::resolve(c, section)).transpose()
+    }
+}
+
+/// mirrorguard's own identity toward one cluster: its credentials, or none
+/// (the cluster's listener does not use SASL).
+pub type Identity = Option<Arc<ClientCredentials>>;
+
+/// A connector whose connections authenticate with `credentials` right
+/// after `inner` has set up the transport (TCP today, TLS alike).
+#[derive(Clone, Debug, Default)]
+pub struct Authenticated<C> {
+    inner: C,
+    credentials: Identity,
+}
+
+impl<C> Authenticated<C> {
+    /// `inner`, authenticating with `credentials` when some.
+    pub fn new(inner: C, credentials: Identity) -> Self {
+        Self { inner, credentials }
+    }
+}
+
+impl<C: crate::kafka_client::Connector> crate::kafka_client::Connector for Authenticated<C> {
+    type Stream = C::Stream;
+
+    fn connect(
+        &self,
+        addr: &str,
+    ) -> impl std::future::Future<Output = std::io::Result<Self::Stream>> + Send {
+        self.inner.connect(addr)
+    }
+
+    fn sasl(&self) -> Option<&ClientCredentials> {
+        self.credentials.as_deref()
+    }
+}
+
+/// mirrorguard's TCP connector toward a cluster, with that cluster's
+/// credentials.
+pub fn connector(identity: &Identity) -> Authenticated<crate::kafka_client::TcpConnector> {
+    Authenticated::new(crate::kafka_client::TcpConnector, identity.clone())
+}
+
+/// A secret file's content, without a trailing newline.
+fn read_secret_file(path: &Path) -> Result<String, String> {
+    let s = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+    Ok(s.strip_suffix('\n')
+        .map(|s| s.strip_suffix('\r').unwrap_or(s))
+        .unwrap_or(&s)
+        .to_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secrets_are_redacted_and_resolved_from_file_or_env() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("pw");
+        std::fs::write(&f, "hunter2\n").unwrap();
+        let cfg = ClientSaslConfig {
+            mechanism: "SCRAM-SHA-512".into(),
+            username: "mg".into(),
+            password_file: Some(f),
+            password_env: None,
+        };
+        let c = ClientCredentials::resolve(&cfg, "state.sasl").unwrap();
+        assert_eq!(c.password.expose(), b"hunter2");
+        let shown = format!("{c:?}");
+        assert!(
+            !shown.contains("hunter2") && shown.contains("<redacted>"),
+            "{shown}"
+        );
+
+        std::env::set_var("MG_SASL_TEST_PW", "envpw");
+        let cfg = ClientSaslConfig {
+            password_file: None,
+            password_env: Some("MG_SASL_TEST_PW".into()),
+            ..cfg
+        };
+        let c = ClientCredentials::resolve(&cfg, "s").unwrap();
+        assert_eq!(c.password.expose(), b"envpw");
+        let bad = ClientSaslConfig {
+            mechanism: "GSSAPI".into(),
+            ..cfg.clone()
+        };
+        assert!(ClientCredentials::resolve(&bad, "s")
+            .unwrap_err()
+            .contains("GSSAPI"));
+        let none = ClientSaslConfig {
+            password_env: Some("MG_SASL_TEST_UNSET".into()),
+            ..cfg
+        };
+        let e = ClientCredentials::resolve(&none, "s").unwrap_err();
+        assert!(e.contains("MG_SASL_TEST_UNSET"), "{e}");
+    }
+}
