@@ -28,7 +28,8 @@
 //!   never forwarded to the source.
 //! - Any other request before authentication closes the connection without
 //!   an answer (Kafka: "Unexpected Kafka request of type ... during SASL
-//!   handshake").
+//!   handshake"; after the handshake Kafka first answers it with an error,
+//!   mirrorguard only closes).
 //!
 //! The whole phase must end within [`AUTH_DEADLINE`]. Meanwhile, the
 //! listener's own upstream connection was opened and authenticated with

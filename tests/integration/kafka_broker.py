@@ -17,6 +17,12 @@ Every process runs in its own process group (``harness.ManagedProcess``) and is
 stopped by pid at the end, pass or fail. A node can be killed (SIGKILL), hung
 (SIGSTOP / SIGCONT) and restarted on the same ports and data.
 
+``sasl={"alice": "alice-secret", ...}`` adds a ``SASL_PLAINTEXT`` listener on a port of
+its own (``node.sasl_port``, ``cluster.sasl_bootstrap``) with SCRAM-SHA-256, SCRAM-SHA-512
+(the users' credentials are written by ``kafka-storage format --add-scram``), PLAIN (the
+same users, in the listener's JAAS) and OAUTHBEARER (Kafka's unsecured JWS validator, for
+tests only). The PLAINTEXT listener stays (readiness checks, inter-broker traffic).
+
 Use it from pytest (``conftest.py``: session-scoped ``kafka_cluster`` fixtures),
 from the demo and from the benchmark (``python3 tests/integration/kafka_broker.py
 --nodes 1`` prints the bootstrap and runs until interrupted).
@@ -76,8 +82,10 @@ def _free_ports(n: int) -> list[int]:
 class KafkaNode:
     """One KRaft node in combined mode (broker + controller)."""
 
-    def __init__(self, cluster: "KafkaCluster", node_id: int, port: int, controller_port: int):
+    def __init__(self, cluster: "KafkaCluster", node_id: int, port: int, controller_port: int,
+                 sasl_port: int | None = None):
         self.cluster = cluster
+        self.sasl_port = sasl_port
         self.node_id = node_id
         self.port = port
         self.controller_port = controller_port
@@ -92,6 +100,10 @@ class KafkaNode:
     @property
     def bootstrap(self) -> str:
         return f"{HOST}:{self.port}"
+
+    @property
+    def sasl_bootstrap(self) -> str:
+        return f"{HOST}:{self.sasl_port}"
 
     def write_config(self) -> None:
         c = self.cluster
@@ -135,6 +147,21 @@ class KafkaNode:
             "controlled.shutdown.enable": "true",
             "unclean.leader.election.enable": "false",
         }
+        if c.sasl is not None:
+            props["listeners"] += f",SASL_PLAINTEXT://{HOST}:{self.sasl_port}"
+            props["advertised.listeners"] += f",SASL_PLAINTEXT://{HOST}:{self.sasl_port}"
+            props["listener.security.protocol.map"] += ",SASL_PLAINTEXT:SASL_PLAINTEXT"
+            props["sasl.enabled.mechanisms"] = "SCRAM-SHA-256,SCRAM-SHA-512,PLAIN,OAUTHBEARER"
+            lst = "listener.name.sasl_plaintext"
+            scram = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+            props[f"{lst}.scram-sha-256.sasl.jaas.config"] = scram
+            props[f"{lst}.scram-sha-512.sasl.jaas.config"] = scram
+            plain_users = " ".join(f'user_{u}="{p}"' for u, p in c.sasl.items())
+            props[f"{lst}.plain.sasl.jaas.config"] = (
+                f"org.apache.kafka.common.security.plain.PlainLoginModule required {plain_users};")
+            props[f"{lst}.oauthbearer.sasl.jaas.config"] = (
+                "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required "
+                'unsecuredLoginStringClaim_sub="admin";')
         props.update(c.overrides)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(
@@ -149,6 +176,9 @@ class KafkaNode:
                 "-cp", classpath(), "kafka.tools.StorageTool", "format",
                 # `=` form: a URL-safe base64 id may start with '-'.
                 f"--cluster-id={self.cluster.cluster_id}", "-c", str(self.config_path)]
+        for user, password in (self.cluster.sasl or {}).items():
+            for mech in ("SCRAM-SHA-256", "SCRAM-SHA-512"):
+                argv += ["--add-scram", f"{mech}=[name={user},password={password}]"]
         r = subprocess.run([str(a) for a in argv], capture_output=True, text=True, timeout=120)
         if r.returncode != 0:
             raise HarnessError(f"kafka-storage format failed for {self.name}: {r.stdout}\n{r.stderr}")
@@ -225,25 +255,35 @@ class KafkaCluster:
         overrides: dict | None = None,
         jvm_opts: list[str] | None = None,
         port: int | None = None,
+        sasl: dict[str, str] | None = None,
     ):
         self.work_dir = Path(work_dir)
         self.cluster_id = cluster_id or harness.cluster_id()
         self.name = name
         self.overrides = dict(overrides or {})
         self.jvm_opts = list(jvm_opts or [])
+        self.sasl = dict(sasl) if sasl is not None else None
         ports = _free_ports(2 * nodes)
         if port is not None:  # the first node's client port, chosen by the caller
             while port in ports:
                 ports = _free_ports(2 * nodes)
             ports[0] = port
         self.nodes: list[KafkaNode] = []
+        sasl_ports: list[int | None] = [None] * nodes
+        if self.sasl is not None:
+            sasl_ports = [p for p in _free_ports(nodes + len(ports)) if p not in ports][:nodes]
         for i in range(nodes):
-            self.nodes.append(KafkaNode(self, first_node_id + i, ports[2 * i], ports[2 * i + 1]))
+            self.nodes.append(KafkaNode(self, first_node_id + i, ports[2 * i], ports[2 * i + 1], sasl_ports[i]))
 
     # -- the interface shared with harness.TansuBroker ----------------------------
     @property
     def bootstrap(self) -> str:
         return ",".join(n.bootstrap for n in self.nodes)
+
+    @property
+    def sasl_bootstrap(self) -> str:
+        """The SASL_PLAINTEXT listeners (clusters made with ``sasl=``)."""
+        return ",".join(n.sasl_bootstrap for n in self.nodes)
 
     @property
     def port(self) -> int:

@@ -1,0 +1,356 @@
+"""SASL (issue 16) against Apache Kafka 4.4 SASL_PLAINTEXT listeners.
+
+- Passthrough on ``[[listener]]`` and ``[[guard]]``: librdkafka with SCRAM-SHA-256,
+  SCRAM-SHA-512, PLAIN and OAUTHBEARER, and Kafka's Java client, authenticate to the
+  broker through mirrorguard; a wrong password is the broker's authentication error at
+  the client; SaslHandshake v0 is never advertised and refused; KIP-368
+  re-authentication on a connection of the proxy keeps a librdkafka client working.
+- ``[[mirror]]`` terminates authentication: the fetcher authenticates to mirrorguard
+  against its local credential file (an independent Python SCRAM client, and
+  librdkafka), mirrorguard authenticates to the source and the state cluster with its
+  own SCRAM credentials (from a file and an environment variable, never logged), and a
+  partition is sealed with the source killed.
+
+Every cluster also keeps its PLAINTEXT listener: the tests read high watermarks and
+``__mirror_state`` there; mirrorguard and the clients under test only use the SASL one.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import os
+import subprocess
+import time
+
+import pytest
+from confluent_kafka import KafkaError, Producer, TopicPartition
+
+import harness
+import rawkafka
+from harness import HOST, Proxy, wait_until
+from kafka_broker import JAVA, KafkaCluster
+from mirror_harness import (  # noqa: F401 - mirror_factory is a fixture
+    MirrorSpec,
+    StandInFetcher,
+    high_watermark,
+    mirror_factory,
+    read_state_records,
+)
+
+USERS = {"alice": "alice-secret", "mg": "mg-secret"}
+FETCHER_PW = "fetcher-secret"
+JAVA_SRC = harness.ROOT / "tests" / "integration" / "java" / "SaslClient.java"
+KAFKA_LIBS = harness.ROOT / ".tools" / "kafka" / "libs"
+SASL_AUTHENTICATION_FAILED = 58
+UNSUPPORTED_VERSION = 35
+
+
+@pytest.fixture(scope="module")
+def sasl_kafka(tmp_path_factory):
+    """One SASL-enabled node shared by the module's tests (none kills it)."""
+    c = KafkaCluster(tmp_path_factory.mktemp("sasl"), name="ksasl", sasl=USERS)
+    c.start()
+    yield c
+    harness.close_clients()
+    c.stop()
+
+
+def sasl_conf(mechanism: str, user: str = "alice", password: str | None = None) -> dict:
+    if mechanism == "OAUTHBEARER":
+        return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": mechanism,
+                "enable.sasl.oauthbearer.unsecure.jwt": True, "sasl.oauthbearer.config": f"principal={user}"}
+    return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": mechanism, "sasl.username": user,
+            "sasl.password": USERS.get(user, "") if password is None else password}
+
+
+def upstream_sasl(user: str, mechanism: str, password_file=None, password_env=None) -> str:
+    secret = f'password_file = "{password_file}"' if password_file else f'password_env = "{password_env}"'
+    return f'{{ mechanism = "{mechanism}", username = "{user}", {secret} }}'
+
+
+def start_proxy(tmp_path, cluster: KafkaCluster, name: str = "mgsasl") -> Proxy:
+    """A plain listener in front of the SASL listener; its own Metadata refresh
+    authenticates as `mg` (password from a file)."""
+    pw = tmp_path / f"{name}.pw"
+    pw.write_text(USERS["mg"] + "\n")
+    p = Proxy(tmp_path, [cluster.sasl_bootstrap], node_ids=cluster.node_ids, name=name)
+    with open(p.config_path, "a") as f:
+        f.write(f"upstream_sasl = {upstream_sasl('mg', 'SCRAM-SHA-512', password_file=pw)}\n")
+    return p.start()
+
+
+def roundtrip(bootstrap: str, topic: str, conf: dict, n: int = 3) -> list[bytes]:
+    """Idempotent produce of n records, then read them back (assign, no group)."""
+    harness.produce(bootstrap, topic, [(None, b"%s-%d" % (topic.encode(), i)) for i in range(n)],
+                    **{"enable.idempotence": True, **conf})
+    return [m.value() for m in harness.consume_assign(bootstrap, topic, count=n, **conf)]
+
+
+def auth_error(bootstrap: str, conf: dict, timeout: float = 15.0) -> KafkaError:
+    """The first error a librdkafka client reports while connecting."""
+    errors: list[KafkaError] = []
+    p = Producer({"bootstrap.servers": bootstrap, "error_cb": errors.append, **conf})
+    deadline = time.monotonic() + timeout
+    while not errors and time.monotonic() < deadline:
+        p.poll(0.2)
+    assert errors, "no error reported"
+    return errors[0]
+
+
+# ---------------------------------------------------------------- a Python SCRAM client
+
+class AuthFailed(Exception):
+    pass
+
+
+def sasl_authenticate(conn: rawkafka.Connection, user: str, password: str,
+                      mechanism: str = "SCRAM-SHA-256") -> None:
+    """SaslHandshake v1 + SaslAuthenticate v1 rounds, written apart from mirrorguard's
+    Rust implementation (hashlib/hmac) so that each checks the other."""
+    r = rawkafka.Reader(conn.request(17, 1, rawkafka.string(mechanism)))
+    code = r.i16()
+    if code:
+        raise AuthFailed(f"SaslHandshake error {code}")
+
+    def step(token: bytes) -> bytes:
+        r = rawkafka.Reader(conn.request(36, 1, rawkafka.i32(len(token)) + token))
+        code, message, data = r.i16(), r.string(), r.nbytes()
+        r.i64()
+        if code:
+            raise AuthFailed(f"{code}: {message}")
+        return data or b""
+
+    h = hashlib.sha256 if mechanism.endswith("256") else hashlib.sha512
+    bare = f"n={user},r={base64.b64encode(os.urandom(18)).decode()}"
+    server_first = step(f"n,,{bare}".encode()).decode()
+    attrs = dict(kv.split("=", 1) for kv in server_first.split(","))
+    salted = hashlib.pbkdf2_hmac(h().name, password.encode(), base64.b64decode(attrs["s"]), int(attrs["i"]))
+    client_key = hmac.new(salted, b"Client Key", h).digest()
+    without_proof = f"c=biws,r={attrs['r']}"
+    message = f"{bare},{server_first},{without_proof}".encode()
+    signature = hmac.new(h(client_key).digest(), message, h).digest()
+    proof = base64.b64encode(bytes(a ^ b for a, b in zip(client_key, signature))).decode()
+    server_final = step(f"{without_proof},p={proof}".encode()).decode()
+    server_key = hmac.new(salted, b"Server Key", h).digest()
+    assert server_final == "v=" + base64.b64encode(hmac.new(server_key, message, h).digest()).decode()
+
+
+class SaslStandIn(StandInFetcher):
+    """The stand-in destination fetcher, authenticating every connection it opens."""
+
+    def __init__(self, *a, user: str = "fetcher", password: str = FETCHER_PW, **kw):
+        super().__init__(*a, **kw)
+        self.user, self.password = user, password
+
+    def _conn(self, host: str, port: int, timeout: float) -> rawkafka.Connection:
+        c = rawkafka.Connection(host, port, timeout=timeout)
+        sasl_authenticate(c, self.user, self.password)
+        return c
+
+    def connect(self, bootstrap: str, rebase: bool = False, source_offset: int = 0) -> "SaslStandIn":
+        self.close()
+        host, port = bootstrap.rsplit(":", 1)
+        with self._conn(host, int(port), 5) as c:
+            md = rawkafka.metadata_v1(c, [self.topic])
+            lhost, lport = md.brokers[md.topics[self.topic][self.partition]]
+            if self.version >= 13:
+                ids, _ = rawkafka.topic_ids_v12(c, [self.topic])
+                self.topic_id = ids[self.topic]
+        self.conn = self._conn(lhost, lport, 10)
+        self.source_offset = None
+        return self
+
+
+# ---------------------------------------------------------------- passthrough
+
+def test_passthrough_every_mechanism_and_wrong_password(sasl_kafka, tmp_path):
+    proxy = start_proxy(tmp_path, sasl_kafka)
+    try:
+        for mech in ("SCRAM-SHA-256", "SCRAM-SHA-512", "PLAIN", "OAUTHBEARER"):
+            topic = harness.topic_name("sasl")
+            harness.create_topics(sasl_kafka.bootstrap, [topic])
+            got = roundtrip(proxy.bootstrap, topic, sasl_conf(mech))
+            assert got == [b"%s-%d" % (topic.encode(), i) for i in range(3)], mech
+
+        e = auth_error(proxy.bootstrap, sasl_conf("SCRAM-SHA-256", password="wrong"))
+        assert e.code() == KafkaError._AUTHENTICATION, e
+        assert "Authentication failed during authentication due to invalid credentials" in e.str(), e.str()
+
+        # SaslHandshake v0 (raw tokens follow it) is not offered, and refused locally.
+        with rawkafka.Connection(HOST, proxy.ports.bootstrap) as c:
+            assert rawkafka.api_versions(c)[17][0] == 1
+            r = rawkafka.Reader(c.request(17, 0, rawkafka.string("PLAIN")))
+            assert r.i16() == UNSUPPORTED_VERSION
+            # The connection is still in step: a v1 handshake goes to the broker.
+            r = rawkafka.Reader(c.request(17, 1, rawkafka.string("SCRAM-SHA-256")))
+            assert r.i16() == 0
+        m = proxy.metrics()
+        assert m.sum("mirrorguard_requests_total", api="SaslAuthenticate") >= 8
+        log = proxy.log_path.read_text()
+        assert USERS["mg"] not in log and "upstream metadata read" in log
+    finally:
+        harness.close_clients()
+        assert proxy.terminate() == 0
+
+
+def test_java_client_through_the_proxy(sasl_kafka, tmp_path):
+    classes = tmp_path / "classes"
+    subprocess.run(["javac", "-cp", f"{KAFKA_LIBS}/*", "-d", classes, JAVA_SRC], check=True, timeout=180)
+    proxy = start_proxy(tmp_path, sasl_kafka)
+    try:
+        topic = harness.topic_name("sasljava")
+        harness.create_topics(sasl_kafka.bootstrap, [topic])
+
+        def java(mech: str, password: str) -> dict:
+            r = subprocess.run([JAVA, "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+                                "-cp", f"{classes}{os.pathsep}{KAFKA_LIBS}/*", "SaslClient",
+                                proxy.bootstrap, topic, mech, "alice", password, "5"],
+                               capture_output=True, text=True, timeout=120)
+            lines = [x for x in r.stdout.splitlines() if x.startswith("{")]
+            assert lines, r.stdout[-2000:] + r.stderr[-2000:]
+            return json.loads(lines[-1])
+
+        assert java("SCRAM-SHA-512", USERS["alice"]) == {"produced": 5, "consumed": 5}
+        bad = java("SCRAM-SHA-256", "wrong")
+        assert bad["error"] == "SaslAuthenticationException", bad
+        assert "invalid credentials with SASL mechanism SCRAM-SHA-256" in bad["message"], bad
+    finally:
+        assert proxy.terminate() == 0
+
+
+def test_reauthentication_through_the_proxy(kafka_factory, tmp_path):
+    """KIP-368: the broker gives sessions of 2 s; librdkafka re-authenticates on its
+    connections through the proxy (SaslHandshake/SaslAuthenticate relayed mid-stream)
+    and keeps producing and fetching."""
+    c = kafka_factory(name="reauth", sasl=USERS, overrides={"connections.max.reauth.ms": 2000})
+    proxy = start_proxy(tmp_path, c, name="mgreauth")
+    try:
+        topic = harness.topic_name("reauth")
+        harness.create_topics(c.bootstrap, [topic])
+        conf = sasl_conf("SCRAM-SHA-256")
+        errors: list = []
+        p = harness.new_producer(proxy.bootstrap, **{"enable.idempotence": True, "error_cb": errors.append,
+                                                     **conf})
+        # Connections are up once the first record is delivered.
+        harness.produce(proxy.bootstrap, topic, [(None, b"r-0")], producer=p)
+        sent = 1
+        time.sleep(0.5)
+        before = proxy.metrics()
+        t_end = time.monotonic() + 7
+        while time.monotonic() < t_end:
+            harness.produce(proxy.bootstrap, topic, [(None, b"r-%d" % sent)], producer=p)
+            sent += 1
+            time.sleep(0.3)
+        after = proxy.metrics()
+        reauths = (after.sum("mirrorguard_requests_total", api="SaslAuthenticate")
+                   - before.sum("mirrorguard_requests_total", api="SaslAuthenticate"))
+        new_conns = (after.sum("mirrorguard_connections_total", listener="main")
+                     - before.sum("mirrorguard_connections_total", listener="main"))
+        # SCRAM: two SaslAuthenticate per (re-)authentication; over 7 s with 2 s sessions
+        # the producer's connection re-authenticated several times without reconnecting.
+        assert reauths >= 4 and new_conns == 0, (reauths, new_conns)
+        assert not errors, errors
+        got = harness.consume_assign(proxy.bootstrap, topic, count=sent, **conf)
+        assert [m.value() for m in got] == [b"r-%d" % i for i in range(sent)]
+    finally:
+        harness.close_clients()
+        assert proxy.terminate() == 0
+
+
+# ---------------------------------------------------------------- mirror termination
+
+def credential_file(path) -> None:
+    lines = []
+    for mech in ("SCRAM-SHA-256", "SCRAM-SHA-512"):
+        r = subprocess.run([harness.MIRRORGUARD_BIN, "sasl-credential", "--user", "fetcher",
+                            "--mechanism", mech], input=FETCHER_PW + "\n", capture_output=True,
+                           text=True, timeout=30, check=True)
+        assert FETCHER_PW not in r.stdout
+        lines.append(r.stdout.strip())
+    path.write_text("# mirror listener clients\n" + "\n".join(lines) + "\n")
+
+
+def test_mirror_terminates_sasl_and_seals_with_the_source_killed(sasl_kafka, kafka_factory, mirror_factory,
+                                                                  tmp_path, monkeypatch):
+    src = kafka_factory(name="src", sasl=USERS)
+    topic = harness.topic_name("saslmirror")
+    harness.create_topics(src.bootstrap, [topic])
+    harness.create_topics(sasl_kafka.bootstrap, [topic])
+    creds = tmp_path / "fetchers.creds"
+    credential_file(creds)
+    src_pw = tmp_path / "src.pw"
+    src_pw.write_text(USERS["mg"])
+    monkeypatch.setenv("MG_TEST_STATE_PW", USERS["mg"])
+    spec = MirrorSpec("a-to-b", src.sasl_bootstrap, node_ids=src.node_ids, extra="\n".join([
+        "upstream_request_timeout_ms = 2000",
+        f"source_sasl = {upstream_sasl('mg', 'SCRAM-SHA-256', password_file=src_pw)}",
+        f'listener_sasl = {{ credentials_file = "{creds}" }}',
+    ]))
+    mg = mirror_factory(sasl_kafka.sasl_bootstrap, [spec], guard_upstream=sasl_kafka.sasl_bootstrap,
+                        guard_node_ids=sasl_kafka.node_ids, extra_config="\n".join([
+                            f"upstream_sasl = {upstream_sasl('mg', 'SCRAM-SHA-512', password_env='MG_TEST_STATE_PW')}",
+                            "",
+                            "[state.sasl]",
+                            'mechanism = "SCRAM-SHA-256"',
+                            'username = "mg"',
+                            'password_env = "MG_TEST_STATE_PW"',
+                        ]))
+    harness.produce(src.sasl_bootstrap, topic, [(None, b"m-%d" % i) for i in range(5)],
+                    **{"enable.idempotence": True, **sasl_conf("SCRAM-SHA-256")})
+    hw = high_watermark(src.bootstrap, topic)
+    assert hw == 5
+
+    # librdkafka authenticates to mirrorguard (not to the source, which has no `fetcher`).
+    fetcher_conf = sasl_conf("SCRAM-SHA-512", user="fetcher", password=FETCHER_PW)
+    got = harness.consume_assign(spec.bootstrap, topic, count=5, **fetcher_conf)
+    assert [m.value() for m in got] == [b"m-%d" % i for i in range(5)]
+    e = auth_error(spec.bootstrap, sasl_conf("SCRAM-SHA-256", user="fetcher", password="wrong"))
+    assert e.code() == KafkaError._AUTHENTICATION and "invalid credentials" in e.str(), e.str()
+    e = auth_error(spec.bootstrap, sasl_conf("PLAIN", user="fetcher", password=FETCHER_PW))
+    assert e.code() == KafkaError._AUTHENTICATION and "PLAIN" in e.str(), e.str()
+    # Unauthenticated requests are not answered: the connection is closed, as Kafka does.
+    with rawkafka.Connection(HOST, spec.node_port, timeout=5) as c:
+        with pytest.raises((rawkafka.ProtocolError, OSError)):
+            rawkafka.metadata_v1(c, [topic])
+
+    f = SaslStandIn(topic, version=13).connect(spec.bootstrap)
+    f.catch_up(hw)
+
+    def topology_persisted():
+        return any(r.type == 8 and r.value and any(t["name"] == topic for t in r.value["topics"])
+                   for r in read_state_records(sasl_kafka.bootstrap, topic=mg.state_topic))
+
+    wait_until(topology_persisted, 15, interval=0.3, what="source topology persisted over SASL")
+
+    src.nodes[0].kill()
+    # A new fetcher connection authenticates against the local file with the source dead.
+    f.connect(spec.bootstrap)
+    res, got = f.fetch_once(max_wait_ms=200)
+    assert got == [] and res.error_code == 0
+
+    # The guard refuses Produce to the mirrored partition (librdkafka through the guard
+    # authenticates to the destination: passthrough).
+    guard_p = Producer({"bootstrap.servers": mg.guard_bootstrap, "message.timeout.ms": 10000,
+                        "retries": 0, **sasl_conf("SCRAM-SHA-256")})
+    refused: list = []
+    guard_p.produce(topic, b"early", partition=0, on_delivery=lambda err, msg: refused.append(err))
+    guard_p.flush(15)
+    assert refused and refused[0] is not None and refused[0].code() == KafkaError.POLICY_VIOLATION, refused
+
+    status, body = mg.post("stop", "a-to-b", topic, [0])
+    assert status == 200, body
+    f.follow(lambda s: any(b.kind == "barrier" for b in s.log), 20, "barrier appended")
+    f.follow(lambda s: (mg.partition(topic, 0) or {}).get("state") == "STOPPED", 20, "STOPPED")
+    assert [b.kind for b in f.log if b.kind in ("abort", "barrier")][-1] == "barrier"
+    f.close()
+
+    ok: list = []
+    guard_p.produce(topic, b"after", partition=0, on_delivery=lambda err, msg: ok.append(err))
+    guard_p.flush(15)
+    assert ok == [None], ok
+    log = mg.log_text()
+    assert USERS["mg"] not in log and FETCHER_PW not in log
+    assert "client not authenticated" in log
