@@ -602,6 +602,195 @@ async fn api_versions<U: AsyncRead + AsyncWrite + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sasl::{client, ClientCredentials, Secret};
+    use std::sync::Arc;
+    use tokio::io::{AsyncReadExt, DuplexStream};
+
+    fn ctx() -> ConnectionContext {
+        ConnectionContext {
+            listener: "m".into(),
+            max_frame: 1 << 20,
+            metrics: crate::metrics::Metrics::new(),
+            chain: Arc::new(crate::filter::Chain::new(Vec::new())),
+            health: Default::default(),
+        }
+    }
+
+    fn server(mechanisms: &[Mechanism]) -> ServerAuth {
+        let lines: Vec<String> = [Mechanism::ScramSha256, Mechanism::ScramSha512]
+            .iter()
+            .map(|m| credential_line("fetcher", *m, b"right", 4096).unwrap())
+            .collect();
+        ServerAuth {
+            mechanisms: mechanisms.to_vec(),
+            store: CredentialStore::parse(&lines.join("\n")).unwrap(),
+        }
+    }
+
+    fn creds(m: Mechanism, password: &str) -> ClientCredentials {
+        ClientCredentials {
+            mechanism: m,
+            username: "fetcher".into(),
+            password: Secret::new(password),
+        }
+    }
+
+    /// mirrorguard's client against mirrorguard's server over an in-memory pipe.
+    async fn exchange(
+        s: &ServerAuth,
+        c: &ClientCredentials,
+    ) -> (
+        Result<client::Session, SaslError>,
+        Result<String, AcceptError>,
+    ) {
+        let (mut a, mut b) = tokio::io::duplex(1 << 16);
+        let peer = "127.0.0.1:1".parse().unwrap();
+        let ctx = ctx();
+        let (cr, sr) = tokio::join!(
+            async {
+                let r = client::authenticate(&mut a, c, Duration::from_secs(5)).await;
+                drop(a);
+                r
+            },
+            async {
+                let r = s
+                    .accept(&mut b, None::<&mut DuplexStream>, &ctx, peer)
+                    .await;
+                drop(b);
+                r
+            }
+        );
+        (cr, sr)
+    }
+
+    #[tokio::test]
+    async fn client_and_server_agree_and_wrong_passwords_fail() {
+        let all = [
+            Mechanism::ScramSha256,
+            Mechanism::ScramSha512,
+            Mechanism::Plain,
+        ];
+        let s = server(&all);
+        for m in all {
+            let (c, sv) = exchange(&s, &creds(m, "right")).await;
+            assert_eq!(c.unwrap().lifetime_ms, 0, "{m}: no re-authentication");
+            assert_eq!(sv.unwrap(), "fetcher");
+            let (c, sv) = exchange(&s, &creds(m, "wrong")).await;
+            let e = c.unwrap_err().to_string();
+            assert!(
+                e.contains("SASL_AUTHENTICATION_FAILED")
+                    || e.contains("SaslAuthenticationFailed")
+                    || e.contains("invalid credentials"),
+                "{m}: {e}"
+            );
+            assert!(matches!(sv, Err(AcceptError::Refused(_))), "{m}");
+        }
+        // A mechanism that is not enabled: the client learns what is.
+        let s = server(&[Mechanism::ScramSha512]);
+        let (c, sv) = exchange(&s, &creds(Mechanism::Plain, "right")).await;
+        match c.unwrap_err() {
+            SaslError::Mechanism { offered, .. } => assert_eq!(offered, ["SCRAM-SHA-512"]),
+            e => panic!("{e}"),
+        }
+        assert!(sv.is_err());
+    }
+
+    /// Sends `frames` to a fresh server phase; returns its result and what it wrote.
+    async fn raw(frames: &[Vec<u8>]) -> (Result<String, AcceptError>, Vec<u8>) {
+        let s = server(&[Mechanism::ScramSha256]);
+        let (mut a, mut b) = tokio::io::duplex(1 << 16);
+        for f in frames {
+            a.write_all(f).await.unwrap();
+        }
+        // The client sends nothing more (EOF after its frames).
+        a.shutdown().await.unwrap();
+        let ctx = ctx();
+        let r = s
+            .accept(
+                &mut b,
+                None::<&mut DuplexStream>,
+                &ctx,
+                "127.0.0.1:1".parse().unwrap(),
+            )
+            .await;
+        drop(b);
+        let mut out = Vec::new();
+        a.read_to_end(&mut out).await.unwrap();
+        (r, out)
+    }
+
+    fn request(api_key: i16, version: i16, body: &[u8]) -> Vec<u8> {
+        crate::kafka_client::request_frame(api_key, version, 3, "t", |w| {
+            w.put_raw(body);
+            Ok(())
+        })
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn hostile_or_early_requests_close_the_connection() {
+        // Metadata before authentication: closed without an answer.
+        let (r, out) = raw(&[request(3, 1, &[0, 0, 0, 0])]).await;
+        assert!(matches!(r, Err(AcceptError::Refused(m)) if m.contains("Metadata")));
+        assert!(out.is_empty());
+        // SaslHandshake v0: UNSUPPORTED_VERSION, then closed.
+        let (r, out) = raw(&[request(17, 0, b"\0\x05PLAIN")]).await;
+        assert!(r.is_err());
+        assert_eq!(&out[8..10], &api::error::UNSUPPORTED_VERSION.to_be_bytes());
+        // SaslAuthenticate before SaslHandshake.
+        let (r, _) = raw(&[request(36, 1, &[0, 0, 0, 0])]).await;
+        assert!(r.is_err());
+        // A frame larger than the pre-authentication limit, a negative size, garbage.
+        for bad in [
+            (MAX_PRE_AUTH_FRAME as i32 + 1).to_be_bytes().to_vec(),
+            (-1i32).to_be_bytes().to_vec(),
+            vec![0, 0, 0, 4, 0xff, 0xff, 0xff, 0xff],
+        ] {
+            let (r, out) = raw(&[bad]).await;
+            assert!(matches!(r, Err(AcceptError::Refused(_))), "{r:?}");
+            assert!(out.is_empty());
+        }
+        // A client that goes away.
+        let (r, _) = raw(&[]).await;
+        assert!(matches!(r, Err(AcceptError::Gone(_))), "{r:?}");
+    }
+
+    #[tokio::test]
+    async fn api_versions_come_from_the_upstream_with_the_local_sasl_versions() {
+        let s = server(&[Mechanism::ScramSha256]);
+        let (mut client, mut server_end) = tokio::io::duplex(1 << 16);
+        let (mut upstream, mut broker) = tokio::io::duplex(1 << 16);
+        // The broker answers one ApiVersions v0: Fetch 4..17, SaslHandshake 0..1.
+        tokio::spawn(async move {
+            let body = read_frame(&mut broker, 1 << 20).await.unwrap();
+            let corr = &body[4..8];
+            let mut resp = corr.to_vec();
+            resp.extend_from_slice(&[0, 0, 0, 0, 0, 2, 0, 1, 0, 4, 0, 17, 0, 17, 0, 0, 0, 1]);
+            let mut f = (resp.len() as i32).to_be_bytes().to_vec();
+            f.extend_from_slice(&resp);
+            broker.write_all(&f).await.unwrap();
+        });
+        client.write_all(&request(18, 0, &[])).await.unwrap();
+        drop(client.write_all(&request(3, 1, &[0, 0, 0, 0])).await);
+        let ctx = ctx();
+        let r = s
+            .accept(
+                &mut server_end,
+                Some(&mut upstream),
+                &ctx,
+                "127.0.0.1:1".parse().unwrap(),
+            )
+            .await;
+        assert!(r.is_err(), "Metadata before authentication");
+        let resp = read_frame(&mut client, 1 << 20).await.unwrap();
+        let body = &resp[4..];
+        // error 0, three entries: Fetch as the broker sent it (the empty chain
+        // clamps nothing), SaslHandshake v1 only, SaslAuthenticate v0..2 added.
+        assert_eq!(
+            body,
+            &[0, 0, 0, 0, 0, 3, 0, 1, 0, 4, 0, 17, 0, 17, 0, 1, 0, 1, 0, 36, 0, 0, 0, 2][..]
+        );
+    }
 
     #[test]
     fn credential_lines_round_trip_and_bad_files_are_refused() {

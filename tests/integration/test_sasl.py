@@ -346,6 +346,10 @@ def test_mirror_terminates_sasl_and_seals_with_the_source_killed(sasl_kafka, kaf
     f.follow(lambda s: (mg.partition(topic, 0) or {}).get("state") == "STOPPED", 20, "STOPPED")
     assert [b.kind for b in f.log if b.kind in ("abort", "barrier")][-1] == "barrier"
     f.close()
+    # The destination admin calls (Metadata, DescribeProducers) authenticate as `mg`.
+    status, body = mg.post("abort-open", "a-to-b", topic, [0])
+    assert status == 200, body
+    assert [r["aborted"] for r in body["partitions"]] == [[]], body
 
     ok: list = []
     guard_p.produce(topic, b"after", partition=0, on_delivery=lambda err, msg: ok.append(err))
