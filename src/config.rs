@@ -999,4 +999,51 @@ pid_mode = "preserve"
         let text = include_str!("../proxy.toml.example");
         parse(text).unwrap();
     }
+
+    #[test]
+    fn sasl_sections_of_the_example_parse_and_reach_the_listeners() {
+        // The example with its SASL lines uncommented.
+        let text = include_str!("../proxy.toml.example")
+            .lines()
+            .map(|l| {
+                let t = l.trim_start_matches("# ");
+                let sasl = [
+                    "upstream_sasl",
+                    "source_sasl",
+                    "destination_sasl",
+                    "listener_sasl",
+                ]
+                .iter()
+                .any(|k| t.starts_with(&format!("{k} = ")));
+                let state = t == "[state.sasl]"
+                    || (t.starts_with("mechanism = ")
+                        || t.starts_with("username = ")
+                        || t.starts_with("password_env = "));
+                if sasl || state {
+                    t.to_string()
+                } else {
+                    l.to_string()
+                }
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        let c = parse(&text).unwrap();
+        let state = c.state.as_ref().unwrap().sasl.as_ref().unwrap();
+        assert_eq!(
+            state.password_env.as_deref(),
+            Some("MIRRORGUARD_STATE_PASSWORD")
+        );
+        assert!(c.listeners[0].upstream_sasl.is_some() && !c.listeners[0].terminates_sasl);
+        let m = c.mirrors[0].listener();
+        assert!(m.terminates_sasl && m.upstream_sasl.is_some() && m.listener_sasl.is_some());
+        assert_eq!(
+            c.destination_sasl().unwrap().password_file.as_deref(),
+            Some(Path::new("/run/secrets/dest"))
+        );
+        let bad = text.replace(
+            "username = \"mirrorguard\"\npassword_env",
+            "user = \"x\"\npassword_env",
+        );
+        assert!(parse(&bad).unwrap_err().to_string().contains("user"));
+    }
 }
