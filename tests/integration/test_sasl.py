@@ -358,3 +358,60 @@ def test_mirror_terminates_sasl_and_seals_with_the_source_killed(sasl_kafka, kaf
     log = mg.log_text()
     assert USERS["mg"] not in log and FETCHER_PW not in log
     assert "client not authenticated" in log
+
+
+def test_documented_acls_are_enough(kafka_factory, mirror_factory, tmp_path, monkeypatch):
+    """An authorizer on one cluster (source, destination and state at once), and
+    mirrorguard's principal `mg` holding exactly the README's ACLs: start-up (state
+    topic created, checked, idempotent producer), the mirror's refresh and fetches,
+    a seal and abort-open all pass."""
+    from confluent_kafka.admin import (AclBinding, AclOperation, AclPermissionType,
+                                       ResourcePatternType, ResourceType)
+
+    c = kafka_factory(name="acl", sasl=USERS, overrides={
+        "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+        # PLAINTEXT (inter-broker, the tests' own reads) is ANONYMOUS.
+        "super.users": "User:ANONYMOUS;User:alice",
+        "allow.everyone.if.no.acl.found": "false",
+    })
+    topic, hidden = harness.topic_name("acl"), harness.topic_name("aclhidden")
+    harness.create_topics(c.bootstrap, [topic, hidden])
+
+    def allow(rtype, name, *ops):
+        return [AclBinding(rtype, name, ResourcePatternType.LITERAL, "User:mg", "*", op,
+                           AclPermissionType.ALLOW) for op in ops]
+
+    acls = (allow(ResourceType.TOPIC, "__mirror_state", AclOperation.READ, AclOperation.WRITE,
+                  AclOperation.CREATE, AclOperation.DESCRIBE_CONFIGS)
+            + allow(ResourceType.BROKER, "kafka-cluster", AclOperation.IDEMPOTENT_WRITE,
+                    AclOperation.CLUSTER_ACTION)
+            + allow(ResourceType.TOPIC, topic, AclOperation.DESCRIBE, AclOperation.READ))
+    for f in harness.admin(c.bootstrap).create_acls(acls).values():
+        f.result(15)
+    # The authorizer is on: `mg` sees only what its ACLs grant.
+    seen = wait_until(lambda: harness.admin(c.sasl_bootstrap, **sasl_conf("SCRAM-SHA-256", user="mg"))
+                      .list_topics(timeout=10).topics.keys() or None, 15, what="mg's Metadata")
+    assert topic in seen and hidden not in seen, sorted(seen)
+    harness.produce(c.sasl_bootstrap, topic, [(None, b"a-%d" % i) for i in range(3)],
+                    **{"enable.idempotence": True, **sasl_conf("SCRAM-SHA-256")})
+
+    creds = tmp_path / "fetchers.creds"
+    credential_file(creds)
+    monkeypatch.setenv("MG_TEST_STATE_PW", USERS["mg"])
+    identity = upstream_sasl("mg", "SCRAM-SHA-256", password_env="MG_TEST_STATE_PW")
+    spec = MirrorSpec("a-to-b", c.sasl_bootstrap, node_ids=c.node_ids, extra="\n".join([
+        f"source_sasl = {identity}",
+        f'listener_sasl = {{ credentials_file = "{creds}" }}',
+    ]))
+    mg = mirror_factory(c.sasl_bootstrap, [spec], extra_config="\n".join([
+        "[state.sasl]", 'mechanism = "SCRAM-SHA-256"', 'username = "mg"', 'password_env = "MG_TEST_STATE_PW"']))
+    f = SaslStandIn(topic, version=13).connect(spec.bootstrap)
+    f.catch_up(3)
+    status, body = mg.post("stop", "a-to-b", topic, [0])
+    assert status == 200, body
+    f.follow(lambda s: (mg.partition(topic, 0) or {}).get("state") == "STOPPED", 20, "STOPPED")
+    f.close()
+    status, body = mg.post("abort-open", "a-to-b", topic, [0])
+    assert status == 200, body
+    log = mg.log_text()
+    assert "AUTHORIZATION_FAILED" not in log.upper(), log[-3000:]
