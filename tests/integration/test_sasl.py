@@ -196,25 +196,33 @@ def test_passthrough_every_mechanism_and_wrong_password(sasl_kafka, tmp_path):
         assert proxy.terminate() == 0
 
 
-def test_java_client_through_the_proxy(sasl_kafka, tmp_path):
-    classes = tmp_path / "classes"
+@pytest.fixture(scope="module")
+def java_classes(tmp_path_factory):
+    classes = tmp_path_factory.mktemp("saslclasses")
     subprocess.run(["javac", "-cp", f"{KAFKA_LIBS}/*", "-d", classes, JAVA_SRC], check=True, timeout=180)
+    return classes
+
+
+def java(classes, bootstrap: str, topic: str, mech: str, user: str, password: str, n: int,
+         consume_only: bool = False) -> dict:
+    """Kafka's Java client (tests/integration/java/SaslClient.java); its JSON line."""
+    r = subprocess.run([JAVA, "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
+                        "-cp", f"{classes}{os.pathsep}{KAFKA_LIBS}/*", "SaslClient",
+                        bootstrap, topic, mech, user, password, str(n)] + (["consume"] if consume_only else []),
+                       capture_output=True, text=True, timeout=120)
+    lines = [x for x in r.stdout.splitlines() if x.startswith("{")]
+    assert lines, r.stdout[-2000:] + r.stderr[-2000:]
+    return json.loads(lines[-1])
+
+
+def test_java_client_through_the_proxy(sasl_kafka, java_classes, tmp_path):
     proxy = start_proxy(tmp_path, sasl_kafka)
     try:
         topic = harness.topic_name("sasljava")
         harness.create_topics(sasl_kafka.bootstrap, [topic])
-
-        def java(mech: str, password: str) -> dict:
-            r = subprocess.run([JAVA, "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
-                                "-cp", f"{classes}{os.pathsep}{KAFKA_LIBS}/*", "SaslClient",
-                                proxy.bootstrap, topic, mech, "alice", password, "5"],
-                               capture_output=True, text=True, timeout=120)
-            lines = [x for x in r.stdout.splitlines() if x.startswith("{")]
-            assert lines, r.stdout[-2000:] + r.stderr[-2000:]
-            return json.loads(lines[-1])
-
-        assert java("SCRAM-SHA-512", USERS["alice"]) == {"produced": 5, "consumed": 5}
-        bad = java("SCRAM-SHA-256", "wrong")
+        got = java(java_classes, proxy.bootstrap, topic, "SCRAM-SHA-512", "alice", USERS["alice"], 5)
+        assert got == {"produced": 5, "consumed": 5}
+        bad = java(java_classes, proxy.bootstrap, topic, "SCRAM-SHA-256", "alice", "wrong", 5)
         assert bad["error"] == "SaslAuthenticationException", bad
         assert "invalid credentials with SASL mechanism SCRAM-SHA-256" in bad["message"], bad
     finally:
@@ -274,7 +282,7 @@ def credential_file(path) -> None:
 
 
 def test_mirror_terminates_sasl_and_seals_with_the_source_killed(sasl_kafka, kafka_factory, mirror_factory,
-                                                                  tmp_path, monkeypatch):
+                                                                  java_classes, tmp_path, monkeypatch):
     src = kafka_factory(name="src", sasl=USERS)
     topic = harness.topic_name("saslmirror")
     harness.create_topics(src.bootstrap, [topic])
@@ -307,6 +315,12 @@ def test_mirror_terminates_sasl_and_seals_with_the_source_killed(sasl_kafka, kaf
     fetcher_conf = sasl_conf("SCRAM-SHA-512", user="fetcher", password=FETCHER_PW)
     got = harness.consume_assign(spec.bootstrap, topic, count=5, **fetcher_conf)
     assert [m.value() for m in got] == [b"m-%d" % i for i in range(5)]
+    # Kafka's Java client too (SaslAuthenticate v2, flexible; ApiVersions again after).
+    got = java(java_classes, spec.bootstrap, topic, "SCRAM-SHA-256", "fetcher", FETCHER_PW, 5, consume_only=True)
+    assert got == {"produced": 0, "consumed": 5}, got
+    bad = java(java_classes, spec.bootstrap, topic, "SCRAM-SHA-512", "fetcher", "wrong", 5, consume_only=True)
+    assert bad["error"] == "SaslAuthenticationException", bad
+    assert "invalid credentials with SASL mechanism SCRAM-SHA-512" in bad["message"], bad
     e = auth_error(spec.bootstrap, sasl_conf("SCRAM-SHA-256", user="fetcher", password="wrong"))
     assert e.code() == KafkaError._AUTHENTICATION and "invalid credentials" in e.str(), e.str()
     e = auth_error(spec.bootstrap, sasl_conf("PLAIN", user="fetcher", password=FETCHER_PW))

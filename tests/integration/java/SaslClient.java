@@ -14,8 +14,9 @@ import org.apache.kafka.common.serialization.ByteArraySerializer;
 
 /**
  * Kafka's Java client over SASL_PLAINTEXT: an idempotent producer writes N records, a
- * consumer reads them back. Args: bootstrap topic mechanism user password n. Prints one
- * JSON line: {"produced":N,"consumed":M} or {"error":"Class","message":"..."}.
+ * consumer reads them back. Args: bootstrap topic mechanism user password n [consume]
+ * ("consume": only read N records from the start). Prints one JSON line:
+ * {"produced":N,"consumed":M} or {"error":"Class","message":"..."}.
  */
 public final class SaslClient {
     private SaslClient() {}
@@ -23,6 +24,7 @@ public final class SaslClient {
     public static void main(String[] args) {
         String bootstrap = args[0], topic = args[1], mech = args[2], user = args[3], pw = args[4];
         int n = Integer.parseInt(args[5]);
+        boolean consumeOnly = args.length > 6 && args[6].equals("consume");
         Properties common = new Properties();
         common.put("bootstrap.servers", bootstrap);
         common.put("security.protocol", "SASL_PLAINTEXT");
@@ -46,7 +48,7 @@ public final class SaslClient {
         cp.put("fetch.max.wait.ms", "100");
         try (KafkaProducer<byte[], byte[]> p = new KafkaProducer<>(pp);
              KafkaConsumer<byte[], byte[]> c = new KafkaConsumer<>(cp)) {
-            for (int i = 0; i < n; i++) {
+            for (int i = 0; i < (consumeOnly ? 0 : n); i++) {
                 p.send(new ProducerRecord<>(topic, 0, null, ("java-" + i).getBytes())).get(20, TimeUnit.SECONDS);
             }
             TopicPartition tp = new TopicPartition(topic, 0);
@@ -59,7 +61,7 @@ public final class SaslClient {
                     got.add(new String(r.value()));
                 }
             }
-            System.out.println("{\"produced\":" + n + ",\"consumed\":" + got.size() + "}");
+            System.out.println("{\"produced\":" + (consumeOnly ? 0 : n) + ",\"consumed\":" + got.size() + "}");
         } catch (Exception e) {
             Throwable t = e;
             while (t.getCause() != null && !(t instanceof org.apache.kafka.common.KafkaException)) {
