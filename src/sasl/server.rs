@@ -20,7 +20,8 @@
 //!   mechanism gets UNSUPPORTED_SASL_MECHANISM with the enabled list, then
 //!   the close.
 //! - SaslAuthenticate v0-v2 carries the mechanism's tokens. A failure gets
-//!   SASL_AUTHENTICATION_FAILED with Kafka's message, then the close.
+//!   SASL_AUTHENTICATION_FAILED with Kafka's message, sent after 100 ms
+//!   (Kafka's `connection.failed.authentication.delay.ms`), then the close.
 //!   Success carries `session_lifetime_ms = 0`: clients never
 //!   re-authenticate (KIP-368), and a later SaslHandshake/SaslAuthenticate
 //!   on the relayed connection is answered ILLEGAL_SASL_STATE by
@@ -73,6 +74,10 @@ use crate::wire::{Reader, Writer};
 
 /// How long a client has to authenticate after connecting.
 pub const AUTH_DEADLINE: Duration = Duration::from_secs(30);
+/// Pause before a failed authentication is answered (Kafka's
+/// `connection.failed.authentication.delay.ms` default): slows password
+/// guessing down.
+const FAILED_AUTH_DELAY: Duration = Duration::from_millis(100);
 /// Largest frame read before authentication (Kafka's
 /// `sasl.server.max.receive.size` default).
 const MAX_PRE_AUTH_FRAME: usize = 512 * 1024;
@@ -379,6 +384,7 @@ impl ServerAuth {
                             return Ok(user);
                         }
                         Err(e) => {
+                            tokio::time::sleep(FAILED_AUTH_DELAY).await;
                             let message = format!(
                                 "Authentication failed during authentication due to invalid credentials with SASL mechanism {m}"
                             );
