@@ -230,7 +230,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
         max_frame: usize,
         client_id: &'static str,
     ) -> Result<Self, ClientError> {
-        let stream = match timeout(connect_timeout, connector.connect(addr)).await {
+        let mut stream = match timeout(connect_timeout, connector.connect(addr)).await {
             Err(_) => {
                 return Err(ClientError::Unreachable(format!(
                     "connecting to {addr} timed out after {connect_timeout:?}"
@@ -243,7 +243,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
             }
             Ok(Ok(s)) => s,
         };
-        let mut stream = stream;
+        // The one authentication step, on whatever transport the connector made.
         if let Some(creds) = connector.sasl() {
             crate::sasl::client::authenticate(&mut stream, creds, connect_timeout)
                 .await

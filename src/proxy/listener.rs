@@ -4,7 +4,10 @@
 //! Connections on the bootstrap port go to any upstream bootstrap server;
 //! connections on node N's port go to wherever node N is now (from the
 //! [`NodeRegistry`]). Each accepted connection runs [`relay`] in its own task
-//! and is counted so that shutdown can wait for in-flight requests.
+//! and is counted so that shutdown can wait for in-flight requests. On a
+//! mirror listener, SASL authentication (mirrorguard's own toward the
+//! source, then the client's toward mirrorguard) runs between accept and
+//! relay ([`crate::sasl::server`]).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
