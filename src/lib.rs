@@ -80,4 +80,5 @@ pub mod proxy;
 pub mod records;
 pub mod run;
 pub mod state_store;
+pub mod tls;
 pub mod wire;

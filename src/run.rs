@@ -20,6 +20,7 @@ use crate::filter::offline::SourceOffline;
 use crate::filter::produce_guard::ProduceGuard;
 use crate::filter::seal::Seal;
 use crate::filter::{BoxFuture, Chain, Filter};
+use crate::kafka_client::TransportConnector;
 use crate::lifecycle::Lifecycle;
 use crate::metrics::Metrics;
 use crate::mirror::{MirrorContext, PendingSalt, SaltStore};
@@ -154,15 +155,21 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         max_producers: config.producer_state.max_producers,
         max_partitions: config.producer_state.max_partitions,
     }));
+    let destination_connector =
+        TransportConnector::from_config(config.destination_tls().as_ref(), "destination tls")?;
     let state_sync = match &config.state {
         Some(st) if !config.mirrors.is_empty() || !config.guards.is_empty() => {
-            let store = StateStore::open(StateStoreConfig {
-                bootstrap: st.bootstrap.clone(),
-                topic: st.topic.clone(),
-                replication_factor: st.replication_factor,
-                connect_timeout: Duration::from_millis(st.connect_timeout_ms),
-                request_timeout: Duration::from_millis(st.request_timeout_ms),
-            })
+            let connector = TransportConnector::from_config(st.tls.as_ref(), "state tls")?;
+            let store = StateStore::open_with(
+                StateStoreConfig {
+                    bootstrap: st.bootstrap.clone(),
+                    topic: st.topic.clone(),
+                    replication_factor: st.replication_factor,
+                    connect_timeout: Duration::from_millis(st.connect_timeout_ms),
+                    request_timeout: Duration::from_millis(st.request_timeout_ms),
+                },
+                connector,
+            )
             .await
             .map_err(|e| anyhow::anyhow!("state cluster ({}): {e}", st.bootstrap.join(",")))?;
             crate::state_store::checks::check(&config, store.report()).await?;
@@ -178,6 +185,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
                 registry.clone(),
                 metrics.clone(),
                 bootstrap,
+                destination_connector.clone(),
             ))
         }
         _ => None,
@@ -230,7 +238,8 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             shutdown_rx.clone(),
             tracker.clone(),
             move |nodes| mirror_chain(nodes, m, main_is_fetcher),
-        );
+        )?;
+        mirror.set_source_connector(listener.upstream_connector().clone());
         listener.set_refresh_hook(mirror.clone());
         listener.start().await?;
         // With a topology restored from __mirror_state the source's node
@@ -251,7 +260,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
                 shutdown_rx.clone(),
                 tracker.clone(),
                 move |nodes| mirror_chain(nodes, m, true),
-            );
+            )?;
             listener.set_refresh_hook(mirror.clone());
             listener.start().await?;
             if let Some(t) = mirror.topology() {
@@ -279,7 +288,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             shutdown_rx.clone(),
             tracker.clone(),
             move |nodes| guard_chain(nodes, &name, lifecycle, mirror_contexts, metrics2),
-        );
+        )?;
         listener.start().await?;
         listeners.push(listener);
     }
@@ -292,7 +301,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             shutdown_rx.clone(),
             tracker.clone(),
             plain_chain,
-        );
+        )?;
         listener.start().await?;
         listeners.push(listener);
     }
@@ -308,7 +317,12 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let admin_socket = tokio::net::TcpListener::bind(admin_addr)
         .await
         .map_err(|e| anyhow::anyhow!("cannot bind admin listener {admin_addr}: {e}"))?;
-    tracing::info!(%admin_addr, "admin listener bound (/healthz /readyz /metrics)");
+    let admin_tls = match &config.admin.tls {
+        Some(t) => Some(crate::tls::ServerTls::new(t, "admin tls")?),
+        None => None,
+    };
+    tracing::info!(%admin_addr, https = admin_tls.is_some(),
+        "admin listener bound (/healthz /readyz /metrics)");
     let token = match &config.admin.token_file {
         Some(path) => Some(
             std::fs::read_to_string(path)
@@ -331,6 +345,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             .iter()
             .filter_map(|a| crate::config::split_host_port(a).ok())
             .collect(),
+        destination_connector,
         metrics: Some(metrics.clone()),
     });
     let admin_read_timeout = Duration::from_millis(config.admin.read_timeout_ms);
@@ -340,7 +355,10 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         admin_router,
         admin_read_timeout,
         shutdown_rx.clone(),
+        admin_tls,
+        metrics.clone(),
     ));
+    tokio::spawn(reload_tls_on_sighup(metrics.clone()));
 
     wait_for_signal().await;
     admin_state.shutting_down.store(true, Ordering::SeqCst);
@@ -372,6 +390,40 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let _ = tokio::time::timeout(Duration::from_secs(1), admin_task).await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// SIGHUP re-reads every TLS certificate, key and CA bundle: new
+/// connections use the new files, open ones keep theirs; a file that no
+/// longer makes a valid configuration keeps the old one and says why.
+async fn reload_tls_on_sighup(metrics: Arc<Metrics>) {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut hup = match signal(SignalKind::hangup()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot install SIGHUP handler; TLS files are not reloaded");
+            return;
+        }
+    };
+    while hup.recv().await.is_some() {
+        let report = crate::tls::reload_all();
+        let count = |result| {
+            metrics
+                .tls_reloads
+                .get_or_create(&crate::metrics::ResultLabels { result })
+                .clone()
+        };
+        count("ok").inc_by(report.ok as u64);
+        count("error").inc_by(report.failed.len() as u64);
+        for (what, e) in &report.failed {
+            tracing::error!(config = %what, error = %e,
+                "SIGHUP: TLS files refused; keeping the previous certificates and keys");
+        }
+        tracing::info!(
+            reloaded = report.ok,
+            refused = report.failed.len(),
+            "SIGHUP: TLS certificates and keys re-read"
+        );
+    }
 }
 
 async fn wait_for_signal() {

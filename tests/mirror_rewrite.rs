@@ -79,6 +79,9 @@ fn mirror_with(mode: PidMode, layout: LayoutConfig, limits: RegistryConfig) -> A
         fetcher_bootstrap: None,
         fetcher_node_port_base: None,
         crc_verify_every: 0,
+        tls: None,
+        source_tls: None,
+        destination_tls: None,
     };
     let metrics = Metrics::new();
     let m = MirrorContext::new(

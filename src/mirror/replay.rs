@@ -16,7 +16,7 @@ use std::time::Duration;
 use crate::codec::api::error::OFFSET_OUT_OF_RANGE;
 use crate::codec::api::FETCH;
 use crate::handlers::{walk_fetch_response, FetchTopic};
-use crate::kafka_client::{address, ClientError, Connection, TcpConnector};
+use crate::kafka_client::{address, ClientError, Connection};
 use crate::producer_state::PartitionKey;
 use crate::records::{walk, Entry};
 use crate::wire::{WireResult, Writer};
@@ -118,7 +118,7 @@ async fn replay_from(
     max_frame: usize,
 ) -> Result<(), ClientError> {
     let mut conn = Connection::connect(
-        &TcpConnector,
+        &mirror.source_connector(),
         &address(host, port),
         Duration::from_secs(5),
         max_frame,

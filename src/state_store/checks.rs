@@ -96,7 +96,7 @@ pub async fn check(config: &Config, report: &StateClusterReport) -> anyhow::Resu
             for m in &config.mirrors {
                 let source_id = match &m.source_cluster_id {
                     Some(id) => Some(id.clone()),
-                    None => source_cluster_id(&m.source_bootstrap).await,
+                    None => source_cluster_id(&m.source_bootstrap, m.source_tls.as_ref()).await,
                 };
                 match source_id {
                     Some(source_id) if same_cluster(state_id, &source_id) => {
@@ -139,7 +139,13 @@ pub async fn check(config: &Config, report: &StateClusterReport) -> anyhow::Resu
 }
 
 /// A source's cluster id from its Metadata, if it answers in time.
-async fn source_cluster_id(bootstrap: &[String]) -> Option<String> {
+async fn source_cluster_id(
+    bootstrap: &[String],
+    tls: Option<&crate::config::ClientTlsConfig>,
+) -> Option<String> {
+    let connector =
+        crate::kafka_client::TransportConnector::from_config(tls, "source (cluster id check)")
+            .ok()?;
     let servers: Vec<(String, u16)> = bootstrap
         .iter()
         .filter_map(|a| crate::config::split_host_port(a).ok())
@@ -148,6 +154,7 @@ async fn source_cluster_id(bootstrap: &[String]) -> Option<String> {
         SOURCE_ID_TIMEOUT,
         crate::proxy::refresh::fetch_cluster_view(
             &servers,
+            &connector,
             SOURCE_ID_TIMEOUT,
             crate::config::DEFAULT_MAX_FRAME_BYTES as usize,
         ),

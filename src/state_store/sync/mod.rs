@@ -85,6 +85,7 @@ pub struct StateSync {
     /// Bootstrap of the destination cluster, for its topic ids (the state
     /// cluster may be another one).
     dest_bootstrap: Vec<(String, u16)>,
+    dest_connector: crate::kafka_client::TransportConnector,
     dest_topics: std::sync::RwLock<DestinationTopics>,
     lifecycle: std::sync::OnceLock<Arc<Lifecycle>>,
     /// Open transactions of seals read back (type 5), by destination topic
@@ -215,12 +216,13 @@ struct DestinationTopics {
 
 impl StateSync {
     /// A sync over an opened store; `dest_bootstrap` is the destination
-    /// cluster (where topic ids are read).
+    /// cluster (where topic ids are read), reached with `dest_connector`.
     pub fn new(
         store: Arc<StateStore>,
         registry: Arc<ProducerStateRegistry>,
         metrics: Arc<Metrics>,
         dest_bootstrap: Vec<(String, u16)>,
+        dest_connector: crate::kafka_client::TransportConnector,
     ) -> Arc<Self> {
         Arc::new_cyclic(|me| Self {
             store,
@@ -230,6 +232,7 @@ impl StateSync {
             metrics,
             me: me.clone(),
             dest_bootstrap,
+            dest_connector,
             dest_topics: Default::default(),
             lifecycle: Default::default(),
             snapshots: Default::default(),
