@@ -17,6 +17,12 @@ Every process runs in its own process group (``harness.ManagedProcess``) and is
 stopped by pid at the end, pass or fail. A node can be killed (SIGKILL), hung
 (SIGSTOP / SIGCONT) and restarted on the same ports and data.
 
+``ssl=CertAuthority(dir)`` adds an ``SSL`` listener on each node (``.ssl_bootstrap``) with a PEM
+keystore and truststore (``ssl.keystore.type=PEM``) made by ``CertAuthority`` with ``openssl`` at
+test time (no private key is committed); ``ssl_client_auth="required"`` (the default with
+``ssl``) makes it a mutual-TLS listener. PLAINTEXT stays for the inter-broker traffic and the
+readiness checks.
+
 Use it from pytest (``conftest.py``: session-scoped ``kafka_cluster`` fixtures),
 from the demo and from the benchmark (``python3 tests/integration/kafka_broker.py
 --nodes 1`` prints the bootstrap and runs until interrupted).
@@ -73,13 +79,55 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
+class CertAuthority:
+    """A throwaway CA and the certificates it signs, made with ``openssl`` in ``dir`` at test
+    time. ``issue(name)`` returns ``(cert, key)`` paths (RSA 2048, PKCS#8 key, SAN
+    IP:127.0.0.1 and DNS:localhost, serverAuth + clientAuth); ``keystore(name)`` is the
+    cert and key in one PEM file, as Kafka's ``ssl.keystore.type=PEM`` wants it."""
+
+    def __init__(self, dir: Path, name: str = "mg-test-ca"):
+        self.dir = Path(dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.name = name
+        self.ca = self.dir / f"{name}.pem"
+        self.ca_key = self.dir / f"{name}.key"
+        self._run(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", self.ca_key,
+                   "-out", self.ca, "-days", "2", "-subj", f"/CN={name}",
+                   "-addext", "basicConstraints=critical,CA:TRUE",
+                   "-addext", "keyUsage=critical,keyCertSign,cRLSign"])
+
+    @staticmethod
+    def _run(args: list) -> None:
+        r = subprocess.run(["openssl", *[str(a) for a in args]], capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:
+            raise HarnessError(f"openssl {args[0]} failed: {r.stderr}")
+
+    def issue(self, name: str, sans: str = "IP:127.0.0.1,DNS:localhost") -> tuple[Path, Path]:
+        cert, key, csr = (self.dir / f"{name}.pem", self.dir / f"{name}.key", self.dir / f"{name}.csr")
+        ext = self.dir / f"{name}.ext"
+        ext.write_text(f"subjectAltName={sans}\nextendedKeyUsage=serverAuth,clientAuth\n"
+                       "basicConstraints=CA:FALSE\n")
+        self._run(["req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", csr, "-subj", f"/CN={name}"])
+        self._run(["x509", "-req", "-in", csr, "-CA", self.ca, "-CAkey", self.ca_key, "-CAcreateserial",
+                   "-out", cert, "-days", "2", "-extfile", ext])
+        return cert, key
+
+    def keystore(self, name: str) -> Path:
+        cert, key = self.issue(name)
+        store = self.dir / f"{name}.keystore.pem"
+        store.write_text(key.read_text() + cert.read_text())
+        return store
+
+
 class KafkaNode:
     """One KRaft node in combined mode (broker + controller)."""
 
-    def __init__(self, cluster: "KafkaCluster", node_id: int, port: int, controller_port: int):
+    def __init__(self, cluster: "KafkaCluster", node_id: int, port: int, controller_port: int,
+                 ssl_port: int | None = None):
         self.cluster = cluster
         self.node_id = node_id
         self.port = port
+        self.ssl_port = ssl_port
         self.controller_port = controller_port
         self.name = f"{cluster.name}-n{node_id}"
         self.dir = cluster.work_dir / self.name
@@ -92,6 +140,10 @@ class KafkaNode:
     @property
     def bootstrap(self) -> str:
         return f"{HOST}:{self.port}"
+
+    @property
+    def ssl_bootstrap(self) -> str:
+        return f"{HOST}:{self.ssl_port}"
 
     def write_config(self) -> None:
         c = self.cluster
@@ -135,6 +187,18 @@ class KafkaNode:
             "controlled.shutdown.enable": "true",
             "unclean.leader.election.enable": "false",
         }
+        if c.ssl is not None:
+            props["listeners"] += f",SSL://{HOST}:{self.ssl_port}"
+            props["advertised.listeners"] += f",SSL://{HOST}:{self.ssl_port}"
+            props["listener.security.protocol.map"] += ",SSL:SSL"
+            ssl_props = {
+                "ssl.keystore.type": "PEM",
+                "ssl.keystore.location": c.ssl.keystore(self.name),
+                "ssl.truststore.type": "PEM",
+                "ssl.truststore.location": c.ssl.ca,
+                "ssl.client.auth": c.ssl_client_auth,
+            }
+            props.update({f"listener.name.ssl.{k}": v for k, v in ssl_props.items()})
         props.update(c.overrides)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(
@@ -225,25 +289,35 @@ class KafkaCluster:
         overrides: dict | None = None,
         jvm_opts: list[str] | None = None,
         port: int | None = None,
+        ssl: CertAuthority | None = None,
+        ssl_client_auth: str = "required",
     ):
         self.work_dir = Path(work_dir)
         self.cluster_id = cluster_id or harness.cluster_id()
         self.name = name
         self.overrides = dict(overrides or {})
         self.jvm_opts = list(jvm_opts or [])
-        ports = _free_ports(2 * nodes)
+        self.ssl = ssl
+        self.ssl_client_auth = ssl_client_auth
+        ports = _free_ports(3 * nodes if ssl is not None else 2 * nodes)
+        ssl_ports = ports[2 * nodes:] if ssl is not None else [None] * nodes
         if port is not None:  # the first node's client port, chosen by the caller
             while port in ports:
                 ports = _free_ports(2 * nodes)
             ports[0] = port
         self.nodes: list[KafkaNode] = []
         for i in range(nodes):
-            self.nodes.append(KafkaNode(self, first_node_id + i, ports[2 * i], ports[2 * i + 1]))
+            self.nodes.append(KafkaNode(self, first_node_id + i, ports[2 * i], ports[2 * i + 1], ssl_ports[i]))
 
     # -- the interface shared with harness.TansuBroker ----------------------------
     @property
     def bootstrap(self) -> str:
         return ",".join(n.bootstrap for n in self.nodes)
+
+    @property
+    def ssl_bootstrap(self) -> str:
+        """The nodes' SSL listeners (with ``ssl=``)."""
+        return ",".join(n.ssl_bootstrap for n in self.nodes)
 
     @property
     def port(self) -> int:
