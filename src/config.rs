@@ -879,11 +879,11 @@ impl Config {
         };
         for (section, t) in servers {
             timeout(&section, t.handshake_timeout_ms)?;
-            crate::tls::check_server(t).map_err(|e| invalid(&section, e))?;
+            crate::tls::server_config(t).map_err(|e| invalid(&section, e))?;
         }
         for (section, t) in clients {
             timeout(&section, t.handshake_timeout_ms)?;
-            crate::tls::check_client(t).map_err(|e| invalid(&section, e))?;
+            crate::tls::client_config(t).map_err(|e| invalid(&section, e))?;
         }
         Ok(())
     }

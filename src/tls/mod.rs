@@ -221,15 +221,16 @@ impl Reload for ClientTls {
     }
 }
 
-/// Checks that a server section's files make a working configuration
-/// (config validation), without registering it for reloads.
-pub fn check_server(files: &ServerTlsConfig) -> Result<(), TlsError> {
-    material::server_config(files).map(|_| ())
+/// Builds a server section's rustls configuration once, not registered for
+/// reloads (config validation; tools such as the benchmark fixture).
+pub fn server_config(files: &ServerTlsConfig) -> Result<rustls::ServerConfig, TlsError> {
+    material::server_config(files)
 }
 
-/// Checks that a client section's files make a working configuration.
-pub fn check_client(files: &ClientTlsConfig) -> Result<(), TlsError> {
-    material::client_config(files).map(|_| ())
+/// Builds a client section's rustls configuration once, not registered for
+/// reloads.
+pub fn client_config(files: &ClientTlsConfig) -> Result<rustls::ClientConfig, TlsError> {
+    material::client_config(files)
 }
 
 #[cfg(test)]

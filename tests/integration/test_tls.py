@@ -27,6 +27,7 @@ import ssl
 import sys
 import subprocess
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -423,3 +424,36 @@ def test_seal_over_tls_with_source_killed(tmp_path, kssl, pki, mirror_factory):
             child.kill()
             child.wait(5)
         src.stop()
+
+
+def test_admin_endpoint_over_https(tmp_path, kssl, pki):
+    """[admin.tls]: health, readiness and metrics over HTTPS; plain HTTP on that port is
+    refused and counted under listener="admin"."""
+    p = harness.Proxy(tmp_path, [kssl.bootstrap], node_ids=kssl.node_ids, name="mg-https", log_level="info")
+    with p.config_path.open("a") as f:
+        f.write(f'[admin.tls]\ncert = "{pki.server[0]}"\nkey = "{pki.server[1]}"\n')
+    p.proc = harness.ManagedProcess(p.name, [harness.MIRRORGUARD_BIN, "run", "--config", p.config_path], p.log_path)
+    url = f"https://{HOST}:{p.ports.admin}"
+    ctx = ssl.create_default_context(cafile=str(pki.ca))
+
+    def get(path: str) -> tuple[int, str]:
+        with urllib.request.urlopen(url + path, timeout=3, context=ctx) as r:
+            return r.status, r.read().decode()
+
+    def ready():
+        assert p.proc.alive(), p.proc.log_text()
+        try:
+            return get("/readyz")[0] == 200
+        except OSError:
+            return False
+
+    try:
+        wait_until(ready, 20, what="/readyz over HTTPS")
+        with pytest.raises(OSError):
+            harness.http_get(f"http://{HOST}:{p.ports.admin}/healthz", timeout=3)
+        status, text = get("/metrics")
+        assert status == 200
+        m = harness.Metrics(harness.parse_prometheus(text))
+        assert m.sum("mirrorguard_tls_handshake_errors_total", listener="admin", kind="plaintext") == 1
+    finally:
+        assert p.terminate() == 0
