@@ -141,6 +141,10 @@ pub fn run(config_path: &Path) -> anyhow::Result<()> {
 /// Runs every listener and the admin endpoint until SIGTERM/SIGINT.
 pub async fn serve(config: Config) -> anyhow::Result<()> {
     let metrics = Metrics::new();
+    // Installed first: SIGHUP's default action would end the process during
+    // a long start-up (the state load).
+    let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
+    tokio::spawn(reload_tls_on_sighup(hangup, metrics.clone()));
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let tracker = Arc::new(ConnectionTracker::default());
     let max_frame = config.limits.max_frame_bytes as usize;
@@ -358,7 +362,6 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         admin_tls,
         metrics.clone(),
     ));
-    tokio::spawn(reload_tls_on_sighup(metrics.clone()));
 
     wait_for_signal().await;
     admin_state.shutting_down.store(true, Ordering::SeqCst);
@@ -395,9 +398,11 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
 /// SIGHUP re-reads every TLS certificate, key and CA bundle: new
 /// connections use the new files, open ones keep theirs; a file that no
 /// longer makes a valid configuration keeps the old one and says why.
-async fn reload_tls_on_sighup(metrics: Arc<Metrics>) {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut hup = match signal(SignalKind::hangup()) {
+async fn reload_tls_on_sighup(
+    hangup: std::io::Result<tokio::signal::unix::Signal>,
+    metrics: Arc<Metrics>,
+) {
+    let mut hup = match hangup {
         Ok(s) => s,
         Err(e) => {
             tracing::error!(error = %e, "cannot install SIGHUP handler; TLS files are not reloaded");

@@ -250,8 +250,14 @@ impl Listener {
                         &self.config.name,
                         e.kind(),
                     );
-                    tracing::warn!(listener = %self.config.name, %peer, kind = e.kind(), error = %e,
-                        "closing client connection: TLS handshake failed");
+                    if matches!(e, crate::tls::HandshakeError::Eof) {
+                        // Connect-and-close: TCP health checks, port scans.
+                        tracing::debug!(listener = %self.config.name, %peer, kind = e.kind(),
+                            error = %e, "closing client connection: TLS handshake failed");
+                    } else {
+                        tracing::warn!(listener = %self.config.name, %peer, kind = e.kind(),
+                            error = %e, "closing client connection: TLS handshake failed");
+                    }
                     open.dec();
                     return;
                 }

@@ -28,8 +28,9 @@ impl Transport {
         !matches!(self, Transport::Plain(_))
     }
 
-    /// The subject of the certificate the peer presented, if it presented
-    /// one (a TLS client with mTLS): its DER, for a later principal mapping.
+    /// The DER of the leaf certificate the peer presented, if it presented
+    /// one (a TLS client with mTLS; always a broker): for a later mapping
+    /// to a principal.
     pub fn peer_certificate(&self) -> Option<&[u8]> {
         match self {
             Transport::Server(s) => s
