@@ -13,7 +13,10 @@ certificate; everything mirrorguard does upstream goes to the SSL one.
   certificate, no client certificate: each closed and counted, a good client unaffected;
 - SIGHUP: a new server certificate is served to new connections; a bad key keeps the old;
 - guard and mirror listeners over TLS, the state store over TLS, and the seal over TLS
-  with the source (an SSL cluster of its own) killed.
+  with the source (an SSL cluster of its own) killed;
+- the reference destination's Kafka-engine fetcher (tests/kafka-dest, SSLSocket with a
+  client certificate) mirroring through an mTLS mirror listener;
+- the admin endpoint over HTTPS.
 """
 
 from __future__ import annotations
@@ -34,10 +37,12 @@ import pytest
 from confluent_kafka import KafkaException
 
 import harness
+import kafka_dest
 import mirror_harness
 import rawkafka
 from harness import HOST, create_topics, topic_name, wait_until
-from kafka_broker import JAVA, KafkaCluster, CertAuthority, kafka_available
+from kafka_broker import JAVA, CertAuthority, KafkaCluster, kafka_available
+from kafka_dest import kafka_dest_factory  # noqa: F401 - fixture
 from mirror_harness import (  # noqa: F401 - mirror_factory is a fixture
     MirrorSpec,
     StandInFetcher,
@@ -457,3 +462,33 @@ def test_admin_endpoint_over_https(tmp_path, kssl, pki):
         assert m.sum("mirrorguard_tls_handshake_errors_total", listener="admin", kind="plaintext") == 1
     finally:
         assert p.terminate() == 0
+
+
+def test_kafka_engine_fetcher_over_mtls(kssl, pki, mirror_factory, kafka_dest_factory):  # noqa: F811
+    """The reference destination's fetcher (Kafka's FetchSessionHandler, SSLSocket with
+    hostname verification and a client certificate) mirrors through a mirror listener that
+    requires mTLS, from a source reached over mTLS: the destination's Kafka engine appends
+    the region-mapped batches."""
+    if not kafka_dest.available():
+        pytest.fail("reference destination missing: run scripts/install-test-deps.sh", pytrace=False)
+    topic = topic_name("tls-dest")
+    create_topics(kssl.bootstrap, [topic])
+    harness.produce(kssl.bootstrap, topic, [(None, b"d%d" % i) for i in range(6)], **{"enable.idempotence": True})
+    spec = MirrorSpec("s-to-d", kssl.ssl_bootstrap, node_ids=kssl.node_ids,
+                      extra=f"tls = {pki.server_tls()}\nsource_tls = {pki.client_tls()}\n")
+    mg = mirror_factory(kssl.ssl_bootstrap, [spec],
+                        extra_config=f"[state.tls]\nca = \"{pki.ca}\"\ncert = \"{pki.upstream[0]}\"\n"
+                                     f"key = \"{pki.upstream[1]}\"\n")
+    mg.wait_sources_known()
+    dest = kafka_dest_factory("tls-dest")
+    cert, key = pki.app
+    f = dest.mirror("s-to-d", spec.bootstrap, [(topic, 0)], tls_ca=str(pki.ca), tls_cert=str(cert),
+                    tls_key=str(key))
+    report = f.catch_up(topic, 6)
+    assert not report["errors"], report
+    st = dest.state(topic)
+    assert st["log_end_offset"] == 6
+    src_pid = mirror_harness.direct_batches(kssl.bootstrap, topic)[0].producer_id
+    assert list(st["producers"]) == [mirror_harness.map_pid(src_pid, mirror_harness.fold(kssl.cluster_id))]
+    assert [v for _, v in dest.values(topic)] == [b"d%d" % i for i in range(6)]
+    f.stop()
