@@ -12,7 +12,8 @@ certificate; everything mirrorguard does upstream goes to the SSL one.
 - hostile input on the TLS port: plaintext, a stalled handshake, a foreign client
   certificate, no client certificate: each closed and counted, a good client unaffected;
 - SIGHUP: a new server certificate is served to new connections; a bad key keeps the old;
-- guard and mirror listeners over TLS, the state store over TLS, and the seal over TLS
+- guard (librdkafka and the Java client refused on a mirrored partition) and mirror listeners
+  over TLS, the state store over TLS, and the seal over TLS
   with the source (an SSL cluster of its own) killed;
 - the reference destination's Kafka-engine fetcher (tests/kafka-dest, SSLSocket with a
   client certificate) mirroring through an mTLS mirror listener;
@@ -152,31 +153,37 @@ JAVA_DIR = harness.ROOT / ".tools" / "clients" / "java"
 JAVA_CLASSES = Path(os.environ.get("MG_JAVA_CLIENT_CLASSES", JAVA_DIR / "classes"))
 
 
-def test_java_client_through_tls_listener(tls_proxy, kssl, pki, tmp_path):
-    """Kafka's Java client (SSL, PEM truststore and keystore, hostname verification on):
-    transactions and a read_committed consumer through the TLS listener."""
+def _java(pki, work, bootstrap: str, topic: str, mode: str, **kw) -> dict:
+    """Kafka's Java client (tests/clients/java) over SSL: PEM truststore and keystore,
+    hostname verification on."""
     cls = JAVA_CLASSES / "mgtest" / "KafkaClientCheck.class"
     if not cls.exists() or not shutil.which(JAVA):
         pytest.fail("Java test client missing: run scripts/install-test-deps.sh", pytrace=False)
     cert, key = pki.app
-    props = tmp_path / "ssl.properties"
+    props = work / "ssl.properties"
     props.write_text(
         "security.protocol=SSL\n"
         "ssl.truststore.type=PEM\n"
         f"ssl.truststore.location={pki.ca}\n"
         "ssl.keystore.type=PEM\n"
-        f"ssl.keystore.location={_keystore(tmp_path, cert, key)}\n"
+        f"ssl.keystore.location={_keystore(work, cert, key)}\n"
         "ssl.endpoint.identification.algorithm=https\n")
-    topic = topic_name("tls-java")
-    create_topics(kssl.bootstrap, [topic])
     argv = [JAVA, "-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1",
             "-Dorg.slf4j.simpleLogger.defaultLogLevel=warn",
             "-cp", f"{JAVA_CLASSES}{os.pathsep}{JAVA_DIR / 'libs'}/*", "mgtest.KafkaClientCheck",
-            "--bootstrap", tls_proxy.bootstrap, "--topic", topic, "--mode", "txn", "--n", "5",
-            "--config", props]
+            "--bootstrap", bootstrap, "--topic", topic, "--mode", mode, "--config", props]
+    for k, v in kw.items():
+        argv += [f"--{k}", v]
     from test_java_go_clients import _run
 
-    out = _run(argv)
+    return _run(argv)
+
+
+def test_java_client_through_tls_listener(tls_proxy, kssl, pki, tmp_path):
+    """Transactions and a read_committed consumer through the TLS listener."""
+    topic = topic_name("tls-java")
+    create_topics(kssl.bootstrap, [topic])
+    out = _java(pki, tmp_path, tls_proxy.bootstrap, topic, "txn", n="5")
     assert out["_rc"] == 0, out
     assert out["consumed"] == [f"java-committed-{i}" for i in range(5)] + [f"java-late-{i}" for i in range(5)]
 
@@ -356,6 +363,8 @@ def test_guard_and_mirror_over_tls_with_state_over_tls(kssl, pki, mirror_factory
         harness.produce(mg.guard_bootstrap, mirrored, [(None, b"x")], timeout=10, **conf,
                         **{"enable.idempotence": False, "retries": 0})
     assert e.value.args[0].code() == POLICY_VIOLATION
+    j = _java(pki, tmp_path, mg.guard_bootstrap, mirrored, "produce-one")
+    assert j.get("error") == "PolicyViolationException" and "s-to-d" in j.get("message", ""), j
     assert high_watermark(kssl.bootstrap, mirrored) == 5
     got = harness.consume_assign(mg.guard_bootstrap, mirrored, count=5, **conf)
     assert [m.value() for m in got] == [b"m%d" % i for i in range(5)]
