@@ -27,7 +27,7 @@ use rustls_pki_types::ServerName;
 use tokio::net::TcpStream;
 
 pub use error::{classify, HandshakeError, TlsError};
-pub use transport::Transport;
+pub use transport::{Transport, WriteThrough};
 
 use crate::config::{ClientTlsConfig, ServerTlsConfig};
 
@@ -137,7 +137,7 @@ impl ServerTls {
         match tokio::time::timeout(rest, acceptor.accept(tcp)).await {
             Err(_) => Err(HandshakeError::Timeout(limit)),
             Ok(Err(e)) => Err(HandshakeError::from_io(e)),
-            Ok(Ok(s)) => Ok(Transport::Server(Box::new(s))),
+            Ok(Ok(s)) => Ok(Transport::Server(Box::new(WriteThrough::new(s)))),
         }
     }
 }
@@ -205,7 +205,7 @@ impl ClientTls {
         match tokio::time::timeout(limit, connector.connect(server_name, tcp)).await {
             Err(_) => Err(HandshakeError::Timeout(limit)),
             Ok(Err(e)) => Err(HandshakeError::from_io(e)),
-            Ok(Ok(s)) => Ok(Transport::Client(Box::new(s))),
+            Ok(Ok(s)) => Ok(Transport::Client(Box::new(WriteThrough::new(s)))),
         }
     }
 }

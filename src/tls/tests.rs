@@ -346,3 +346,39 @@ fn config_errors_name_field_and_file() {
     ));
     assert!(e.contains("listener[0].tls.handshake_timeout_ms"), "{e}");
 }
+
+/// The relay writes each frame with `write_all` and does not flush (plain
+/// TCP needs none): a TLS transport must not keep the tail of a frame in its
+/// buffer once the write has returned, or the peer waits for it forever.
+/// Small socket buffers make the socket full while rustls still holds
+/// ciphertext when the last write returns.
+#[tokio::test]
+async fn a_written_frame_reaches_the_peer_without_a_flush() {
+    let b = bed(false, 5_000);
+    let tls = ServerTls::new(&b.server, "t").unwrap();
+    let listen = tokio::net::TcpSocket::new_v4().unwrap();
+    listen.set_send_buffer_size(4096).unwrap();
+    listen.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let socket = listen.listen(8).unwrap();
+    let addr = socket.local_addr().unwrap();
+    const SIZE: usize = 48 << 10;
+    tokio::spawn(async move {
+        let (tcp, _) = socket.accept().await.unwrap();
+        let mut t = tls.accept(tcp).await.unwrap();
+        t.write_all(&vec![7u8; SIZE]).await.unwrap();
+        // No flush: wait for the peer's answer, as the relay waits for the next request.
+        let mut one = [0u8; 1];
+        let _ = t.read(&mut one).await;
+    });
+    let client = ClientTls::new(&b.client(None, None), "test client").unwrap();
+    let sock = tokio::net::TcpSocket::new_v4().unwrap();
+    sock.set_recv_buffer_size(4096).unwrap();
+    let tcp = sock.connect(addr).await.unwrap();
+    let mut c = client.connect(tcp, "127.0.0.1").await.unwrap();
+    let mut got = vec![0u8; SIZE];
+    tokio::time::timeout(std::time::Duration::from_secs(10), c.read_exact(&mut got))
+        .await
+        .expect("the whole frame arrives without the writer flushing")
+        .unwrap();
+    assert!(got.iter().all(|&x| x == 7));
+}
