@@ -17,7 +17,8 @@ certificate; everything mirrorguard does upstream goes to the SSL one.
   with the source (an SSL cluster of its own) killed;
 - the reference destination's Kafka-engine fetcher (tests/kafka-dest, SSLSocket with a
   client certificate) mirroring through an mTLS mirror listener;
-- the admin endpoint over HTTPS.
+- the admin endpoint over HTTPS;
+- hostname verification towards Kafka (on by default; the documented opt-out).
 """
 
 from __future__ import annotations
@@ -501,3 +502,32 @@ def test_kafka_engine_fetcher_over_mtls(kssl, pki, mirror_factory, kafka_dest_fa
     assert list(st["producers"]) == [mirror_harness.map_pid(src_pid, mirror_harness.fold(kssl.cluster_id))]
     assert [v for _, v in dest.values(topic)] == [b"d%d" % i for i in range(6)]
     f.stop()
+
+
+def test_upstream_hostname_is_verified(tmp_path, kssl, pki):
+    """Kafka's certificate names 127.0.0.1 and localhost: with another name to verify
+    (`server_name`), every upstream connection is refused (counted as tls_handshake), and
+    `insecure_skip_hostname_verification` (chain still checked) lets it through."""
+    cert, key = pki.upstream
+    wrong = f'{{ ca = "{pki.ca}", cert = "{cert}", key = "{key}", server_name = "kafka.invalid" }}'
+    p = _proxy(tmp_path, kssl, pki, "mg-wrong-name", pki.server_tls(client_ca=False), upstream_tls=wrong)
+    p.start(wait_ready=False)
+    try:
+        c = rawkafka_tls(pki.context(), HOST, p.ports.bootstrap)
+        with pytest.raises((rawkafka.ProtocolError, OSError)):
+            rawkafka.api_versions(c)  # closed: the upstream cannot be reached
+        c.close()
+        wait_until(lambda: p.metrics().sum("mirrorguard_upstream_errors_total", kind="tls_handshake") >= 1, 10,
+                   what="upstream TLS failure counted")
+        assert p.readyz() != 200
+        assert 'not valid for name "kafka.invalid"' in p.log_path.read_text(errors="replace")
+    finally:
+        assert p.terminate() == 0
+    skip = wrong.replace(" }", ", insecure_skip_hostname_verification = true }")
+    p = _proxy(tmp_path, kssl, pki, "mg-skip-name", pki.server_tls(client_ca=False), upstream_tls=skip).start()
+    try:
+        c = rawkafka_tls(pki.context(), HOST, p.ports.bootstrap)
+        assert rawkafka.API_FETCH in rawkafka.api_versions(c)
+        c.close()
+    finally:
+        assert p.terminate() == 0
