@@ -14,7 +14,11 @@ One run, bounded in time, everything on 127.0.0.1:
    (`fetchbench upstream`, pre-built Fetch responses at memory speed) behind
    the same listener kinds, to find mirrorguard's own ceiling; beside it the
    raw CRC-32C speed of one core measured in the same run.
-3. `--scaling`: partitions (1..10,000), producers per partition and
+3. `--tls`: the mirror path (region mode, synthetic fixture) with TLS on both
+   sides (load generator -> mirrorguard, mirrorguard -> fixture) next to the
+   same path in plaintext, in one mirrorguard process, legs interleaved;
+   certificates made with openssl at run time (kafka_broker.CertAuthority).
+4. `--scaling`: partitions (1..10,000), producers per partition and
    connections against the fixture, with mirrorguard's RSS and its
    `mirrorguard_producer_state_bytes` / `_producers` gauges.
 
@@ -75,10 +79,12 @@ def metric(admin_url: str, name: str) -> float:
 
 def run_fetch(addr: str, topic: str, partitions: int, seconds: float, *, rate: float = 0.0,
               connections: int = 1, max_mb: int = 100_000, verify: bool = False,
-              partition_max: int = 1 << 20) -> dict:
+              partition_max: int = 1 << 20, tls_ca: Path | None = None) -> dict:
     argv = [str(FB_BIN), "fetch", "--addr", addr, "--topic", topic, "--partitions", str(partitions),
             "--seconds", str(seconds), "--connections", str(connections), "--max-mb", str(max_mb),
             "--partition-max-bytes", str(partition_max)]
+    if tls_ca is not None:
+        argv += ["--tls-ca", str(tls_ca)]
     if rate:
         argv += ["--rate", str(rate)]
     if verify:
@@ -266,6 +272,7 @@ def main() -> int:
     ap.add_argument("--skip-tansu", action="store_true")
     ap.add_argument("--skip-synthetic", action="store_true")
     ap.add_argument("--scaling", action="store_true", help="also run the scaling sweeps (about 2 minutes)")
+    ap.add_argument("--tls", action="store_true", help="also measure TLS on both sides of the mirror path")
     ap.add_argument("--json", type=Path, default=ROOT / "target" / "bench-e2e.json")
     args = ap.parse_args()
     for b in (MG_BIN, FB_BIN):
@@ -385,6 +392,8 @@ def main() -> int:
                     print(f"| {n} | {o['mb_per_s_per_mg_core']:.0f} | {crc:.0f} | "
                           f"{o['mb_per_s_per_mg_core'] / crc:.2f} |")
 
+        if args.tls:
+            results["tls"] = tls_overhead(procs, ports, work, args, tansu.bootstrap)
         if args.scaling:
             results["scaling"] = scaling(procs, ports, work, args, tansu.bootstrap)
         results["rss_end"] = rss_bytes(mg.pid)
@@ -395,6 +404,65 @@ def main() -> int:
     args.json.write_text(json.dumps(results, indent=1))
     print(f"\nraw results: {args.json}  (logs in {work})")
     return 0
+
+
+def tls_overhead(procs: Procs, ports: Ports, work: Path, args, state: str) -> dict:
+    """Region-mode mirror path against the synthetic fixture, plaintext vs TLS on both
+    sides, in one mirrorguard process; the direct paths (plain, TLS) beside them."""
+    from kafka_broker import CertAuthority
+
+    # The mirrored topic exists on the destination (the state cluster here): a mirror
+    # holds partitions whose destination topic is not listed.
+    admin = AdminClient({"bootstrap.servers": state})
+    fut = admin.create_topics([NewTopic("synth", num_partitions=args.partitions, replication_factor=1)])["synth"]
+    try:
+        fut.result(10)
+    except Exception as e:  # noqa: BLE001 - already there (an earlier scenario made it)
+        if "already exists" not in str(e).lower() and "TOPIC_ALREADY_EXISTS" not in str(e):
+            raise
+    ca = CertAuthority(work / "pki", name="bench-ca")
+    cert, key = ca.issue("bench")
+    fx = {}
+    for kind, extra in (("plain", []), ("tls", ["--tls-cert", cert, "--tls-key", key])):
+        port = ports.one()
+        fx[kind] = (port, procs.start(f"fixture-{kind}", [FB_BIN, "upstream", "--listen", f"{HOST}:{port}",
+                                                           "--topic", "synth", "--partitions", str(args.partitions),
+                                                           "--batch-bytes", "16384", "--batches", "16",
+                                                           "--producers", "16", *extra],
+                                      ready=lambda p=port: port_open(p)))
+    admin = ports.one()
+    mirrors = []
+    for kind in ("plain", "tls"):
+        mirrors.append({"name": f"region-{kind}", "port": ports.one(), "base": ports.base(0),
+                        "upstream": f"{HOST}:{fx[kind][0]}", "mode": "region", "cid": "MkU3OEVBNTcwNTJENDM2Qg"})
+    cfg = work / "mirrorguard-tls.toml"
+    mirrorguard_config(cfg, admin, state, [], mirrors)
+    with cfg.open("a") as f:  # the [[mirror]] written last is region-tls
+        f.write(f'tls = {{ cert = "{cert}", key = "{key}" }}\nsource_tls = {{ ca = "{ca.ca}" }}\n')
+    mg = procs.start("mirrorguard-tls", [MG_BIN, "run", "--config", cfg],
+                     ready=ready_url(f"http://{HOST}:{admin}/readyz"), timeout=30)
+    watch = {"mirrorguard": mg.pid, "fixture": fx["plain"][1].pid, "fixture-tls": fx["tls"][1].pid}
+    paths = [("fixture-direct", f"{HOST}:{fx['plain'][0]}", None),
+             ("fixture-direct-tls", f"{HOST}:{fx['tls'][0]}", ca.ca),
+             ("region", f"{HOST}:{mirrors[0]['port']}", None),
+             ("region-tls", f"{HOST}:{mirrors[1]['port']}", ca.ca)]
+    for name, addr, tls_ca in paths:
+        r = run_fetch(addr, "synth", args.partitions, 0.5, verify=True, tls_ca=tls_ca)
+        if r["crc_errors"] or ("region" in name and r["mapped_batches"] != r["batches"]):
+            raise RuntimeError(f"tls {name}: bad rewrite {r}")
+    rows = []
+    for i in range(args.repeat):
+        for name, addr, tls_ca in rotate(paths, i):
+            rows.append(leg(name, addr, "synth", args.partitions, args.seconds, watch, tls_ca=tls_ca))
+    s = summarize(rows, "mirrorguard")
+    print_table(f"TLS on the mirror path (region mode, synthetic fixture, {args.partitions} partitions x 16 "
+                f"batches of 16 KiB per response, 1 connection)", s, "fixture-direct",
+                ["mirrorguard", "fixture", "fixture-tls"])
+    p, t = s["region"], s["region-tls"]
+    print(f"\nTLS on both sides: {t['mb_per_s']:.0f} vs {p['mb_per_s']:.0f} MB/s "
+          f"({100 * (t['mb_per_s'] / p['mb_per_s'] - 1):+.0f}%), mirrorguard "
+          f"{t['mg_millicores_per_mbps']:.2f} vs {p['mg_millicores_per_mbps']:.2f} millicores per MB/s")
+    return s
 
 
 def scaling(procs: Procs, ports: Ports, work: Path, args, state: str) -> dict:

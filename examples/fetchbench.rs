@@ -18,6 +18,10 @@
 //! CRC, so patching them is free), so producer-state tracking sees new
 //! batches every time and region mode rewrites every batch.
 //!
+//! Both take TLS options (`upstream --tls-cert C --tls-key K`, `fetch
+//! --tls-ca CA`) so the cost of TLS on the mirror path can be measured
+//! against the same path in plaintext.
+//!
 //! ```text
 //! cargo run --release --example fetchbench -- upstream --listen 127.0.0.1:19999 \
 //!     --topic t --partitions 8 --batch-bytes 16384 --batches 64
@@ -50,13 +54,47 @@ use mirrorguard::records::{walk, Entry};
 const FETCH: i16 = 1;
 const METADATA: i16 = 3;
 
+/// A benchmark connection: plain TCP or blocking rustls over it.
+enum BenchStream {
+    Plain(TcpStream),
+    Server(Box<rustls::StreamOwned<rustls::ServerConnection, TcpStream>>),
+    Client(Box<rustls::StreamOwned<rustls::ClientConnection, TcpStream>>),
+}
+
+impl Read for BenchStream {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            BenchStream::Plain(s) => s.read(buf),
+            BenchStream::Server(s) => s.read(buf),
+            BenchStream::Client(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for BenchStream {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            BenchStream::Plain(s) => s.write(buf),
+            BenchStream::Server(s) => s.write(buf),
+            BenchStream::Client(s) => s.write(buf),
+        }
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            BenchStream::Plain(s) => s.flush(),
+            BenchStream::Server(s) => s.flush(),
+            BenchStream::Client(s) => s.flush(),
+        }
+    }
+}
+
 fn usage() -> ! {
     eprintln!(
         "usage:\n  fetchbench upstream --listen HOST:PORT --topic T --partitions N \
          [--batch-bytes B] [--batches K] [--producers P] [--records-per-batch R] \
-         [--cluster-id ID]\n  fetchbench fetch --addr HOST:PORT --topic T --partitions N \
+         [--cluster-id ID] [--tls-cert C --tls-key K]\n  fetchbench fetch --addr HOST:PORT --topic T --partitions N \
          [--connections C] [--seconds S] [--max-mb M] [--rate REQ_PER_S_PER_CONN] \
-         [--partition-max-bytes B] [--max-wait-ms W] [--verify-crc]"
+         [--partition-max-bytes B] [--max-wait-ms W] [--verify-crc] [--tls-ca CA]"
     );
     std::process::exit(2)
 }
@@ -84,6 +122,9 @@ impl Args {
             eprintln!("missing --{k}");
             usage()
         })
+    }
+    fn opt(&self, k: &str) -> Option<String> {
+        self.0.get(k).cloned()
     }
     fn num<T: std::str::FromStr>(&self, k: &str, default: T) -> T {
         match self.0.get(k) {
@@ -135,7 +176,7 @@ fn crc(args: &Args) {
 // ---------------------------------------------------------------------------
 // frames
 
-fn read_frame(s: &mut TcpStream, buf: &mut Vec<u8>) -> std::io::Result<bool> {
+fn read_frame(s: &mut impl Read, buf: &mut Vec<u8>) -> std::io::Result<bool> {
     let mut size = [0u8; 4];
     match s.read_exact(&mut size) {
         Ok(()) => {}
@@ -300,6 +341,15 @@ fn upstream(args: &Args) {
             blob
         })
         .collect();
+    let tls = args.opt("tls-cert").map(|cert| {
+        let files = mirrorguard::config::ServerTlsConfig {
+            cert: cert.into(),
+            key: args.str("tls-key").into(),
+            client_ca: None,
+            handshake_timeout_ms: 10_000,
+        };
+        Arc::new(mirrorguard::tls::server_config(&files).expect("fixture TLS files"))
+    });
     let socket = TcpListener::bind(&listen).expect("bind");
     let local = socket.local_addr().expect("addr");
     let fx = Arc::new(Fixture {
@@ -319,11 +369,19 @@ fn upstream(args: &Args) {
     );
     let cache: Arc<Mutex<ResponseCache>> = Arc::default();
     for conn in socket.incoming() {
-        let Ok(mut conn) = conn else { continue };
+        let Ok(tcp) = conn else { continue };
         let fx = fx.clone();
         let cache = cache.clone();
+        let tls = tls.clone();
         std::thread::spawn(move || {
-            let _ = conn.set_nodelay(true);
+            let _ = tcp.set_nodelay(true);
+            let mut conn = match tls {
+                None => BenchStream::Plain(tcp),
+                Some(cfg) => match rustls::ServerConnection::new(cfg) {
+                    Ok(c) => BenchStream::Server(Box::new(rustls::StreamOwned::new(c, tcp))),
+                    Err(_) => return,
+                },
+            };
             let mut buf = Vec::new();
             let mut variant = 0usize;
             while let Ok(true) = read_frame(&mut conn, &mut buf) {
@@ -448,6 +506,7 @@ fn fetch_request(
 #[allow(clippy::too_many_arguments)]
 fn fetch_loop(
     addr: &str,
+    tls: Option<Arc<rustls::ClientConfig>>,
     topic: &str,
     partitions: Vec<i32>,
     deadline: Instant,
@@ -458,8 +517,17 @@ fn fetch_loop(
     verify: bool,
 ) -> Tally {
     let mut t = Tally::default();
-    let mut s = TcpStream::connect(addr).expect("connect");
-    s.set_nodelay(true).ok();
+    let tcp = TcpStream::connect(addr).expect("connect");
+    tcp.set_nodelay(true).ok();
+    let mut s = match tls {
+        None => BenchStream::Plain(tcp),
+        Some(cfg) => {
+            let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h).to_owned();
+            let name = rustls::pki_types::ServerName::try_from(host).expect("server name");
+            let c = rustls::ClientConnection::new(cfg, name).expect("TLS client");
+            BenchStream::Client(Box::new(rustls::StreamOwned::new(c, tcp)))
+        }
+    };
     let mut offsets: Vec<(i32, i64)> = partitions.iter().map(|&p| (p, 0)).collect();
     let mut buf = Vec::with_capacity(4 << 20);
     let mut corr = 0i32;
@@ -557,6 +625,17 @@ fn fetch(args: &Args) {
     let max_wait_ms: i32 = args.num("max-wait-ms", 100);
     let partition_max: i32 = args.num("partition-max-bytes", 1 << 20);
     let verify = args.flag("verify-crc");
+    let tls = args.opt("tls-ca").map(|ca| {
+        let files = mirrorguard::config::ClientTlsConfig {
+            ca: ca.into(),
+            cert: None,
+            key: None,
+            server_name: None,
+            insecure_skip_hostname_verification: false,
+            handshake_timeout_ms: 10_000,
+        };
+        Arc::new(mirrorguard::tls::client_config(&files).expect("TLS CA file"))
+    });
     let interval = (rate > 0.0).then(|| Duration::from_secs_f64(1.0 / rate));
     let start = Instant::now();
     let deadline = start + Duration::from_secs_f64(seconds);
@@ -567,9 +646,11 @@ fn fetch(args: &Args) {
                 .filter(|p| *p as usize % connections == c)
                 .collect();
             let (addr, topic, budget) = (addr.clone(), topic.clone(), budget.clone());
+            let tls = tls.clone();
             std::thread::spawn(move || {
                 fetch_loop(
                     &addr,
+                    tls,
                     &topic,
                     mine,
                     deadline,

@@ -26,7 +26,7 @@
 
 use std::time::Duration;
 
-use crate::kafka_client::{address, ClientError, Connection};
+use crate::kafka_client::{address, ClientError, Connection, TransportConnector};
 use crate::wire::{Reader, WireResult, Writer};
 
 const DESCRIBE_PRODUCERS: i16 = kafka_protocol::messages::ApiKey::DescribeProducers as i16;
@@ -185,7 +185,7 @@ pub fn parse_write_txn_markers(body: &[u8]) -> WireResult<Vec<(i64, i32, i16)>> 
 /// one of ours (a mapped region).
 pub async fn abort_open(
     bootstrap: &[(String, u16)],
-    identity: &crate::sasl::Identity,
+    connector: &TransportConnector,
     topic: &str,
     partitions: Option<&[i32]>,
     mirrored: &(dyn Fn(i64) -> bool + Sync),
@@ -193,7 +193,7 @@ pub async fn abort_open(
 ) -> anyhow::Result<Vec<PartitionReport>> {
     let view = crate::proxy::refresh::fetch_cluster_view(
         bootstrap,
-        identity,
+        connector,
         timeout,
         crate::config::DEFAULT_MAX_FRAME_BYTES as usize,
     )
@@ -235,7 +235,7 @@ pub async fn abort_open(
         let described = async {
             let c = conn.insert(
                 Connection::connect(
-                    &crate::sasl::connector(identity),
+                    connector,
                     &address(&b.host, port),
                     timeout,
                     MAX_FRAME,

@@ -142,12 +142,16 @@ fn too_large() -> Response {
 
 /// Serves `router` on `listener` until `shutdown` turns true, then lets open
 /// connections finish their current request. HTTP/1.1 only; a request's
-/// headers must arrive within `header_timeout`.
+/// headers must arrive within `header_timeout`. With `tls`, HTTPS: the
+/// handshake runs in the connection's task, a failed one is counted in
+/// `mirrorguard_tls_handshake_errors_total{listener="admin"}`.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
     header_timeout: Duration,
     mut shutdown: watch::Receiver<bool>,
+    tls: Option<Arc<crate::tls::ServerTls>>,
+    metrics: Arc<crate::metrics::Metrics>,
 ) {
     loop {
         let accepted = tokio::select! {
@@ -165,7 +169,24 @@ pub async fn serve(
         };
         let service = TowerToHyperService::new(router.clone());
         let mut conn_shutdown = shutdown.clone();
+        let (tls, metrics) = (tls.clone(), metrics.clone());
         tokio::spawn(async move {
+            let stream = match &tls {
+                None => crate::tls::Transport::Plain(stream),
+                Some(tls) => match tls.accept(stream).await {
+                    Ok(s) => s,
+                    Err(e) => {
+                        crate::metrics::Metrics::count(
+                            &metrics.tls_handshake_errors,
+                            "admin",
+                            e.kind(),
+                        );
+                        tracing::warn!(%peer, kind = e.kind(), error = %e,
+                            "admin listener: closing connection: TLS handshake failed");
+                        return;
+                    }
+                },
+            };
             let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
             builder
                 .http1()

@@ -134,6 +134,16 @@ pub struct MirrorConfig {
     /// (none: clients connect without authenticating).
     #[serde(default)]
     pub listener_sasl: Option<ListenerSaslConfig>,
+    /// TLS towards the fetcher and other readers (absent: plaintext).
+    #[serde(default)]
+    pub tls: Option<ServerTlsConfig>,
+    /// TLS towards the source brokers (absent: plaintext).
+    #[serde(default)]
+    pub source_tls: Option<ClientTlsConfig>,
+    /// TLS towards the destination cluster (with `destination_bootstrap`;
+    /// otherwise `[state].tls` applies there).
+    #[serde(default)]
+    pub destination_tls: Option<ClientTlsConfig>,
 }
 
 fn default_upstream_request_timeout_ms() -> u64 {
@@ -169,6 +179,8 @@ impl MirrorConfig {
             upstream_sasl: self.source_sasl.clone(),
             terminates_sasl: true,
             listener_sasl: self.listener_sasl.clone(),
+            tls: self.tls.clone(),
+            upstream_tls: self.source_tls.clone(),
         }
     }
 }
@@ -197,6 +209,19 @@ pub enum LayoutConfig {
 }
 
 impl Config {
+    /// TLS towards the destination cluster: the `destination_tls` of the
+    /// mirror whose `destination_bootstrap` is used, else `[state].tls`.
+    pub fn destination_tls(&self) -> Option<ClientTlsConfig> {
+        match self
+            .mirrors
+            .iter()
+            .find(|m| !m.destination_bootstrap.is_empty())
+        {
+            Some(m) => m.destination_tls.clone(),
+            None => self.state.as_ref().and_then(|s| s.tls.clone()),
+        }
+    }
+
     /// The destination cluster's bootstrap servers: the first
     /// `[[mirror]].destination_bootstrap` given, else `[state].bootstrap`.
     pub fn destination_bootstrap(&self) -> Vec<String> {
@@ -253,6 +278,9 @@ pub struct StateConfig {
     /// mirrorguard's own SASL identity toward the state cluster.
     #[serde(default)]
     pub sasl: Option<ClientSaslConfig>,
+    /// TLS towards the state cluster (absent: plaintext).
+    #[serde(default)]
+    pub tls: Option<ClientTlsConfig>,
 }
 
 fn default_state_production() -> bool {
@@ -340,6 +368,9 @@ pub struct AdminConfig {
     /// arrive (a stalled client gets its connection closed, or 408).
     #[serde(default = "default_admin_read_timeout_ms")]
     pub read_timeout_ms: u64,
+    /// HTTPS instead of HTTP (absent: plain HTTP).
+    #[serde(default)]
+    pub tls: Option<ServerTlsConfig>,
 }
 
 fn default_admin_read_timeout_ms() -> u64 {
@@ -436,6 +467,12 @@ pub struct ListenerConfig {
     /// Period of the proxy's own upstream Metadata refresh.
     #[serde(default = "default_metadata_refresh_ms")]
     pub metadata_refresh_ms: u64,
+    /// TLS towards clients (absent: plaintext).
+    #[serde(default)]
+    pub tls: Option<ServerTlsConfig>,
+    /// TLS towards the upstream brokers (absent: plaintext).
+    #[serde(default)]
+    pub upstream_tls: Option<ClientTlsConfig>,
     /// mirrorguard's own SASL identity toward the upstream, for its own
     /// Metadata refresh. Clients' connections never use it: their
     /// SaslHandshake/SaslAuthenticate pass through to the broker.
@@ -488,6 +525,55 @@ pub struct ListenerSaslConfig {
 
 fn default_listener_mechanisms() -> Vec<String> {
     vec!["SCRAM-SHA-256".into(), "SCRAM-SHA-512".into()]
+}
+
+/// `tls` of a listener or of `[admin]`: the server side of TLS. Files are
+/// PEM and re-read on SIGHUP.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerTlsConfig {
+    /// Certificate chain, leaf first.
+    pub cert: PathBuf,
+    /// Private key of the leaf (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+    /// CA bundle client certificates must chain to. When set, every client
+    /// must present one (mutual TLS).
+    #[serde(default)]
+    pub client_ca: Option<PathBuf>,
+    /// A client that has not finished its handshake by then is dropped.
+    #[serde(default = "default_tls_handshake_timeout_ms")]
+    pub handshake_timeout_ms: u64,
+}
+
+/// `upstream_tls` of a listener, `tls` of `[state]`, `destination_tls` of a
+/// mirror: the client side of TLS towards a Kafka cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClientTlsConfig {
+    /// CA bundle the brokers' certificates must chain to (there are no
+    /// built-in roots).
+    pub ca: PathBuf,
+    /// Client certificate chain, for brokers that require mutual TLS.
+    #[serde(default)]
+    pub cert: Option<PathBuf>,
+    /// Its private key.
+    #[serde(default)]
+    pub key: Option<PathBuf>,
+    /// Name sent (SNI) and verified instead of the host connected to.
+    #[serde(default)]
+    pub server_name: Option<String>,
+    /// Accept a broker certificate that chains to `ca` but does not name
+    /// the host. Off by default; only for brokers whose certificates lack
+    /// the advertised names.
+    #[serde(default)]
+    pub insecure_skip_hostname_verification: bool,
+    /// The handshake must finish within this.
+    #[serde(default = "default_tls_handshake_timeout_ms")]
+    pub handshake_timeout_ms: u64,
+}
+
+fn default_tls_handshake_timeout_ms() -> u64 {
+    10_000
 }
 
 fn default_listen_host() -> String {
@@ -820,6 +906,66 @@ impl Config {
             if l.metadata_refresh_ms < 100 {
                 return Err(invalid(f("metadata_refresh_ms"), "must be >= 100".into()));
             }
+        }
+        self.validate_tls(path)
+    }
+
+    /// Every TLS section: its files are read and made into a configuration
+    /// now, so a missing file, bad PEM or a key that is not the
+    /// certificate's fails start-up naming the field and the file.
+    fn validate_tls(&self, path: &Path) -> Result<(), ConfigError> {
+        let mut servers: Vec<(String, &ServerTlsConfig)> = Vec::new();
+        let mut clients: Vec<(String, &ClientTlsConfig)> = Vec::new();
+        for (section, list) in [("listener", &self.listeners), ("guard", &self.guards)] {
+            for (i, l) in list.iter().enumerate() {
+                servers.extend(l.tls.iter().map(|t| (format!("{section}[{i}].tls"), t)));
+                clients.extend(
+                    l.upstream_tls
+                        .iter()
+                        .map(|t| (format!("{section}[{i}].upstream_tls"), t)),
+                );
+            }
+        }
+        for (i, m) in self.mirrors.iter().enumerate() {
+            servers.extend(m.tls.iter().map(|t| (format!("mirror[{i}].tls"), t)));
+            clients.extend(
+                m.source_tls
+                    .iter()
+                    .map(|t| (format!("mirror[{i}].source_tls"), t)),
+            );
+            clients.extend(
+                m.destination_tls
+                    .iter()
+                    .map(|t| (format!("mirror[{i}].destination_tls"), t)),
+            );
+        }
+        servers.extend(self.admin.tls.iter().map(|t| ("admin.tls".to_owned(), t)));
+        if let Some(st) = &self.state {
+            clients.extend(st.tls.iter().map(|t| ("state.tls".to_owned(), t)));
+        }
+        let invalid = |section: &str, e: crate::tls::TlsError| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            field: format!("{section}.{}", e.field),
+            message: format!("{}: {}", e.path.display(), e.message),
+        };
+        let timeout = |section: &str, ms: u64| {
+            if (100..=600_000).contains(&ms) {
+                Ok(())
+            } else {
+                Err(ConfigError::Invalid {
+                    path: path.to_path_buf(),
+                    field: format!("{section}.handshake_timeout_ms"),
+                    message: "must be between 100 and 600000".into(),
+                })
+            }
+        };
+        for (section, t) in servers {
+            timeout(&section, t.handshake_timeout_ms)?;
+            crate::tls::server_config(t).map_err(|e| invalid(&section, e))?;
+        }
+        for (section, t) in clients {
+            timeout(&section, t.handshake_timeout_ms)?;
+            crate::tls::client_config(t).map_err(|e| invalid(&section, e))?;
         }
         Ok(())
     }

@@ -24,6 +24,8 @@
 //!   the destination when its fetcher is gone);
 //! - outbound requests of our own (state store, refresh, replay, abort):
 //!   [`kafka_client`];
+//! - transport security: [`tls`] (rustls configurations from files, reloads,
+//!   handshake errors; the [`tls::Transport`] every connection is);
 //! - operations: [`admin`], [`admin_api`], [`metrics`], [`ctl`].
 //!
 //! [`config`] reads `proxy.toml`, [`run`] assembles the process, and [`dump`]
@@ -81,4 +83,5 @@ pub mod records;
 pub mod run;
 pub mod sasl;
 pub mod state_store;
+pub mod tls;
 pub mod wire;

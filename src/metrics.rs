@@ -69,6 +69,13 @@ pub struct MirrorKindLabels {
     pub kind: &'static str,
 }
 
+/// Labels of `mirrorguard_tls_reloads_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    /// `ok` or `error`.
+    pub result: &'static str,
+}
+
 /// Labels of per-state gauges.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabels {
@@ -120,6 +127,12 @@ pub struct Metrics {
     pub seal_events: Family<MirrorKindLabels, Counter>,
     /// Produce requests (partitions) refused by the produce guard, by listener.
     pub produce_refused: Family<ListenerLabels, Counter>,
+    /// Failed client TLS handshakes by listener and kind (`plaintext`,
+    /// `timeout`, `eof`, `protocol`, `unknown_ca`, `cert_expired`,
+    /// `no_client_cert`, `bad_certificate`, `alert`, ...).
+    pub tls_handshake_errors: Family<KindLabels, Counter>,
+    /// TLS configurations re-read on SIGHUP, by result (`ok`, `error`).
+    pub tls_reloads: Family<ResultLabels, Counter>,
 }
 
 /// Cached handles for one (listener, API) pair.
@@ -151,6 +164,20 @@ impl Metrics {
         let frame_errors = Family::<KindLabels, Counter>::default();
         let rewrite_errors = Family::<KindLabels, Counter>::default();
         let upstream_nodes = Family::<ListenerLabels, Gauge>::default();
+        let tls_handshake_errors = Family::<KindLabels, Counter>::default();
+        let tls_reloads = Family::<ResultLabels, Counter>::default();
+        registry.register(
+            "mirrorguard_tls_handshake_errors",
+            "Client TLS handshakes that failed, by listener and kind (plaintext, timeout, eof, \
+             protocol, unknown_ca, cert_expired, no_client_cert, bad_certificate, alert, io)",
+            tls_handshake_errors.clone(),
+        );
+        registry.register(
+            "mirrorguard_tls_reloads",
+            "TLS configurations re-read from their files on SIGHUP, by result (ok, error: the old \
+             configuration stays)",
+            tls_reloads.clone(),
+        );
         let mirror_events = Family::<MirrorKindLabels, Counter>::default();
         let anomalies = Family::<MirrorKindLabels, Counter>::default();
         let producer_state_producers = Gauge::default();
@@ -282,6 +309,8 @@ impl Metrics {
             partitions_by_state,
             seal_events,
             produce_refused,
+            tls_handshake_errors,
+            tls_reloads,
         })
     }
 

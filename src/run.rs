@@ -21,6 +21,7 @@ use crate::filter::produce_guard::ProduceGuard;
 use crate::filter::sasl::SaslRelay;
 use crate::filter::seal::Seal;
 use crate::filter::{BoxFuture, Chain, Filter};
+use crate::kafka_client::TransportConnector;
 use crate::lifecycle::Lifecycle;
 use crate::metrics::Metrics;
 use crate::mirror::{MirrorContext, PendingSalt, SaltStore};
@@ -157,6 +158,10 @@ pub fn run(config_path: &Path) -> anyhow::Result<()> {
 /// Runs every listener and the admin endpoint until SIGTERM/SIGINT.
 pub async fn serve(config: Config) -> anyhow::Result<()> {
     let metrics = Metrics::new();
+    // Installed first: SIGHUP's default action would end the process during
+    // a long start-up (the state load).
+    let hangup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
+    tokio::spawn(reload_tls_on_sighup(hangup, metrics.clone()));
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let tracker = Arc::new(ConnectionTracker::default());
     let max_frame = config.limits.max_frame_bytes as usize;
@@ -181,8 +186,13 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         max_producers: config.producer_state.max_producers,
         max_partitions: config.producer_state.max_partitions,
     }));
+    let destination_connector =
+        TransportConnector::from_config(config.destination_tls().as_ref(), "destination tls")?
+            .with_sasl(destination_identity.clone());
     let state_sync = match &config.state {
         Some(st) if !config.mirrors.is_empty() || !config.guards.is_empty() => {
+            let connector = TransportConnector::from_config(st.tls.as_ref(), "state tls")?
+                .with_sasl(state_identity.clone());
             let store = StateStore::open_with(
                 StateStoreConfig {
                     bootstrap: st.bootstrap.clone(),
@@ -191,7 +201,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
                     connect_timeout: Duration::from_millis(st.connect_timeout_ms),
                     request_timeout: Duration::from_millis(st.request_timeout_ms),
                 },
-                crate::sasl::connector(&state_identity),
+                connector,
             )
             .await
             .map_err(|e| anyhow::anyhow!("state cluster ({}): {e}", st.bootstrap.join(",")))?;
@@ -203,14 +213,13 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
                 .iter()
                 .filter_map(|a| crate::config::split_host_port(a).ok())
                 .collect();
-            let sync = StateSync::new(
+            Some(StateSync::new(
                 Arc::new(store),
                 registry.clone(),
                 metrics.clone(),
                 bootstrap,
-            );
-            sync.set_destination_identity(destination_identity.clone());
-            Some(sync)
+                destination_connector.clone(),
+            ))
         }
         _ => None,
     };
@@ -266,7 +275,8 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             shutdown_rx.clone(),
             tracker.clone(),
             move |nodes| mirror_chain(nodes, m, main_is_fetcher),
-        );
+        )?;
+        mirror.set_source_connector(listener.upstream_connector().clone());
         listener.set_refresh_hook(mirror.clone());
         listener.set_sasl(mirror.source_identity(), sasl_server(mc)?);
         listener.start().await?;
@@ -288,7 +298,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
                 shutdown_rx.clone(),
                 tracker.clone(),
                 move |nodes| mirror_chain(nodes, m, true),
-            );
+            )?;
             listener.set_refresh_hook(mirror.clone());
             listener.set_sasl(mirror.source_identity(), sasl_server(mc)?);
             listener.start().await?;
@@ -317,7 +327,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             shutdown_rx.clone(),
             tracker.clone(),
             move |nodes| guard_chain(nodes, &name, lifecycle, mirror_contexts, metrics2),
-        );
+        )?;
         listener.set_sasl(
             resolve(
                 gc.upstream_sasl.as_ref(),
@@ -337,7 +347,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             shutdown_rx.clone(),
             tracker.clone(),
             plain_chain,
-        );
+        )?;
         listener.set_sasl(
             resolve(
                 lc.upstream_sasl.as_ref(),
@@ -360,7 +370,12 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let admin_socket = tokio::net::TcpListener::bind(admin_addr)
         .await
         .map_err(|e| anyhow::anyhow!("cannot bind admin listener {admin_addr}: {e}"))?;
-    tracing::info!(%admin_addr, "admin listener bound (/healthz /readyz /metrics)");
+    let admin_tls = match &config.admin.tls {
+        Some(t) => Some(crate::tls::ServerTls::new(t, "admin tls")?),
+        None => None,
+    };
+    tracing::info!(%admin_addr, https = admin_tls.is_some(),
+        "admin listener bound (/healthz /readyz /metrics)");
     let token = match &config.admin.token_file {
         Some(path) => Some(
             std::fs::read_to_string(path)
@@ -383,7 +398,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             .iter()
             .filter_map(|a| crate::config::split_host_port(a).ok())
             .collect(),
-        destination_identity,
+        destination_connector,
         metrics: Some(metrics.clone()),
     });
     let admin_read_timeout = Duration::from_millis(config.admin.read_timeout_ms);
@@ -393,6 +408,8 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         admin_router,
         admin_read_timeout,
         shutdown_rx.clone(),
+        admin_tls,
+        metrics.clone(),
     ));
 
     wait_for_signal().await;
@@ -425,6 +442,42 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let _ = tokio::time::timeout(Duration::from_secs(1), admin_task).await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// SIGHUP re-reads every TLS certificate, key and CA bundle: new
+/// connections use the new files, open ones keep theirs; a file that no
+/// longer makes a valid configuration keeps the old one and says why.
+async fn reload_tls_on_sighup(
+    hangup: std::io::Result<tokio::signal::unix::Signal>,
+    metrics: Arc<Metrics>,
+) {
+    let mut hup = match hangup {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot install SIGHUP handler; TLS files are not reloaded");
+            return;
+        }
+    };
+    while hup.recv().await.is_some() {
+        let report = crate::tls::reload_all();
+        let count = |result| {
+            metrics
+                .tls_reloads
+                .get_or_create(&crate::metrics::ResultLabels { result })
+                .clone()
+        };
+        count("ok").inc_by(report.ok as u64);
+        count("error").inc_by(report.failed.len() as u64);
+        for (what, e) in &report.failed {
+            tracing::error!(config = %what, error = %e,
+                "SIGHUP: TLS files refused; keeping the previous certificates and keys");
+        }
+        tracing::info!(
+            reloaded = report.ok,
+            refused = report.failed.len(),
+            "SIGHUP: TLS certificates and keys re-read"
+        );
+    }
 }
 
 async fn wait_for_signal() {

@@ -82,6 +82,9 @@ fn mirror_with(mode: PidMode, layout: LayoutConfig, limits: RegistryConfig) -> A
         source_sasl: None,
         destination_sasl: None,
         listener_sasl: None,
+        tls: None,
+        source_tls: None,
+        destination_tls: None,
     };
     let metrics = Metrics::new();
     let m = MirrorContext::new(

@@ -115,6 +115,7 @@ fn instance(store: Arc<StateStore>, bootstrap: &str) -> (Arc<StateSync>, Arc<Lif
         Arc::new(ProducerStateRegistry::default()),
         metrics.clone(),
         vec![host_port(bootstrap)],
+        mirrorguard::kafka_client::TransportConnector::plain(),
     );
     let lifecycle = Lifecycle::new(metrics);
     lifecycle.set_store(sync.clone());

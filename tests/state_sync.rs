@@ -59,6 +59,7 @@ async fn lower_offset_record_wins_and_is_reasserted() {
         registry.clone(),
         Metrics::new(),
         vec![("127.0.0.1".to_string(), tansu.port)],
+        mirrorguard::kafka_client::TransportConnector::plain(),
     );
     sync.load().await.unwrap();
 

@@ -115,7 +115,7 @@ async fn records_of_unknown_topic_ids_are_applied_when_the_topic_appears() {
     create_topic(&kafka.bootstrap);
     let view = mirrorguard::proxy::refresh::fetch_cluster_view(
         &[host_port(&kafka.bootstrap)],
-        &None,
+        &mirrorguard::kafka_client::TransportConnector::plain(),
         Duration::from_secs(10),
         1 << 20,
     )
@@ -196,6 +196,7 @@ async fn records_of_unknown_topic_ids_are_applied_when_the_topic_appears() {
         registry.clone(),
         Metrics::new(),
         vec![("127.0.0.1".to_string(), lookup.port())],
+        mirrorguard::kafka_client::TransportConnector::plain(),
     );
     sync.load().await.unwrap();
     let key = PartitionKey::new([0; 16], TOPIC, 0);

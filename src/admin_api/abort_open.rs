@@ -117,7 +117,7 @@ pub(super) async fn abort_open(
     for (topic, parts) in &targets {
         let result = crate::abort_open::abort_open(
             &s.destination_bootstrap,
-            &s.destination_identity,
+            &s.destination_connector,
             topic,
             parts.as_deref(),
             &crate::pid::is_mapped,

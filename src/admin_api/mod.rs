@@ -40,8 +40,8 @@ pub struct ApiState {
     pub token: Option<String>,
     /// The destination cluster (abort-open talks to its partition leaders).
     pub destination_bootstrap: Vec<(String, u16)>,
-    /// mirrorguard's SASL identity toward the destination.
-    pub destination_identity: crate::sasl::Identity,
+    /// How to reach it (TCP or TLS).
+    pub destination_connector: crate::kafka_client::TransportConnector,
     /// Metrics (abort-open counts its markers).
     pub metrics: Option<Arc<crate::metrics::Metrics>>,
 }

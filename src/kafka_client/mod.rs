@@ -15,10 +15,12 @@
 //! [`ClientError::is_retriable`] says whether one may help, from the Kafka
 //! error table for broker error codes.
 //!
-//! The byte stream is abstracted by [`Connector`], so TLS can be slotted in
-//! later without touching the protocol code.
+//! The byte stream is abstracted by [`Connector`]; [`TransportConnector`]
+//! is the one place a connected transport (TCP, then TLS when configured)
+//! is returned, so an authentication step belongs right after it.
 
 use std::future::Future;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -30,6 +32,7 @@ use crate::codec::api::response_header_version;
 use crate::codec::api::{api_label, error_name, is_retriable, request_header_version};
 use crate::codec::frame::FrameReader;
 use crate::codec::header::{response_body_offset, response_correlation_id};
+use crate::tls::{ClientTls, Transport};
 use crate::wire::{WireError, WireResult, Writer};
 
 /// Why an outbound request failed. [`ClientError::kind`] gives a stable
@@ -121,8 +124,8 @@ impl From<ClientError> for String {
     }
 }
 
-/// Opens byte streams to brokers. Plain TCP today ([`TcpConnector`]); a TLS
-/// connector implements the same trait.
+/// Opens byte streams to brokers: [`TcpConnector`], or
+/// [`TransportConnector`] (TCP or TLS, as configured).
 pub trait Connector: Send + Sync + 'static {
     /// The stream type.
     type Stream: AsyncRead + AsyncWrite + Unpin + Send + Sync + 'static;
@@ -131,7 +134,7 @@ pub trait Connector: Send + Sync + 'static {
 
     /// mirrorguard's own SASL credentials toward this cluster: when set,
     /// [`Connection::connect`] authenticates right after the transport is
-    /// up ([`crate::sasl::Authenticated`] adds them to any connector).
+    /// up ([`TransportConnector::with_sasl`] adds them to a transport).
     fn sasl(&self) -> Option<&crate::sasl::ClientCredentials> {
         None
     }
@@ -147,6 +150,68 @@ impl Connector for TcpConnector {
         let s = TcpStream::connect(addr).await?;
         s.set_nodelay(true)?;
         Ok(s)
+    }
+}
+
+/// TCP, then TLS when the cluster's section asks for it, then (with
+/// [`TransportConnector::with_sasl`]) mirrorguard's own SASL
+/// authentication. Cheap to clone.
+#[derive(Debug, Clone, Default)]
+pub struct TransportConnector {
+    tls: Option<Arc<ClientTls>>,
+    sasl: crate::sasl::Identity,
+}
+
+impl TransportConnector {
+    /// Plain TCP.
+    pub fn plain() -> Self {
+        Self::default()
+    }
+
+    /// TLS with `tls` (re-read on SIGHUP), or plain TCP without.
+    pub fn new(tls: Option<Arc<ClientTls>>) -> Self {
+        Self { tls, sasl: None }
+    }
+
+    /// The same transport, authenticating with `identity` (none: no SASL).
+    pub fn with_sasl(mut self, identity: crate::sasl::Identity) -> Self {
+        self.sasl = identity;
+        self
+    }
+
+    /// From a `ClientTlsConfig` section (absent: plain TCP); `what` names
+    /// the connection in logs.
+    pub fn from_config(
+        cfg: Option<&crate::config::ClientTlsConfig>,
+        what: &str,
+    ) -> Result<Self, crate::tls::TlsError> {
+        Ok(Self {
+            tls: cfg.map(|c| ClientTls::new(c, what)).transpose()?,
+            sasl: None,
+        })
+    }
+
+    /// The TLS side, if any.
+    pub fn tls(&self) -> Option<&Arc<ClientTls>> {
+        self.tls.as_ref()
+    }
+}
+
+impl Connector for TransportConnector {
+    type Stream = Transport;
+    async fn connect(&self, addr: &str) -> std::io::Result<Transport> {
+        let tcp = TcpConnector.connect(addr).await?;
+        match &self.tls {
+            None => Ok(Transport::Plain(tcp)),
+            Some(tls) => {
+                let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+                Ok(tls.connect(tcp, host).await?)
+            }
+        }
+    }
+
+    fn sasl(&self) -> Option<&crate::sasl::ClientCredentials> {
+        self.sasl.as_deref()
     }
 }
 

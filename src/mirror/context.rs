@@ -126,6 +126,21 @@ impl MirrorContext {
             .map(str::to_string)
     }
 
+    /// Makes replays and topic lookups reach the source the way its
+    /// listener does (the same TLS configuration, reloaded with it).
+    pub fn set_source_connector(&self, connector: crate::kafka_client::TransportConnector) {
+        let _ = self.source_connector.set(connector);
+    }
+
+    /// How to reach the source (plain TCP unless set).
+    pub(crate) fn source_connector(&self) -> crate::kafka_client::TransportConnector {
+        self.source_connector
+            .get()
+            .cloned()
+            .unwrap_or_default()
+            .with_sasl(self.source_identity())
+    }
+
     /// Where replays read the source: the known source nodes, then the
     /// bootstrap servers.
     pub(crate) fn replay_servers(&self) -> Vec<(String, u16)> {
@@ -188,6 +203,7 @@ impl MirrorContext {
             topic_prefix: cfg.destination_topic_prefix.clone(),
             warm: Default::default(),
             nodes: OnceLock::new(),
+            source_connector: OnceLock::new(),
             source_bootstrap: cfg
                 .source_bootstrap
                 .iter()

@@ -225,6 +225,9 @@ pub struct MirrorContext {
     source_bootstrap: Vec<(String, u16)>,
     /// The listener's source nodes (set when the listener is built).
     nodes: OnceLock<Arc<NodeRegistry>>,
+    /// How replays and topic lookups reach the source (TCP or TLS; set
+    /// with the listener, plain until then).
+    source_connector: OnceLock<crate::kafka_client::TransportConnector>,
     /// Partition life cycle (shared by all mirrors).
     pub lifecycle: Arc<crate::lifecycle::Lifecycle>,
     seal_metrics: SealMetrics,

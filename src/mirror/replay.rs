@@ -118,7 +118,7 @@ async fn replay_from(
     max_frame: usize,
 ) -> Result<(), ClientError> {
     let mut conn = Connection::connect(
-        &crate::sasl::connector(&mirror.source_identity()),
+        &mirror.source_connector(),
         &address(host, port),
         Duration::from_secs(5),
         max_frame,

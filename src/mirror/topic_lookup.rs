@@ -275,7 +275,7 @@ pub fn hold_partitions(
                     Box::pin(async move {
                         let view = crate::proxy::refresh::fetch_cluster_view(
                             &m.replay_servers(),
-                            &m.source_identity(),
+                            &m.source_connector(),
                             limit,
                             crate::config::DEFAULT_MAX_FRAME_BYTES as usize,
                         )

@@ -8,6 +8,13 @@
 //! mirror listener, SASL authentication (mirrorguard's own toward the
 //! source, then the client's toward mirrorguard) runs between accept and
 //! relay ([`crate::sasl::server`]).
+//! and is counted so that shutdown can wait for in-flight requests.
+//!
+//! With `tls` configured, the TLS handshake runs in that task (never in the
+//! accept loop, so a client that stalls its handshake holds only itself up);
+//! a failed handshake closes that connection alone, logged and counted in
+//! `mirrorguard_tls_handshake_errors_total`. The upstream side is TCP or TLS
+//! as `upstream_tls` says.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -20,6 +27,7 @@ use tokio::sync::{watch, Notify};
 
 use crate::config::{split_host_port, ListenerConfig};
 use crate::filter::Chain;
+use crate::kafka_client::TransportConnector;
 use crate::metrics::{ListenerLabels, Metrics};
 use crate::proxy::connection::{
     relay, serve_offline, ConnectionContext, ConnectionEnd, UpstreamHealth,
@@ -29,6 +37,7 @@ use crate::proxy::refresh::{RefreshHook, RefreshTarget};
 use crate::proxy::upstream::{connect, connect_any, ConnectError};
 use crate::sasl::server::ServerAuth;
 use crate::sasl::Identity;
+use crate::tls::{ServerTls, TlsError, Transport};
 
 /// Where a listening port sends its connections.
 #[derive(Debug, Clone, Copy)]
@@ -97,11 +106,16 @@ pub struct Listener {
     /// mirrorguard's own identity toward the upstream, and (mirror
     /// listeners) the authentication required from clients.
     sasl: std::sync::OnceLock<(Identity, Option<Arc<ServerAuth>>)>,
+    /// TLS towards clients, when configured.
+    tls: Option<Arc<ServerTls>>,
+    /// TCP or TLS towards the upstream.
+    upstream: TransportConnector,
 }
 
 impl Listener {
     /// Builds a listener; `make_chain` receives the node registry so the
-    /// listener's filters can translate addresses.
+    /// listener's filters can translate addresses. Fails only when its TLS
+    /// files cannot be read (they were checked at config load).
     pub fn new(
         config: ListenerConfig,
         max_frame: usize,
@@ -109,7 +123,15 @@ impl Listener {
         shutdown: watch::Receiver<bool>,
         tracker: Arc<ConnectionTracker>,
         make_chain: impl FnOnce(Arc<NodeRegistry>) -> Chain,
-    ) -> Arc<Self> {
+    ) -> Result<Arc<Self>, TlsError> {
+        let tls = match &config.tls {
+            Some(t) => Some(ServerTls::new(t, &format!("{} tls", config.name))?),
+            None => None,
+        };
+        let upstream = TransportConnector::from_config(
+            config.upstream_tls.as_ref(),
+            &format!("{} upstream_tls", config.name),
+        )?;
         let nodes = Arc::new(NodeRegistry::new(
             &config.name,
             &config.advertised_host,
@@ -142,10 +164,18 @@ impl Listener {
             me: me.clone(),
             refresh_hook: std::sync::Mutex::new(None),
             sasl: std::sync::OnceLock::new(),
+            tls,
+            upstream,
         });
         let weak: Weak<dyn NodeBinder> = listener.me.clone();
         listener.nodes.set_binder(weak);
-        listener
+        Ok(listener)
+    }
+
+    /// How this listener reaches its upstream (shared with what the
+    /// listener's mirror uses for replays).
+    pub fn upstream_connector(&self) -> &TransportConnector {
+        &self.upstream
     }
 
     /// Makes every Metadata refresh read topics and report to `hook`
@@ -218,7 +248,7 @@ impl Listener {
 
     async fn serve(
         self: Arc<Self>,
-        mut client: tokio::net::TcpStream,
+        client: tokio::net::TcpStream,
         peer: SocketAddr,
         target: Target,
         _guard: TrackerGuard,
@@ -229,6 +259,29 @@ impl Listener {
         self.metrics.connections_total.get_or_create(&labels).inc();
         let open = self.metrics.connections_open.get_or_create(&labels).clone();
         open.inc();
+        let mut client = match &self.tls {
+            None => Transport::Plain(client),
+            Some(tls) => match tls.accept(client).await {
+                Ok(t) => t,
+                Err(e) => {
+                    Metrics::count(
+                        &self.metrics.tls_handshake_errors,
+                        &self.config.name,
+                        e.kind(),
+                    );
+                    if matches!(e, crate::tls::HandshakeError::Eof) {
+                        // Connect-and-close: TCP health checks, port scans.
+                        tracing::debug!(listener = %self.config.name, %peer, kind = e.kind(),
+                            error = %e, "closing client connection: TLS handshake failed");
+                    } else {
+                        tracing::warn!(listener = %self.config.name, %peer, kind = e.kind(),
+                            error = %e, "closing client connection: TLS handshake failed");
+                    }
+                    open.dec();
+                    return;
+                }
+            },
+        };
         let upstream = match self.connect_upstream(target).await {
             Ok(u) => Some(u),
             Err(e) => {
@@ -341,22 +394,19 @@ impl Listener {
         }
     }
 
-    async fn connect_upstream(
-        &self,
-        target: Target,
-    ) -> Result<tokio::net::TcpStream, ConnectError> {
+    async fn connect_upstream(&self, target: Target) -> Result<Transport, ConnectError> {
         let timeout = Duration::from_millis(self.config.connect_timeout_ms);
         match target {
             Target::Bootstrap => {
                 let start = self.next_bootstrap.fetch_add(1, Ordering::Relaxed);
-                connect_any(&self.upstream_bootstrap, start, timeout).await
+                connect_any(&self.upstream_bootstrap, start, timeout, &self.upstream).await
             }
             Target::Node(id) => {
                 let addr = self
                     .nodes
                     .upstream_of(id)
                     .ok_or(ConnectError::UnknownNode(id))?;
-                connect(&addr.host, addr.port, timeout).await
+                connect(&addr.host, addr.port, timeout, &self.upstream).await
             }
         }
     }
@@ -437,6 +487,9 @@ impl RefreshTarget for Listener {
     }
     fn nodes(&self) -> &NodeRegistry {
         &self.nodes
+    }
+    fn connector(&self) -> &TransportConnector {
+        &self.upstream
     }
 }
 

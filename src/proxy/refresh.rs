@@ -13,7 +13,7 @@ use std::time::Duration;
 use crate::codec::api;
 use crate::codec::api::METADATA;
 use crate::handlers::rewrite_metadata_response;
-use crate::kafka_client::{address, ClientError, Connection, Response};
+use crate::kafka_client::{address, ClientError, Connection, Response, TransportConnector};
 use crate::proxy::nodes::NodeRegistry;
 use crate::sasl::Identity;
 use crate::wire::{Reader, WireResult, Writer};
@@ -50,6 +50,8 @@ pub trait RefreshTarget {
     fn upstream_identity(&self) -> Identity {
         None
     }
+    /// How to connect to the upstream (TCP or TLS).
+    fn connector(&self) -> &TransportConnector;
 }
 
 /// Receives what each refresh learned (mirror listeners use it).
@@ -78,20 +80,14 @@ pub fn metadata_body(version: i16, w: &mut Writer<Vec<u8>>) -> WireResult<()> {
 /// returns the response (connect within `timeout`, answer within twice it).
 async fn metadata(
     bootstrap: &[(String, u16)],
-    identity: &Identity,
+    connector: &TransportConnector,
     version: i16,
     timeout: Duration,
     max_frame: usize,
 ) -> Result<Response, ClientError> {
     let servers: Vec<String> = bootstrap.iter().map(|(h, p)| address(h, *p)).collect();
-    let mut conn = Connection::connect_first(
-        &crate::sasl::connector(identity),
-        &servers,
-        timeout,
-        max_frame,
-        CLIENT_ID,
-    )
-    .await?;
+    let mut conn =
+        Connection::connect_first(connector, &servers, timeout, max_frame, CLIENT_ID).await?;
     conn.request(METADATA, version, timeout * 2, |w| {
         metadata_body(version, w)
     })
@@ -107,7 +103,10 @@ pub async fn refresh_nodes(
     let version: i16 = if with_topics { 12 } else { 4 };
     let resp = metadata(
         listener.upstream_bootstrap(),
-        &listener.upstream_identity(),
+        &listener
+            .connector()
+            .clone()
+            .with_sasl(listener.upstream_identity()),
         version,
         listener.connect_timeout(),
         listener.max_frame(),
@@ -204,10 +203,10 @@ pub fn parse_cluster_view(version: i16, body: &[u8]) -> WireResult<ClusterView> 
 /// (destination) cluster's topic ids.
 pub async fn fetch_cluster_view(
     bootstrap: &[(String, u16)],
-    identity: &Identity,
+    connector: &TransportConnector,
     timeout: Duration,
     max_frame: usize,
 ) -> Result<ClusterView, ClientError> {
-    let resp = metadata(bootstrap, identity, 12, timeout, max_frame).await?;
+    let resp = metadata(bootstrap, connector, 12, timeout, max_frame).await?;
     Ok(parse_cluster_view(12, resp.body())?)
 }

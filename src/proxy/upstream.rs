@@ -1,11 +1,14 @@
 //! Connecting to upstream brokers.
 //!
-//! Connections are plain TCP today; the relay above is generic over the byte
-//! stream so TLS can wrap this later without touching it.
+//! TCP with a connect timeout, then TLS when the listener's `upstream_tls`
+//! asks for it: what comes back is a [`Transport`] the relay is generic over.
 
 use std::time::Duration;
 
 use tokio::net::TcpStream;
+
+use crate::kafka_client::TransportConnector;
+use crate::tls::{HandshakeError, Transport};
 
 /// Why an upstream connection failed; `kind()` labels the metric.
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +32,14 @@ pub enum ConnectError {
     /// The node is not known (yet).
     #[error("upstream node {0} is unknown")]
     UnknownNode(i32),
+    /// Connected, but the TLS handshake failed.
+    #[error("TLS to upstream {addr}: {source}")]
+    Tls {
+        /// `host:port` tried.
+        addr: String,
+        /// Why.
+        source: HandshakeError,
+    },
 }
 
 impl ConnectError {
@@ -38,13 +49,20 @@ impl ConnectError {
             ConnectError::Io { .. } => "connect",
             ConnectError::Timeout { .. } => "connect_timeout",
             ConnectError::UnknownNode(_) => "unknown_node",
+            ConnectError::Tls { .. } => "tls_handshake",
         }
     }
 }
 
 /// Connects to `host:port` with a timeout, with Nagle off (Kafka is
-/// request/response; batching small frames only adds latency).
-pub async fn connect(host: &str, port: u16, timeout: Duration) -> Result<TcpStream, ConnectError> {
+/// request/response; batching small frames only adds latency), then runs
+/// the TLS handshake (its own timeout) when `connector` has TLS.
+pub async fn connect(
+    host: &str,
+    port: u16,
+    timeout: Duration,
+    connector: &TransportConnector,
+) -> Result<Transport, ConnectError> {
     let addr = format!("{host}:{port}");
     let stream = match tokio::time::timeout(timeout, TcpStream::connect((host, port))).await {
         Ok(Ok(s)) => s,
@@ -57,7 +75,13 @@ pub async fn connect(host: &str, port: u16, timeout: Duration) -> Result<TcpStre
         }
     };
     let _ = stream.set_nodelay(true);
-    Ok(stream)
+    match connector.tls() {
+        None => Ok(Transport::Plain(stream)),
+        Some(tls) => tls
+            .connect(stream, host)
+            .await
+            .map_err(|source| ConnectError::Tls { addr, source }),
+    }
 }
 
 /// Tries each bootstrap server in turn, starting at `start` (rotating the
@@ -66,11 +90,12 @@ pub async fn connect_any(
     servers: &[(String, u16)],
     start: usize,
     timeout: Duration,
-) -> Result<TcpStream, ConnectError> {
+    connector: &TransportConnector,
+) -> Result<Transport, ConnectError> {
     let mut last = None;
     for i in 0..servers.len() {
         let (host, port) = &servers[(start + i) % servers.len()];
-        match connect(host, *port, timeout).await {
+        match connect(host, *port, timeout, connector).await {
             Ok(s) => return Ok(s),
             Err(e) => last = Some(e),
         }

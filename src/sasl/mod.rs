@@ -186,42 +186,6 @@ impl ClientCredentials {
 /// (the cluster's listener does not use SASL).
 pub type Identity = Option<Arc<ClientCredentials>>;
 
-/// A connector whose connections authenticate with `credentials` right
-/// after `inner` has set up the transport (TCP today, TLS alike).
-#[derive(Clone, Debug, Default)]
-pub struct Authenticated<C> {
-    inner: C,
-    credentials: Identity,
-}
-
-impl<C> Authenticated<C> {
-    /// `inner`, authenticating with `credentials` when some.
-    pub fn new(inner: C, credentials: Identity) -> Self {
-        Self { inner, credentials }
-    }
-}
-
-impl<C: crate::kafka_client::Connector> crate::kafka_client::Connector for Authenticated<C> {
-    type Stream = C::Stream;
-
-    fn connect(
-        &self,
-        addr: &str,
-    ) -> impl std::future::Future<Output = std::io::Result<Self::Stream>> + Send {
-        self.inner.connect(addr)
-    }
-
-    fn sasl(&self) -> Option<&ClientCredentials> {
-        self.credentials.as_deref()
-    }
-}
-
-/// mirrorguard's TCP connector toward a cluster, with that cluster's
-/// credentials.
-pub fn connector(identity: &Identity) -> Authenticated<crate::kafka_client::TcpConnector> {
-    Authenticated::new(crate::kafka_client::TcpConnector, identity.clone())
-}
-
 /// A secret file's content, without a trailing newline.
 fn read_secret_file(path: &Path) -> Result<String, String> {
     let s = std::fs::read_to_string(path)

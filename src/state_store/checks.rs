@@ -103,7 +103,8 @@ pub async fn check(config: &Config, report: &StateClusterReport) -> anyhow::Resu
                             "source_sasl",
                         )
                         .unwrap_or_default();
-                        source_cluster_id(&m.source_bootstrap, &identity).await
+                        source_cluster_id(&m.source_bootstrap, m.source_tls.as_ref(), identity)
+                            .await
                     }
                 };
                 match source_id {
@@ -149,8 +150,13 @@ pub async fn check(config: &Config, report: &StateClusterReport) -> anyhow::Resu
 /// A source's cluster id from its Metadata, if it answers in time.
 async fn source_cluster_id(
     bootstrap: &[String],
-    identity: &crate::sasl::Identity,
+    tls: Option<&crate::config::ClientTlsConfig>,
+    identity: crate::sasl::Identity,
 ) -> Option<String> {
+    let connector =
+        crate::kafka_client::TransportConnector::from_config(tls, "source (cluster id check)")
+            .ok()?
+            .with_sasl(identity);
     let servers: Vec<(String, u16)> = bootstrap
         .iter()
         .filter_map(|a| crate::config::split_host_port(a).ok())
@@ -159,7 +165,7 @@ async fn source_cluster_id(
         SOURCE_ID_TIMEOUT,
         crate::proxy::refresh::fetch_cluster_view(
             &servers,
-            identity,
+            &connector,
             SOURCE_ID_TIMEOUT,
             crate::config::DEFAULT_MAX_FRAME_BYTES as usize,
         ),

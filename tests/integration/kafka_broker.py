@@ -22,6 +22,11 @@ its own (``node.sasl_port``, ``cluster.sasl_bootstrap``) with SCRAM-SHA-256, SCR
 (the users' credentials are written by ``kafka-storage format --add-scram``), PLAIN (the
 same users, in the listener's JAAS) and OAUTHBEARER (Kafka's unsecured JWS validator, for
 tests only). The PLAINTEXT listener stays (readiness checks, inter-broker traffic).
+``ssl=CertAuthority(dir)`` adds an ``SSL`` listener on each node (``.ssl_bootstrap``) with a PEM
+keystore and truststore (``ssl.keystore.type=PEM``) made by ``CertAuthority`` with ``openssl`` at
+test time (no private key is committed); ``ssl_client_auth="required"`` (the default with
+``ssl``) makes it a mutual-TLS listener. PLAINTEXT stays for the inter-broker traffic and the
+readiness checks.
 
 Use it from pytest (``conftest.py``: session-scoped ``kafka_cluster`` fixtures),
 from the demo and from the benchmark (``python3 tests/integration/kafka_broker.py
@@ -79,15 +84,56 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
+class CertAuthority:
+    """A throwaway CA and the certificates it signs, made with ``openssl`` in ``dir`` at test
+    time. ``issue(name)`` returns ``(cert, key)`` paths (RSA 2048, PKCS#8 key, SAN
+    IP:127.0.0.1 and DNS:localhost, serverAuth + clientAuth); ``keystore(name)`` is the
+    cert and key in one PEM file, as Kafka's ``ssl.keystore.type=PEM`` wants it."""
+
+    def __init__(self, dir: Path, name: str = "mg-test-ca"):
+        self.dir = Path(dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.name = name
+        self.ca = self.dir / f"{name}.pem"
+        self.ca_key = self.dir / f"{name}.key"
+        self._run(["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", self.ca_key,
+                   "-out", self.ca, "-days", "2", "-subj", f"/CN={name}",
+                   "-addext", "basicConstraints=critical,CA:TRUE",
+                   "-addext", "keyUsage=critical,keyCertSign,cRLSign"])
+
+    @staticmethod
+    def _run(args: list) -> None:
+        r = subprocess.run(["openssl", *[str(a) for a in args]], capture_output=True, text=True, timeout=60)
+        if r.returncode != 0:
+            raise HarnessError(f"openssl {args[0]} failed: {r.stderr}")
+
+    def issue(self, name: str, sans: str = "IP:127.0.0.1,DNS:localhost") -> tuple[Path, Path]:
+        cert, key, csr = (self.dir / f"{name}.pem", self.dir / f"{name}.key", self.dir / f"{name}.csr")
+        ext = self.dir / f"{name}.ext"
+        ext.write_text(f"subjectAltName={sans}\nextendedKeyUsage=serverAuth,clientAuth\n"
+                       "basicConstraints=CA:FALSE\n")
+        self._run(["req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", csr, "-subj", f"/CN={name}"])
+        self._run(["x509", "-req", "-in", csr, "-CA", self.ca, "-CAkey", self.ca_key, "-CAcreateserial",
+                   "-out", cert, "-days", "2", "-extfile", ext])
+        return cert, key
+
+    def keystore(self, name: str) -> Path:
+        cert, key = self.issue(name)
+        store = self.dir / f"{name}.keystore.pem"
+        store.write_text(key.read_text() + cert.read_text())
+        return store
+
+
 class KafkaNode:
     """One KRaft node in combined mode (broker + controller)."""
 
     def __init__(self, cluster: "KafkaCluster", node_id: int, port: int, controller_port: int,
-                 sasl_port: int | None = None):
+                 sasl_port: int | None = None, ssl_port: int | None = None):
         self.cluster = cluster
         self.sasl_port = sasl_port
         self.node_id = node_id
         self.port = port
+        self.ssl_port = ssl_port
         self.controller_port = controller_port
         self.name = f"{cluster.name}-n{node_id}"
         self.dir = cluster.work_dir / self.name
@@ -104,6 +150,8 @@ class KafkaNode:
     @property
     def sasl_bootstrap(self) -> str:
         return f"{HOST}:{self.sasl_port}"
+    def ssl_bootstrap(self) -> str:
+        return f"{HOST}:{self.ssl_port}"
 
     def write_config(self) -> None:
         c = self.cluster
@@ -162,6 +210,18 @@ class KafkaNode:
             props[f"{lst}.oauthbearer.sasl.jaas.config"] = (
                 "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required "
                 'unsecuredLoginStringClaim_sub="admin";')
+        if c.ssl is not None:
+            props["listeners"] += f",SSL://{HOST}:{self.ssl_port}"
+            props["advertised.listeners"] += f",SSL://{HOST}:{self.ssl_port}"
+            props["listener.security.protocol.map"] += ",SSL:SSL"
+            ssl_props = {
+                "ssl.keystore.type": "PEM",
+                "ssl.keystore.location": c.ssl.keystore(self.name),
+                "ssl.truststore.type": "PEM",
+                "ssl.truststore.location": c.ssl.ca,
+                "ssl.client.auth": c.ssl_client_auth,
+            }
+            props.update({f"listener.name.ssl.{k}": v for k, v in ssl_props.items()})
         props.update(c.overrides)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(
@@ -256,6 +316,8 @@ class KafkaCluster:
         jvm_opts: list[str] | None = None,
         port: int | None = None,
         sasl: dict[str, str] | None = None,
+        ssl: CertAuthority | None = None,
+        ssl_client_auth: str = "required",
     ):
         self.work_dir = Path(work_dir)
         self.cluster_id = cluster_id or harness.cluster_id()
@@ -263,7 +325,10 @@ class KafkaCluster:
         self.overrides = dict(overrides or {})
         self.jvm_opts = list(jvm_opts or [])
         self.sasl = dict(sasl) if sasl is not None else None
-        ports = _free_ports(2 * nodes)
+        self.ssl = ssl
+        self.ssl_client_auth = ssl_client_auth
+        ports = _free_ports(3 * nodes if ssl is not None else 2 * nodes)
+        ssl_ports = ports[2 * nodes:] if ssl is not None else [None] * nodes
         if port is not None:  # the first node's client port, chosen by the caller
             while port in ports:
                 ports = _free_ports(2 * nodes)
@@ -273,7 +338,8 @@ class KafkaCluster:
         if self.sasl is not None:
             sasl_ports = [p for p in _free_ports(nodes + len(ports)) if p not in ports][:nodes]
         for i in range(nodes):
-            self.nodes.append(KafkaNode(self, first_node_id + i, ports[2 * i], ports[2 * i + 1], sasl_ports[i]))
+            self.nodes.append(KafkaNode(self, first_node_id + i, ports[2 * i], ports[2 * i + 1],
+                                        sasl_ports[i], ssl_ports[i]))
 
     # -- the interface shared with harness.TansuBroker ----------------------------
     @property
@@ -284,6 +350,9 @@ class KafkaCluster:
     def sasl_bootstrap(self) -> str:
         """The SASL_PLAINTEXT listeners (clusters made with ``sasl=``)."""
         return ",".join(n.sasl_bootstrap for n in self.nodes)
+    def ssl_bootstrap(self) -> str:
+        """The nodes' SSL listeners (with ``ssl=``)."""
+        return ",".join(n.ssl_bootstrap for n in self.nodes)
 
     @property
     def port(self) -> int:

@@ -85,8 +85,7 @@ pub struct StateSync {
     /// Bootstrap of the destination cluster, for its topic ids (the state
     /// cluster may be another one).
     dest_bootstrap: Vec<(String, u16)>,
-    /// mirrorguard's SASL identity toward the destination cluster.
-    dest_identity: std::sync::OnceLock<crate::sasl::Identity>,
+    dest_connector: crate::kafka_client::TransportConnector,
     dest_topics: std::sync::RwLock<DestinationTopics>,
     lifecycle: std::sync::OnceLock<Arc<Lifecycle>>,
     /// Open transactions of seals read back (type 5), by destination topic
@@ -216,19 +215,14 @@ struct DestinationTopics {
 }
 
 impl StateSync {
-    /// Sets mirrorguard's SASL identity toward the destination cluster
-    /// (before the first destination read).
-    pub fn set_destination_identity(&self, identity: crate::sasl::Identity) {
-        let _ = self.dest_identity.set(identity);
-    }
-
     /// A sync over an opened store; `dest_bootstrap` is the destination
-    /// cluster (where topic ids are read).
+    /// cluster (where topic ids are read), reached with `dest_connector`.
     pub fn new(
         store: Arc<StateStore>,
         registry: Arc<ProducerStateRegistry>,
         metrics: Arc<Metrics>,
         dest_bootstrap: Vec<(String, u16)>,
+        dest_connector: crate::kafka_client::TransportConnector,
     ) -> Arc<Self> {
         Arc::new_cyclic(|me| Self {
             store,
@@ -238,7 +232,7 @@ impl StateSync {
             metrics,
             me: me.clone(),
             dest_bootstrap,
-            dest_identity: Default::default(),
+            dest_connector,
             dest_topics: Default::default(),
             lifecycle: Default::default(),
             snapshots: Default::default(),

@@ -9,7 +9,7 @@ impl StateSync {
     pub(super) async fn refresh_destination_topics(&self) -> anyhow::Result<()> {
         let view = crate::proxy::refresh::fetch_cluster_view(
             &self.dest_bootstrap,
-            &self.dest_identity.get().cloned().flatten(),
+            &self.dest_connector,
             Duration::from_secs(5),
             crate::config::DEFAULT_MAX_FRAME_BYTES as usize,
         )

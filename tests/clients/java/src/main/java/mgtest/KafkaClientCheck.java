@@ -29,14 +29,24 @@ import org.apache.kafka.common.serialization.ByteArraySerializer;
  * the consumer keeps polling, so later records arrive through an established session.
  * {@code produce-one}: one record with a plain producer (no retries), reporting the error,
  * for the produce guard. One JSON line on stdout summarises what the clients saw.
+ * {@code --config FILE}: client properties (e.g. {@code security.protocol=SSL} and its
+ * PEM trust and key stores) added to every producer and consumer.
  */
 public final class KafkaClientCheck {
     private KafkaClientCheck() {}
+
+    /** Extra client properties from {@code --config} (empty without it). */
+    private static final Properties EXTRA = new Properties();
 
     public static void main(String[] args) throws Exception {
         Map<String, String> a = new HashMap<>();
         for (int i = 0; i + 1 < args.length; i += 2) {
             a.put(args[i].replaceFirst("^--", ""), args[i + 1]);
+        }
+        if (a.containsKey("config")) {
+            try (java.io.Reader r = java.nio.file.Files.newBufferedReader(java.nio.file.Path.of(a.get("config")))) {
+                EXTRA.load(r);
+            }
         }
         String bootstrap = a.get("bootstrap");
         String topic = a.get("topic");
@@ -63,6 +73,7 @@ public final class KafkaClientCheck {
 
     private static Properties producerProps(String bootstrap) {
         Properties p = new Properties();
+        p.putAll(EXTRA);
         p.put(ProducerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
         p.put(ProducerConfig.KEY_SERIALIZER_CLASS_CONFIG, ByteArraySerializer.class.getName());
         p.put(ProducerConfig.VALUE_SERIALIZER_CLASS_CONFIG, ByteArraySerializer.class.getName());
@@ -89,6 +100,7 @@ public final class KafkaClientCheck {
         pp.put(ProducerConfig.TRANSACTIONAL_ID_CONFIG, "java-" + topic);
         pp.put(ProducerConfig.TRANSACTION_TIMEOUT_CONFIG, 30000);
         Properties cp = new Properties();
+        cp.putAll(EXTRA);
         cp.put(ConsumerConfig.BOOTSTRAP_SERVERS_CONFIG, bootstrap);
         cp.put(ConsumerConfig.KEY_DESERIALIZER_CLASS_CONFIG, ByteArrayDeserializer.class.getName());
         cp.put(ConsumerConfig.VALUE_DESERIALIZER_CLASS_CONFIG, ByteArrayDeserializer.class.getName());

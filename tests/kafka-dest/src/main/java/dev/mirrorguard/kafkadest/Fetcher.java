@@ -61,6 +61,10 @@ import org.apache.kafka.common.utils.internals.LogContext;
  *
  * <p>The replica id defaults to -1 (a consumer): a Kafka source answers a follower fetch from a
  * broker that is not in the partition's replica set with NOT_LEADER_OR_FOLLOWER.
+ *
+ * <p>TLS, as a broker's fetcher on an SSL listener: {@code tls_ca} (PEM CA bundle; hostname
+ * verification on), optionally {@code tls_cert} + {@code tls_key} (PEM chain and unencrypted
+ * PKCS#8 RSA key) for mutual TLS.
  */
 final class Fetcher {
     final KafkaDest dest;
@@ -73,6 +77,8 @@ final class Fetcher {
     final int requestTimeoutMs;
     final int maxBytes;
     final short maxFetchVersion;
+    /** TLS towards the source (null: plaintext). */
+    final javax.net.ssl.SSLContext tls;
     final List<Link> links = new ArrayList<>();
     final Thread thread;
     volatile boolean running = true;
@@ -158,6 +164,9 @@ final class Fetcher {
         this.requestTimeoutMs = cmd.path("request_timeout_ms").asInt(5000);
         this.maxBytes = cmd.path("max_bytes").asInt(1 << 20);
         this.maxFetchVersion = (short) cmd.path("max_fetch_version").asInt(ApiKeys.FETCH.latestVersion());
+        this.tls = cmd.hasNonNull("tls_ca")
+            ? tlsContext(cmd.path("tls_ca").asText(), cmd.path("tls_cert").asText(null), cmd.path("tls_key").asText(null))
+            : null;
         for (JsonNode p : cmd.path("partitions")) {
             String topic = p.path("topic").asText();
             int partition = p.path("partition").asInt(0);
@@ -311,7 +320,7 @@ final class Fetcher {
         }
         String[] hp = bootstrap.split(",")[0].split(":");
         Map<Integer, NodeSession> byNode = new LinkedHashMap<>();
-        try (Conn c = new Conn(hp[0], Integer.parseInt(hp[1]), requestTimeoutMs, "kafka-dest-" + name)) {
+        try (Conn c = new Conn(hp[0], Integer.parseInt(hp[1]), requestTimeoutMs, "kafka-dest-" + name, tls)) {
             Map<Short, ApiVersionsResponseData.ApiVersion> versions = c.apiVersions();
             short mv = (short) Math.min(12, versions.get(ApiKeys.METADATA.id).maxVersion());
             List<String> topics = links.stream().map(l -> l.source.topic()).distinct().toList();
@@ -366,7 +375,7 @@ final class Fetcher {
         }
         FetchSessionHandler.FetchRequestData d = b.build();
         if (ns.conn == null) {
-            ns.conn = new Conn(ns.node.host(), ns.node.port(), requestTimeoutMs + maxWaitMs, "kafka-dest-" + name);
+            ns.conn = new Conn(ns.node.host(), ns.node.port(), requestTimeoutMs + maxWaitMs, "kafka-dest-" + name, tls);
             synchronized (this) {
                 connects++;
             }
@@ -540,6 +549,49 @@ final class Fetcher {
         return true;
     }
 
+    // ------------------------------------------------------------------ TLS
+
+    /** A TLS client context trusting the PEM CA bundle, with a client certificate if given. */
+    static javax.net.ssl.SSLContext tlsContext(String caPem, String certPem, String keyPem) throws IOException {
+        try {
+            java.security.cert.CertificateFactory cf = java.security.cert.CertificateFactory.getInstance("X.509");
+            java.security.KeyStore trust = java.security.KeyStore.getInstance(java.security.KeyStore.getDefaultType());
+            trust.load(null, null);
+            int i = 0;
+            try (java.io.InputStream in = java.nio.file.Files.newInputStream(java.nio.file.Path.of(caPem))) {
+                for (java.security.cert.Certificate c : cf.generateCertificates(in)) {
+                    trust.setCertificateEntry("ca" + i++, c);
+                }
+            }
+            javax.net.ssl.TrustManagerFactory tmf =
+                javax.net.ssl.TrustManagerFactory.getInstance(javax.net.ssl.TrustManagerFactory.getDefaultAlgorithm());
+            tmf.init(trust);
+            javax.net.ssl.KeyManager[] keys = null;
+            if (certPem != null && keyPem != null) {
+                String pem = java.nio.file.Files.readString(java.nio.file.Path.of(keyPem));
+                String b64 = pem.replaceAll("-----[A-Z ]+-----", "").replaceAll("\\s", "");
+                java.security.PrivateKey key = java.security.KeyFactory.getInstance("RSA")
+                    .generatePrivate(new java.security.spec.PKCS8EncodedKeySpec(java.util.Base64.getDecoder().decode(b64)));
+                java.security.cert.Certificate[] chain;
+                try (java.io.InputStream in = java.nio.file.Files.newInputStream(java.nio.file.Path.of(certPem))) {
+                    chain = cf.generateCertificates(in).toArray(new java.security.cert.Certificate[0]);
+                }
+                java.security.KeyStore ks = java.security.KeyStore.getInstance(java.security.KeyStore.getDefaultType());
+                ks.load(null, null);
+                ks.setKeyEntry("client", key, new char[0], chain);
+                javax.net.ssl.KeyManagerFactory kmf =
+                    javax.net.ssl.KeyManagerFactory.getInstance(javax.net.ssl.KeyManagerFactory.getDefaultAlgorithm());
+                kmf.init(ks, new char[0]);
+                keys = kmf.getKeyManagers();
+            }
+            javax.net.ssl.SSLContext ctx = javax.net.ssl.SSLContext.getInstance("TLS");
+            ctx.init(keys, tmf.getTrustManagers(), null);
+            return ctx;
+        } catch (java.security.GeneralSecurityException e) {
+            throw new IOException("TLS setup: " + e, e);
+        }
+    }
+
     // ------------------------------------------------------------------ a plain socket client
 
     /** One blocking connection; requests are serialized by Kafka's own request classes. */
@@ -550,11 +602,21 @@ final class Fetcher {
         final String clientId;
         int correlation;
 
-        Conn(String host, int port, int timeoutMs, String clientId) throws IOException {
-            socket = new Socket();
-            socket.connect(new InetSocketAddress(host, port), Math.max(1000, timeoutMs));
-            socket.setSoTimeout(timeoutMs);
-            socket.setTcpNoDelay(true);
+        Conn(String host, int port, int timeoutMs, String clientId, javax.net.ssl.SSLContext tls) throws IOException {
+            Socket tcp = new Socket();
+            tcp.connect(new InetSocketAddress(host, port), Math.max(1000, timeoutMs));
+            tcp.setSoTimeout(timeoutMs);
+            tcp.setTcpNoDelay(true);
+            if (tls != null) {
+                javax.net.ssl.SSLSocket s = (javax.net.ssl.SSLSocket) tls.getSocketFactory().createSocket(tcp, host, port, true);
+                javax.net.ssl.SSLParameters params = s.getSSLParameters();
+                params.setEndpointIdentificationAlgorithm("HTTPS"); // the broker's certificate must name `host`
+                s.setSSLParameters(params);
+                s.startHandshake();
+                socket = s;
+            } else {
+                socket = tcp;
+            }
             in = new DataInputStream(socket.getInputStream());
             out = socket.getOutputStream();
             this.clientId = clientId;
