@@ -150,6 +150,8 @@ class KafkaNode:
     @property
     def sasl_bootstrap(self) -> str:
         return f"{HOST}:{self.sasl_port}"
+
+    @property
     def ssl_bootstrap(self) -> str:
         return f"{HOST}:{self.ssl_port}"
 
@@ -350,6 +352,8 @@ class KafkaCluster:
     def sasl_bootstrap(self) -> str:
         """The SASL_PLAINTEXT listeners (clusters made with ``sasl=``)."""
         return ",".join(n.sasl_bootstrap for n in self.nodes)
+
+    @property
     def ssl_bootstrap(self) -> str:
         """The nodes' SSL listeners (with ``ssl=``)."""
         return ",".join(n.ssl_bootstrap for n in self.nodes)
