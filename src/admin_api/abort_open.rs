@@ -12,7 +12,9 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
-use super::{authorized_body, error, selection_shape, ApiState, LState, SelectionBody};
+use super::{
+    authorized_body, error, named_mirror, selection_shape, ApiState, LState, SelectionBody,
+};
 
 /// `POST /v1/partitions/abort-open`: aborts, on the destination, the open
 /// mirrored transactions of partitions whose destination fetcher is gone
@@ -30,12 +32,9 @@ pub(super) async fn abort_open(
         Ok(b) => b,
         Err(r) => return *r,
     };
-    let Some(mirror) = s.mirrors.get(&body.mirror) else {
-        return error(
-            StatusCode::NOT_FOUND,
-            "unknown_mirror",
-            format!("no mirror named {:?}", body.mirror),
-        );
+    let mirror = match named_mirror(&s, &body.mirror) {
+        Ok(m) => m,
+        Err(r) => return *r,
     };
     if mirror.mode == crate::config::PidMode::Preserve {
         return error(
