@@ -5,6 +5,7 @@
 //! the new producers (claims to persist), and only when nothing is pending
 //! phase 2 hands each partition to the batch rewriting ([`super::batch`]).
 
+use super::batch::region_maps;
 use super::*;
 
 /// A salt chosen for a collision, waiting to be persisted.
@@ -352,11 +353,8 @@ pub(super) fn scan_partition(
         if pid == -1 {
             continue;
         }
-        let origin = Origin {
-            source_cluster: source.origin_cluster(),
-            original_pid: pid,
-        };
-        let mapped = if mirror.mode == PidMode::Region && !pid::is_mapped(pid) {
+        let origin = source.origin(pid);
+        let mapped = if region_maps(mirror, pid) {
             match state.lookup_mapping(&origin, &|salt| mirror.map(source, pid, salt)) {
                 MappingLookup::Ready { mapped_pid, .. } => mapped_pid,
                 MappingLookup::Collision { .. } => {
