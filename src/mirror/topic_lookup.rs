@@ -31,7 +31,31 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
 pub const MAX_TOPICS: usize = 10_000;
 
 /// One lookup of a topic id: succeeds once the id is known.
-pub type Lookup = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;
+pub type Lookup = crate::BoxFuture<'static, Result<(), LookupError>>;
+
+/// Why one lookup of a topic id did not find it (logged, then retried after
+/// a backoff).
+#[derive(Debug, thiserror::Error)]
+pub enum LookupError {
+    /// The lookup took longer than its limit.
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    /// The source's Metadata could not be read.
+    #[error(transparent)]
+    Source(#[from] crate::kafka_client::ClientError),
+    /// The mirror refused what the source's Metadata said.
+    #[error(transparent)]
+    Refresh(#[from] crate::proxy::refresh::RefreshError),
+    /// The destination's topic listing could not be read.
+    #[error(transparent)]
+    Destination(#[from] crate::PersistError),
+    /// The source's Metadata does not name the topic id yet.
+    #[error("the source's Metadata does not name it yet")]
+    NotNamedBySource,
+    /// The destination does not list the topic yet.
+    #[error("the destination does not list it yet")]
+    NotListedByDestination,
+}
 
 /// One topic's lookup state.
 struct Tracked {
@@ -114,14 +138,14 @@ impl TopicIdLookups {
         runtime.spawn(async move {
             let outcome = match tokio::time::timeout(limit, lookup).await {
                 Ok(r) => r,
-                Err(_) => Err(format!("no answer within {limit:?}")),
+                Err(_) => Err(LookupError::Timeout(limit)),
             };
             me.ended(&topic, outcome);
         });
         started
     }
 
-    fn ended(&self, topic: &str, outcome: Result<(), String>) {
+    fn ended(&self, topic: &str, outcome: Result<(), LookupError>) {
         {
             let mut t = self.topics.lock().unwrap_or_else(|p| p.into_inner());
             match outcome {
@@ -278,13 +302,12 @@ pub fn hold_partitions(
                             limit,
                             crate::config::DEFAULT_MAX_FRAME_BYTES as usize,
                         )
-                        .await
-                        .map_err(|e| e.to_string())?;
+                        .await?;
                         crate::proxy::refresh::RefreshHook::on_refresh(&*m, &view)?;
                         if m.names_source_id(&id) {
                             Ok(())
                         } else {
-                            Err("the source's Metadata does not name it yet".to_string())
+                            Err(LookupError::NotNamedBySource)
                         }
                     })
                 },
@@ -298,11 +321,11 @@ pub fn hold_partitions(
                 &known,
                 move || {
                     Box::pin(async move {
-                        store.refresh_topic_ids().await.map_err(|e| e.to_string())?;
+                        store.refresh_topic_ids().await?;
                         store
                             .topic_id(&name)
                             .map(|_| ())
-                            .ok_or_else(|| "the destination does not list it yet".to_string())
+                            .ok_or(LookupError::NotListedByDestination)
                     })
                 },
                 limit,
