@@ -13,7 +13,8 @@ use axum::Json;
 use serde_json::json;
 
 use super::{
-    authorized_body, error, named_mirror, selection_shape, ApiState, LState, SelectionBody,
+    authorized_body, error, named_mirror, selection_shape, unknown_topic, ApiState, LState,
+    SelectionBody,
 };
 
 /// `POST /v1/partitions/abort-open`: aborts, on the destination, the open
@@ -80,16 +81,7 @@ pub(super) async fn abort_open(
                 ps.clone()
             }
             (None, Some(n)) => (0..*n).collect(),
-            (None, None) => {
-                return error(
-                    StatusCode::NOT_FOUND,
-                    "unknown_topic",
-                    format!(
-                        "mirror {:?} does not mirror a topic {:?}",
-                        body.mirror, sel.topic
-                    ),
-                )
-            }
+            (None, None) => return unknown_topic(&body.mirror, &sel.topic),
         };
         for p in &parts {
             let state = s

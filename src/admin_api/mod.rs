@@ -273,6 +273,15 @@ fn named_mirror<'a>(s: &'a ApiState, name: &str) -> Result<&'a Arc<MirrorContext
     })
 }
 
+/// 404 for a selected topic the mirror's destination does not hold.
+fn unknown_topic(mirror: &str, topic: &str) -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        "unknown_topic",
+        format!("mirror {mirror:?} does not mirror a topic {topic:?}"),
+    )
+}
+
 /// Checks the shape of a selection body as the OpenAPI `Selection` schema
 /// does: `Ok(None)` for `all: true`, `Ok(Some(topics))` for a non-empty topic
 /// list whose `partitions`, when given, are non-empty; 400 otherwise.
@@ -345,14 +354,7 @@ async fn mutate(
         Some(topics) => {
             for sel in topics {
                 let Some(n) = known.get(&sel.topic) else {
-                    return error(
-                        StatusCode::NOT_FOUND,
-                        "unknown_topic",
-                        format!(
-                            "mirror {:?} does not mirror a topic {:?}",
-                            body.mirror, sel.topic
-                        ),
-                    );
+                    return unknown_topic(&body.mirror, &sel.topic);
                 };
                 match &sel.partitions {
                     None => targets.extend((0..*n).map(|p| (sel.topic.clone(), p))),
