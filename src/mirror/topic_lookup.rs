@@ -287,50 +287,42 @@ pub fn hold_partitions(
             Some(id) => mirror.names_source_id(&id),
             None => mirror.salts.topic_id(name).is_some(),
         };
-        let started = if let Some(id) = placeholder_id(topic) {
+        // Built only when a lookup starts (see `hold`).
+        let lookup: Box<dyn FnOnce() -> Lookup> = if let Some(id) = placeholder_id(topic) {
             // A source topic id the source's Metadata did not name yet: the
             // source is asked at once (its listener refreshes only every
             // metadata_refresh_ms).
             let m = mirror.clone();
-            mirror.lookups.hold(
-                topic,
-                &known,
-                move || {
-                    Box::pin(async move {
-                        let view = crate::proxy::refresh::fetch_cluster_view(
-                            &m.replay_servers(),
-                            limit,
-                            crate::config::DEFAULT_MAX_FRAME_BYTES as usize,
-                        )
-                        .await?;
-                        crate::proxy::refresh::RefreshHook::on_refresh(&*m, &view)?;
-                        if m.names_source_id(&id) {
-                            Ok(())
-                        } else {
-                            Err(LookupError::NotNamedBySource)
-                        }
-                    })
-                },
-                limit,
-            )
+            Box::new(move || {
+                Box::pin(async move {
+                    let view = crate::proxy::refresh::fetch_cluster_view(
+                        &m.replay_servers(),
+                        limit,
+                        crate::config::DEFAULT_MAX_FRAME_BYTES as usize,
+                    )
+                    .await?;
+                    crate::proxy::refresh::RefreshHook::on_refresh(&*m, &view)?;
+                    if m.names_source_id(&id) {
+                        Ok(())
+                    } else {
+                        Err(LookupError::NotNamedBySource)
+                    }
+                })
+            })
         } else {
             let store = mirror.salts.clone();
             let name = topic.to_string();
-            mirror.lookups.hold(
-                topic,
-                &known,
-                move || {
-                    Box::pin(async move {
-                        store.refresh_topic_ids().await?;
-                        store
-                            .topic_id(&name)
-                            .map(|_| ())
-                            .ok_or(LookupError::NotListedByDestination)
-                    })
-                },
-                limit,
-            )
+            Box::new(move || {
+                Box::pin(async move {
+                    store.refresh_topic_ids().await?;
+                    store
+                        .topic_id(&name)
+                        .map(|_| ())
+                        .ok_or(LookupError::NotListedByDestination)
+                })
+            })
         };
+        let started = mirror.lookups.hold(topic, &known, lookup, limit);
         match started {
             HoldStart::First => tracing::info!(mirror = %mirror.name, topic, ?partitions,
                 fetch_version = version, wait = waits_for(topic),
