@@ -4,17 +4,19 @@
 #
 # On a shared, loaded machine two benchmark runs made minutes apart differ by
 # more than the changes we want to see, so this script never runs one revision
-# after the other: it builds both, then runs the same criterion benches in
-# rounds that alternate the revisions (before, after | after, before | ...;
-# the order flips every round so a slow drift of the load favours neither),
-# and reports per benchmark the median over the rounds of criterion's median,
-# and the ratio after/before. The load average is recorded with every run.
+# after the other: it builds both, then measures every criterion benchmark id
+# of both revisions back to back (one short criterion run each, seconds
+# apart), in rounds; the order (before, after or after, before) alternates
+# from one benchmark to the next and from one round to the next, so a drift
+# of the load favours neither. It reports per benchmark the median over the
+# rounds of criterion's median, and the ratio after/before. The load average
+# is recorded with every run.
 #
 #   scripts/bench-compare.sh [options] BEFORE AFTER
 #     -r N        rounds (default 5)
 #     -b "A B"    criterion benches (default: frame records producer_state fetch_rewrite)
-#     -f REGEX    criterion filter passed to every bench (default: all)
-#     -t "ARGS"   criterion timing (default: --warm-up-time 1 --measurement-time 2)
+#     -f REGEX    only the benchmark ids matching REGEX (grep -E; default: all)
+#     -t "ARGS"   criterion timing (default: --warm-up-time 0.3 --measurement-time 1)
 #     -e "ARGS"   also run bench/e2e.py of each revision with its release
 #                 binaries, interleaved the same way, with ARGS (for example
 #                 "--skip-tansu --seconds 3 --repeat 1")
@@ -36,7 +38,7 @@ REPO=$(pwd)
 ROUNDS=5
 BENCHES="frame records producer_state fetch_rewrite"
 FILTER=""
-TIMING="--warm-up-time 1 --measurement-time 2"
+TIMING="--warm-up-time 0.3 --measurement-time 1"
 E2E=""
 PATCH=""
 NAME=runs
@@ -91,20 +93,25 @@ prepare() {
     for b in $BENCHES; do args+=(--bench "$b"); done
     if [ -n "$BENCHES" ]; then
         echo "== $side: building benches of $rev"
-        (cd "$dir" && CARGO_TARGET_DIR="$dir/target" cargo bench --no-run "${args[@]}" 2>&1 | tail -3)
+        # The bench executables, one per line: "<bench> <path>".
+        (cd "$dir" && CARGO_TARGET_DIR="$dir/target" cargo bench --no-run "${args[@]}" 2>&1) |
+            sed -n 's|.*Executable benches/\([a-z_]*\)\.rs (\(.*\))|\1 '"$dir"'/\2|p' >"$WORK/$side.bins"
+        cat "$WORK/$side.bins"
     fi
     if [ -n "$E2E" ]; then
         (cd "$dir" && CARGO_TARGET_DIR="$dir/target" cargo build --release --bin mirrorguard --example fetchbench 2>&1 | tail -1)
     fi
 }
 
-# One criterion run of one bench on one side, appending its medians to runs.tsv.
+# One short criterion run of one benchmark id on one side, appending its
+# median to the results.
 run_bench() {
-    local round=$1 side=$2 bench=$3 dir=$WORK/$2 load
+    local round=$1 side=$2 bench=$3 id=$4 dir=$WORK/$2 load bin
     load=$(cut -d' ' -f1 /proc/loadavg)
+    bin=$(awk -v b="$bench" '$1 == b { print $2 }' "$WORK/$side.bins")
     rm -rf "$dir/target/criterion"
     # shellcheck disable=SC2086 # TIMING is a list of criterion arguments
-    (cd "$dir" && CARGO_TARGET_DIR="$dir/target" cargo bench -q --bench "$bench" -- $TIMING ${FILTER:+"$FILTER"} >"$WORK/last-$side-$bench.log" 2>&1)
+    (cd "$dir" && CARGO_TARGET_DIR="$dir/target" "$bin" --bench --exact "$id" $TIMING </dev/null >"$WORK/last-$side.log" 2>&1)
     python3 - "$dir/target/criterion" "$round" "$side" "$load" >>"$RUNS" <<'EOF'
 import json, pathlib, sys
 root, rnd, side, load = sys.argv[1:]
@@ -143,18 +150,32 @@ EOF
 prepare before "$REV_BEFORE"
 prepare after "$REV_AFTER"
 printf 'round\tside\tbenchmark\tvalue\tload1\n' >"$RUNS"
+# The benchmark ids (those of the after side; a bench missing on one side is
+# reported with one side only).
+: >"$WORK/ids"
+for bench in $BENCHES; do
+    bin=$(awk -v b="$bench" '$1 == b { print $2 }' "$WORK/after.bins")
+    "$bin" --bench --list 2>/dev/null | sed -n 's/: benchmark$//p' | grep -E "${FILTER:-.}" |
+        sed "s/^/$bench\t/" >>"$WORK/ids" || true
+done
+echo "== $(wc -l <"$WORK/ids") benchmark ids x 2 revisions x $ROUNDS rounds"
+n=0
 for round in $(seq 1 "$ROUNDS"); do
-    if [ $((round % 2)) = 1 ]; then order="before after"; else order="after before"; fi
-    for side in $order; do
-        for bench in $BENCHES; do
-            echo "== round $round/$ROUNDS $side $bench (load $(cut -d' ' -f1-3 /proc/loadavg))"
-            run_bench "$round" "$side" "$bench"
+    while IFS=$'\t' read -r bench id; do
+        n=$((n + 1))
+        if [ $(((n + round) % 2)) = 0 ]; then order="before after"; else order="after before"; fi
+        for side in $order; do
+            run_bench "$round" "$side" "$bench" "$id"
         done
-        if [ -n "$E2E" ]; then
+    done <"$WORK/ids"
+    echo "== round $round/$ROUNDS done (load $(cut -d' ' -f1-3 /proc/loadavg))"
+    if [ -n "$E2E" ]; then
+        if [ $((round % 2)) = 1 ]; then order="before after"; else order="after before"; fi
+        for side in $order; do
             echo "== round $round/$ROUNDS $side e2e"
             run_e2e "$round" "$side"
-        fi
-    done
+        done
+    fi
 done
 
 python3 - "$RUNS" "$REV_BEFORE" "$REV_AFTER" <<'EOF' | tee "$WORK/$NAME-summary.md"
