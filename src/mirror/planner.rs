@@ -142,13 +142,13 @@ pub fn rewrite_fetch_body_holding(
     }
 
     let now = now_ms();
-    let handles: Vec<PartitionHandle> = slices.iter().map(|s| s.handle.clone()).collect();
 
     // Phase 0: a partition seen for the first time since start-up must have
     // its producer state complete up to where the fetcher is before any of
     // its batches is mapped: replay the source range the state has not seen.
     let mut replays = Vec::new();
-    for (slice, handle) in slices.iter().zip(&handles) {
+    for slice in &slices {
+        let handle = &slice.handle;
         if !fetcher || mirror.is_warm(&slice.key) {
             continue;
         }
@@ -191,7 +191,8 @@ pub fn rewrite_fetch_body_holding(
     let mut claims: Vec<(PartitionHandle, Vec<(i64, Origin)>)> = Vec::new();
     let mut corrupt: Vec<(usize, Vec<usize>)> = Vec::new();
     let mut new_total = 0u64;
-    for (i, (slice, handle)) in slices.iter().zip(&handles).enumerate() {
+    for (i, slice) in slices.iter().enumerate() {
+        let handle = &slice.handle;
         let Some(records) = body.get(slice.records.clone()) else {
             continue;
         };
@@ -276,7 +277,8 @@ pub fn rewrite_fetch_body_holding(
 
     // Phase 2: observe and rewrite.
     let mut sink: Vec<Anomaly> = Vec::new();
-    for (i, (slice, handle)) in slices.iter().zip(&handles).enumerate() {
+    for (i, slice) in slices.iter().enumerate() {
+        let handle = &slice.handle;
         let slice_corrupt = corrupt
             .iter()
             .find(|(j, _)| *j == i)
