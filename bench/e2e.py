@@ -300,7 +300,12 @@ def main() -> int:
                                              "--advertised-listener-url", f"tcp://{HOST}:{tp_port}",
                                              "--origin-url", f"tcp://{tansu.bootstrap}"],
                              ready=lambda: port_open(tp_port))
-        # --- synthetic upstream fixture
+        # --- synthetic upstream fixture; its topic also exists on the
+        # destination (Tansu, the state cluster): a mirror persists producer
+        # claims per destination topic and refuses a topic it cannot record.
+        admin_client = AdminClient({"bootstrap.servers": tansu.bootstrap})
+        admin_client.create_topics([NewTopic("synth", num_partitions=args.partitions,
+                                             replication_factor=1)])["synth"].result(10)
         fx_port = ports.one()
         fixture = procs.start("fixture", [FB_BIN, "upstream", "--listen", f"{HOST}:{fx_port}", "--topic", "synth",
                                           "--partitions", str(args.partitions), "--batch-bytes", "16384",

@@ -10,6 +10,9 @@
 #                      runtime dependencies) from Maven Central only, as listed in
 #                      tests/kafka/pom.xml; re-copied whenever that pom changes.
 #   .tools/kafka-dest  the reference destination (tests/kafka-dest), rebuilt when its sources change.
+#   .tools/bin/promtool  from Debian's prometheus package (pinned version, sha256-checked), and
+#   .tools/deploycheck   kubernetes-validate (API schemas bundled in the wheel), a venv of its own:
+#                        the deploy/ manifest checks (tests/integration/test_deploy_manifests.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TOOLS="$PWD/.tools"
@@ -51,6 +54,30 @@ if [ "$(cat "$TOOLS/schemathesis/.pins" 2>/dev/null)" != "$SCHEMATHESIS_PIN" ]; 
   python3 -m venv "$TOOLS/schemathesis"
   "$TOOLS/schemathesis/bin/python" -m pip install -q --disable-pip-version-check "$SCHEMATHESIS_PIN"
   echo "$SCHEMATHESIS_PIN" > "$TOOLS/schemathesis/.pins"
+fi
+
+# promtool (deploy/prometheus checks) from the pinned Debian package: only the binary is
+# taken out of it (project-local, nothing installed system-wide).
+PROM_DEB_VERSION="2.42.0+ds-5+deb12u1"
+PROM_DEB="prometheus_${PROM_DEB_VERSION}_amd64.deb"
+PROM_DEB_SHA256="81d59a24fce84f7fbe97a45a4f2914b6a5881b5cd1db2a6a0e129e515e1a5f55"
+if [ ! -x "$TOOLS/bin/promtool" ]; then
+  if [ ! -f "$TOOLS/dl/$PROM_DEB" ]; then
+    (cd "$TOOLS/dl" && apt-get download "prometheus=${PROM_DEB_VERSION}")
+  fi
+  echo "${PROM_DEB_SHA256}  $TOOLS/dl/$PROM_DEB" | sha256sum -c --quiet -
+  prom_tmp="$(mktemp -d)"
+  dpkg-deb -x "$TOOLS/dl/$PROM_DEB" "$prom_tmp"
+  install -m 0755 "$prom_tmp/usr/bin/promtool" "$TOOLS/bin/promtool"
+  rm -rf "$prom_tmp"
+fi
+# kubernetes-validate (deploy/kubernetes checks) in a venv of its own, like schemathesis:
+# its schemas ship in the wheel, so the test fetches nothing.
+DEPLOYCHECK_PIN="kubernetes-validate==1.37.0"
+if [ "$(cat "$TOOLS/deploycheck/.pins" 2>/dev/null)" != "$DEPLOYCHECK_PIN" ]; then
+  python3 -m venv "$TOOLS/deploycheck"
+  "$TOOLS/deploycheck/bin/python" -m pip install -q --disable-pip-version-check "$DEPLOYCHECK_PIN"
+  echo "$DEPLOYCHECK_PIN" > "$TOOLS/deploycheck/.pins"
 fi
 
 # Apache Kafka from Maven Central (the pom pins every version). The stamp is the pom's

@@ -267,41 +267,26 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         // only: they never move a seal nor change producer state.
         let fetcher_listener = mc.fetcher_listener();
         let main_is_fetcher = fetcher_listener.is_none();
-        let m = mirror.clone();
-        let listener = Listener::new(
-            mc.listener(),
-            max_frame,
-            metrics.clone(),
-            shutdown_rx.clone(),
-            tracker.clone(),
-            move |nodes| mirror_chain(nodes, m, main_is_fetcher),
-        )?;
-        mirror.set_source_connector(listener.upstream_connector().clone());
-        listener.set_refresh_hook(mirror.clone());
-        listener.set_sasl(mirror.source_identity(), sasl_server(mc)?);
-        listener.start().await?;
-        // With a topology restored from __mirror_state the source's node
-        // ports are bound now, so the fetcher finds them with the source down.
-        if let Some(t) = mirror.topology() {
-            for b in &t.brokers {
-                listener.nodes.advertise(b.node_id, &b.host, b.port);
-            }
-            listener.mark_ready_from_persisted();
-        }
-        listeners.push(listener);
-        if let Some(fc) = fetcher_listener {
+        let kinds = std::iter::once((mc.listener(), main_is_fetcher))
+            .chain(fetcher_listener.map(|fc| (fc, true)));
+        for (lc, fetcher) in kinds {
             let m = mirror.clone();
             let listener = Listener::new(
-                fc,
+                lc,
                 max_frame,
                 metrics.clone(),
                 shutdown_rx.clone(),
                 tracker.clone(),
-                move |nodes| mirror_chain(nodes, m, true),
+                move |nodes| mirror_chain(nodes, m, fetcher),
             )?;
+            // Replays and topic lookups reach the source as the first
+            // (main) listener does.
+            mirror.set_source_connector(listener.upstream_connector().clone());
             listener.set_refresh_hook(mirror.clone());
             listener.set_sasl(mirror.source_identity(), sasl_server(mc)?);
             listener.start().await?;
+            // With a topology restored from __mirror_state the source's node
+            // ports are bound now, so the fetcher finds them with the source down.
             if let Some(t) = mirror.topology() {
                 for b in &t.brokers {
                     listener.nodes.advertise(b.node_id, &b.host, b.port);

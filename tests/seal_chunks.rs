@@ -6,12 +6,12 @@
 //! with its default `message.max.bytes` (1 MiB), which a single record of
 //! 20,000 open transactions (~1.3 MB) exceeds.
 
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+mod kafka_common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
+use kafka_common::{create_topic, host_port, Kafka};
 use mirrorguard::lifecycle::seal::{decide, Decision, OpenTxn};
 use mirrorguard::lifecycle::{Entry, Lifecycle, SealPlan};
 use mirrorguard::metrics::Metrics;
@@ -24,76 +24,6 @@ const TOPIC: &str = "sealed";
 const OPEN: usize = 20_000;
 const CUT: i64 = 50_000;
 const SOURCE: &str = "AAAAAAAAAAAAAAAAAAAAAQ";
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// A one-node Kafka cluster, stopped on drop.
-struct Kafka {
-    child: Child,
-    bootstrap: String,
-}
-
-impl Kafka {
-    fn start() -> Self {
-        let py = root().join(".tools/venv/bin/python");
-        assert!(py.is_file(), "run scripts/install-test-deps.sh first");
-        let dir = tempfile::tempdir().unwrap().keep();
-        let mut child = Command::new(py)
-            .arg(root().join("tests/integration/kafka_broker.py"))
-            .arg("--dir")
-            .arg(&dir)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let bootstrap = line
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix("bootstrap="))
-            .unwrap_or_else(|| panic!("no bootstrap in {line:?}"))
-            .to_string();
-        Kafka { child, bootstrap }
-    }
-}
-
-impl Drop for Kafka {
-    fn drop(&mut self) {
-        // SIGINT: the script's `finally` stops its brokers.
-        let _ = Command::new("kill")
-            .args(["-INT", &self.child.id().to_string()])
-            .status();
-        let _ = self.child.wait();
-    }
-}
-
-fn create_topic(bootstrap: &str) {
-    let out = Command::new(root().join(".tools/venv/bin/python"))
-        .args([
-            "-c",
-            "import sys\nfrom confluent_kafka.admin import AdminClient, NewTopic\n\
-             a = AdminClient({'bootstrap.servers': sys.argv[1]})\n\
-             [f.result() for f in a.create_topics([NewTopic(sys.argv[2], 1, 1)]).values()]",
-            bootstrap,
-            TOPIC,
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn host_port(addr: &str) -> (String, u16) {
-    let (h, p) = addr.rsplit_once(':').unwrap();
-    (h.to_string(), p.parse().unwrap())
-}
 
 async fn open_store(bootstrap: &str) -> Arc<StateStore> {
     Arc::new(
@@ -139,7 +69,7 @@ fn open_txns() -> Vec<OpenTxn> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_seal_with_20000_open_transactions_persists_in_chunks_and_is_rebuilt() {
     let kafka = Kafka::start();
-    create_topic(&kafka.bootstrap);
+    create_topic(&kafka.bootstrap, TOPIC);
     let key = PartitionKey::new([0; 16], TOPIC, 0);
 
     // The cut is taken with 20,000 transactions open: STOPPING with its seal.

@@ -4,12 +4,12 @@
 //! cannot see at start-up are kept, and applied once the topic shows up,
 //! instead of being dropped for good.
 
-use std::io::{BufRead, BufReader};
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+mod kafka_common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
+use kafka_common::{create_topic, host_port, Kafka};
 use mirrorguard::metrics::Metrics;
 use mirrorguard::mirror::SaltStore;
 use mirrorguard::producer_state::{ClusterId, Origin, PartitionKey, ProducerStateRegistry};
@@ -22,77 +22,6 @@ use mirrorguard::state_store::{StateStore, StateStoreConfig};
 use tokio::net::{TcpListener, TcpStream};
 
 const TOPIC: &str = "orders";
-
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// A one-node Kafka cluster, stopped on drop.
-struct Kafka {
-    child: Child,
-    bootstrap: String,
-}
-
-impl Kafka {
-    fn start() -> Self {
-        let py = root().join(".tools/venv/bin/python");
-        assert!(py.is_file(), "run scripts/install-test-deps.sh first");
-        let dir = tempfile::tempdir().unwrap().keep();
-        let mut child = Command::new(py)
-            .arg(root().join("tests/integration/kafka_broker.py"))
-            .arg("--dir")
-            .arg(&dir)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let bootstrap = line
-            .split_whitespace()
-            .find_map(|w| w.strip_prefix("bootstrap="))
-            .unwrap_or_else(|| panic!("no bootstrap in {line:?}"))
-            .to_string();
-        Kafka { child, bootstrap }
-    }
-}
-
-impl Drop for Kafka {
-    fn drop(&mut self) {
-        // SIGINT: the script's `finally` stops its brokers (SIGTERM would
-        // end the script before that and leave the broker running).
-        let _ = Command::new("kill")
-            .args(["-INT", &self.child.id().to_string()])
-            .status();
-        let _ = self.child.wait();
-    }
-}
-
-fn create_topic(bootstrap: &str) {
-    let out = Command::new(root().join(".tools/venv/bin/python"))
-        .args([
-            "-c",
-            "import sys\nfrom confluent_kafka.admin import AdminClient, NewTopic\n\
-             a = AdminClient({'bootstrap.servers': sys.argv[1]})\n\
-             [f.result() for f in a.create_topics([NewTopic(sys.argv[2], 1, 1)]).values()]",
-            bootstrap,
-            TOPIC,
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn host_port(addr: &str) -> (String, u16) {
-    let (h, p) = addr.rsplit_once(':').unwrap();
-    (h.to_string(), p.parse().unwrap())
-}
 
 /// Forwards every connection on `listener` to `upstream`.
 async fn forward(listener: TcpListener, upstream: String) {
@@ -112,7 +41,7 @@ async fn forward(listener: TcpListener, upstream: String) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_of_unknown_topic_ids_are_applied_when_the_topic_appears() {
     let kafka = Kafka::start();
-    create_topic(&kafka.bootstrap);
+    create_topic(&kafka.bootstrap, TOPIC);
     let view = mirrorguard::proxy::refresh::fetch_cluster_view(
         &[host_port(&kafka.bootstrap)],
         &mirrorguard::kafka_client::TransportConnector::plain(),

@@ -12,7 +12,10 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde_json::json;
 
-use super::{authorized_body, error, selection_shape, ApiState, LState, SelectionBody};
+use super::{
+    authorized_body, error, named_mirror, selection_shape, unknown_topic, ApiState, LState,
+    SelectionBody,
+};
 
 /// `POST /v1/partitions/abort-open`: aborts, on the destination, the open
 /// mirrored transactions of partitions whose destination fetcher is gone
@@ -30,12 +33,9 @@ pub(super) async fn abort_open(
         Ok(b) => b,
         Err(r) => return *r,
     };
-    let Some(mirror) = s.mirrors.get(&body.mirror) else {
-        return error(
-            StatusCode::NOT_FOUND,
-            "unknown_mirror",
-            format!("no mirror named {:?}", body.mirror),
-        );
+    let mirror = match named_mirror(&s, &body.mirror) {
+        Ok(m) => m,
+        Err(r) => return *r,
     };
     if mirror.mode == crate::config::PidMode::Preserve {
         return error(
@@ -81,16 +81,7 @@ pub(super) async fn abort_open(
                 ps.clone()
             }
             (None, Some(n)) => (0..*n).collect(),
-            (None, None) => {
-                return error(
-                    StatusCode::NOT_FOUND,
-                    "unknown_topic",
-                    format!(
-                        "mirror {:?} does not mirror a topic {:?}",
-                        body.mirror, sel.topic
-                    ),
-                )
-            }
+            (None, None) => return unknown_topic(&body.mirror, &sel.topic),
         };
         for p in &parts {
             let state = s

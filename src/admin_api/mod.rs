@@ -261,6 +261,29 @@ fn authorized_body(
         .map_err(|e| Box::new(error(StatusCode::BAD_REQUEST, "bad_request", e.body_text())))
 }
 
+/// The mirror a request body names, or 404 listing the configured ones.
+fn named_mirror<'a>(s: &'a ApiState, name: &str) -> Result<&'a Arc<MirrorContext>, Box<Response>> {
+    s.mirrors.get(name).ok_or_else(|| {
+        Box::new(error(
+            StatusCode::NOT_FOUND,
+            "unknown_mirror",
+            format!(
+                "no mirror named {name:?} (configured: {})",
+                s.mirrors.keys().cloned().collect::<Vec<_>>().join(", ")
+            ),
+        ))
+    })
+}
+
+/// 404 for a selected topic the mirror's destination does not hold.
+fn unknown_topic(mirror: &str, topic: &str) -> Response {
+    error(
+        StatusCode::NOT_FOUND,
+        "unknown_topic",
+        format!("mirror {mirror:?} does not mirror a topic {topic:?}"),
+    )
+}
+
 /// Checks the shape of a selection body as the OpenAPI `Selection` schema
 /// does: `Ok(None)` for `all: true`, `Ok(Some(topics))` for a non-empty topic
 /// list whose `partitions`, when given, are non-empty; 400 otherwise.
@@ -304,16 +327,9 @@ async fn mutate(
         Ok(sel) => sel,
         Err(r) => return *r,
     };
-    let Some(mirror) = s.mirrors.get(&body.mirror) else {
-        return error(
-            StatusCode::NOT_FOUND,
-            "unknown_mirror",
-            format!(
-                "no mirror named {:?} (configured: {})",
-                body.mirror,
-                s.mirrors.keys().cloned().collect::<Vec<_>>().join(", ")
-            ),
-        );
+    let mirror = match named_mirror(&s, &body.mirror) {
+        Ok(m) => m,
+        Err(r) => return *r,
     };
     let Some(source) = mirror.source() else {
         return error(
@@ -340,14 +356,7 @@ async fn mutate(
         Some(topics) => {
             for sel in topics {
                 let Some(n) = known.get(&sel.topic) else {
-                    return error(
-                        StatusCode::NOT_FOUND,
-                        "unknown_topic",
-                        format!(
-                            "mirror {:?} does not mirror a topic {:?}",
-                            body.mirror, sel.topic
-                        ),
-                    );
+                    return unknown_topic(&body.mirror, &sel.topic);
                 };
                 match &sel.partitions {
                     None => targets.extend((0..*n).map(|p| (sel.topic.clone(), p))),

@@ -240,6 +240,19 @@ pub(crate) fn with_body(frame: &[u8], body_at: usize, body: &[u8]) -> BytesMut {
     out
 }
 
+/// A response frame the proxy answers `h` with itself (no upstream frame to
+/// splice into): `h`'s correlation id, an empty header tagged-field section
+/// where the response header is flexible, then `body`.
+pub(crate) fn answer_frame(h: &RequestHeader, body: &[u8]) -> Result<BytesMut, RewriteError> {
+    let hv = crate::handlers::response_header_version(h.api_key, h.api_version)
+        .ok_or_else(|| RewriteError::new(h, "unknown response header version"))?;
+    Ok(crate::codec::header::response_frame(
+        h.correlation_id,
+        hv,
+        body,
+    ))
+}
+
 /// The response body offset of `frame`, answering `h`.
 pub(crate) fn response_body_at(h: &RequestHeader, frame: &[u8]) -> Result<usize, RewriteError> {
     let hv = crate::handlers::response_header_version(h.api_key, h.api_version)

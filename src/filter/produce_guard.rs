@@ -23,7 +23,8 @@ use std::sync::Arc;
 use bytes::BytesMut;
 
 use super::{
-    response_body_at, with_body, Filter, RequestAction, RequestState, RewriteError, Rewritten,
+    answer_frame, response_body_at, with_body, Filter, RequestAction, RequestState, RewriteError,
+    Rewritten,
 };
 use crate::codec::api;
 use crate::codec::header::request_body_offset;
@@ -134,10 +135,6 @@ impl ProduceGuard {
     fn err(h: &RequestHeader, message: String) -> RewriteError {
         RewriteError::new(h, message)
     }
-}
-
-fn frame_with_body(h: &RequestHeader, header_version: i16, body: &[u8]) -> BytesMut {
-    crate::codec::header::response_frame(h.correlation_id, header_version, body)
 }
 
 fn results(refusals: &Refusals) -> Vec<(FetchTopic<'_>, Vec<ProducePartitionResult<'_>>)> {
@@ -262,12 +259,12 @@ impl Filter for ProduceGuard {
         let Some(RequestState::Guard(refusals)) = state else {
             return Ok(Rewritten::Ready(frame));
         };
-        let hv = handlers::response_header_version(h.api_key, h.api_version)
-            .ok_or_else(|| Self::err(h, "unknown response header version".into()))?;
         let body_at = response_body_at(h, &frame)?;
         let merged = merge_produce_responses(h.api_version, &frame[body_at..], &results(refusals))
             .map_err(|e| Self::err(h, e.to_string()))?;
-        Ok(Rewritten::Ready(frame_with_body(h, hv, &merged)))
+        // The upstream's response header (correlation id, tagged fields) is
+        // kept as it came.
+        Ok(Rewritten::Ready(with_body(&frame, body_at, &merged)))
     }
 
     fn answer(
@@ -278,10 +275,8 @@ impl Filter for ProduceGuard {
         let RequestState::Guard(refusals) = state else {
             return Err(Self::err(h, "the guard answers only its refusals".into()));
         };
-        let hv = handlers::response_header_version(h.api_key, h.api_version)
-            .ok_or_else(|| Self::err(h, "unknown response header version".into()))?;
         let body = build_produce_response(h.api_version, &results(refusals), 0)
             .map_err(|e| Self::err(h, e.to_string()))?;
-        Ok(Rewritten::Ready(frame_with_body(h, hv, &body)))
+        Ok(Rewritten::Ready(answer_frame(h, &body)?))
     }
 }

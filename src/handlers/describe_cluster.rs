@@ -12,8 +12,15 @@
 //! addresses; they are passed to the mapper all the same and the registry
 //! decides.
 
-use super::{check_version, rewrite_host_port, NodeMapper};
+use super::{check_version, rewrite_node_address, NodeFields, NodeMapper};
 use crate::wire::{Reader, Splicer, WireResult};
+
+/// DescribeClusterResponse.brokers: where its addresses sit.
+const BROKERS: NodeFields = NodeFields {
+    node_id: "DescribeClusterResponse.brokers.broker_id",
+    host: "DescribeClusterResponse.brokers.host",
+    port: "DescribeClusterResponse.brokers.port",
+};
 
 /// Rewrites every broker address of a DescribeClusterResponse body.
 ///
@@ -37,16 +44,7 @@ pub fn rewrite_describe_cluster_response(
     // Smallest broker: id(4) host(1) port(4) rack(1) tags(1).
     let n = r.read_array_len_v(true, 11, "DescribeClusterResponse.brokers")?;
     for _ in 0..n {
-        let id = r.read_i32("DescribeClusterResponse.brokers.broker_id")?;
-        rewrite_host_port(
-            &mut r,
-            true,
-            id,
-            &mut sp,
-            nodes,
-            "DescribeClusterResponse.brokers.host",
-            "DescribeClusterResponse.brokers.port",
-        )?;
+        rewrite_node_address(&mut r, true, &mut sp, nodes, &BROKERS)?;
         r.read_compact_nullable_string("DescribeClusterResponse.brokers.rack")?;
         if version >= 2 {
             r.read_bool("DescribeClusterResponse.brokers.is_fenced")?;

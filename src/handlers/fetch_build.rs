@@ -24,6 +24,10 @@ use std::ops::Range;
 
 use super::check_version;
 use super::fetch::{walk_fetch_response, FetchPartition, FetchTopic};
+use super::topic_entries::{
+    array_len, check_topic_kind, encode_entries, encode_fresh, plan_additions, put_topic_entry,
+    Additions, PartitionEntry, TopicFields,
+};
 use crate::codec::api;
 use crate::wire::{Reader, Splicer, WireError, WireResult, Writer};
 
@@ -153,75 +157,18 @@ impl<'a> FetchPartitionResponse<'a> {
     }
 }
 
-/// Fails unless `topic` is the kind `version` carries (name up to
-/// `id_from - 1`, id from `id_from`).
-pub(crate) fn check_topic_kind(
-    topic: &FetchTopic<'_>,
-    version: i16,
-    id_from: i16,
-    field: &'static str,
-) -> WireResult<()> {
-    match (topic, version >= id_from) {
-        (FetchTopic::Name(_), false) | (FetchTopic::Id(_), true) => Ok(()),
-        (FetchTopic::Name(_), true) => Err(WireError::Unencodable {
-            field,
-            reason: "this version names topics by id, got a name",
-        }),
-        (FetchTopic::Id(_), false) => Err(WireError::Unencodable {
-            field,
-            reason: "this version names topics by name, got an id",
-        }),
+impl PartitionEntry for FetchPartitionResponse<'_> {
+    fn encode(&self, version: i16, w: &mut Writer<&mut Vec<u8>>) -> WireResult<()> {
+        FetchPartitionResponse::encode(self, version, w)
     }
 }
 
-/// Writes a topic name or id (the kind must match the version).
-pub(crate) fn put_topic(
-    w: &mut Writer<&mut Vec<u8>>,
-    topic: &FetchTopic<'_>,
-    version: i16,
-    id_from: i16,
-    flexible: bool,
-    field: &'static str,
-) -> WireResult<()> {
-    check_topic_kind(topic, version, id_from, field)?;
-    match topic {
-        FetchTopic::Name(n) => w.put_string_v(flexible, n, field),
-        FetchTopic::Id(id) => {
-            w.put_uuid(id);
-            Ok(())
-        }
-    }
-}
-
-/// Appends one topic entry (topic, partitions, empty tags in v12+).
-fn put_topic_entry(
-    w: &mut Writer<&mut Vec<u8>>,
-    version: i16,
-    topic: &FetchTopic<'_>,
-    partitions: &[&FetchPartitionResponse<'_>],
-) -> WireResult<()> {
-    let flexible = api::is_flexible(api::FETCH, version);
-    put_topic(
-        w,
-        topic,
-        version,
-        13,
-        flexible,
-        "FetchResponse.responses.topic",
-    )?;
-    w.put_array_len_v(
-        flexible,
-        Some(partitions.len()),
-        "FetchResponse.responses.partitions",
-    )?;
-    for p in partitions {
-        p.encode(version, w)?;
-    }
-    if flexible {
-        w.put_uvarint(0);
-    }
-    Ok(())
-}
+/// FetchResponse's topic entries.
+const FIELDS: TopicFields = TopicFields {
+    api_key: api::FETCH,
+    topic: "FetchResponse.responses.topic",
+    partitions: "FetchResponse.responses.partitions",
+};
 
 /// Builds a whole FetchResponse body at `version` (4..=18) answered by the
 /// proxy: the given topics and partitions in order, empty tagged fields
@@ -254,7 +201,7 @@ pub fn build_fetch_response(
     w.put_array_len_v(flexible, Some(topics.len()), "FetchResponse.responses")?;
     for (topic, parts) in topics {
         let refs: Vec<&FetchPartitionResponse<'_>> = parts.iter().collect();
-        put_topic_entry(&mut w, version, topic, &refs)?;
+        put_topic_entry(&mut w, &FIELDS, version, topic, &refs)?;
     }
     if flexible {
         w.put_uvarint(0);
@@ -318,7 +265,7 @@ pub fn splice_fetch_response_dropping<'b>(
     check_version("FetchResponse", version, VERSIONS)?;
     let flexible = api::is_flexible(api::FETCH, version);
     for (t, _) in add {
-        check_topic_kind(t, version, 13, "FetchResponse.responses.topic")?;
+        check_topic_kind(t, version, FIELDS.topic)?;
     }
     // Validate everything first; the list grows only by parsed partitions.
     let mut parts: Vec<FetchPartition<'b>> = Vec::new();
@@ -368,21 +315,8 @@ pub fn splice_fetch_response_dropping<'b>(
 
     // Plan the additions: merged into an upstream topic entry, or new topic
     // entries (one per distinct topic, in the order given).
-    let mut merged: Vec<Vec<&FetchPartitionResponse<'_>>> =
-        layout.iter().map(|_| Vec::new()).collect();
-    let mut fresh: Vec<(FetchTopic<'_>, Vec<&FetchPartitionResponse<'_>>)> = Vec::new();
-    for (topic, ps) in add {
-        if ps.is_empty() {
-            continue;
-        }
-        if let Some(i) = layout.iter().position(|l| l.topic == *topic) {
-            merged[i].extend(ps.iter());
-        } else if let Some(f) = fresh.iter_mut().find(|(t, _)| t == topic) {
-            f.1.extend(ps.iter());
-        } else {
-            fresh.push((*topic, ps.iter().collect()));
-        }
-    }
+    let upstream: Vec<FetchTopic<'_>> = layout.iter().map(|l| l.topic).collect();
+    let Additions { merged, fresh } = plan_additions(&upstream, add);
 
     // Drops first (one bool per parsed partition), so counts are known.
     let dropped: Vec<bool> = parts.iter().map(&mut *drop).collect();
@@ -401,16 +335,10 @@ pub fn splice_fetch_response_dropping<'b>(
         .count();
     let mut sp = Splicer::new(body);
     if !fresh.is_empty() || removed_topics > 0 {
-        let mut w = Vec::with_capacity(5);
-        Writer::new(&mut w).put_array_len_v(
-            flexible,
-            Some(
-                n_topics
-                    .saturating_add(fresh.len())
-                    .saturating_sub(removed_topics),
-            ),
-            "FetchResponse.responses",
-        )?;
+        let n = n_topics
+            .saturating_add(fresh.len())
+            .saturating_sub(removed_topics);
+        let w = array_len(flexible, n, "FetchResponse.responses")?;
         sp.replace(topics_count.start, topics_count.end, &w)?;
     }
     for (l, extra) in layout.iter().zip(&merged) {
@@ -420,12 +348,8 @@ pub fn splice_fetch_response_dropping<'b>(
             continue;
         }
         if !extra.is_empty() || kept != l.len {
-            let mut w = Vec::with_capacity(5);
-            Writer::new(&mut w).put_array_len_v(
-                flexible,
-                Some(kept.saturating_add(extra.len())),
-                "FetchResponse.responses.partitions",
-            )?;
+            let n = kept.saturating_add(extra.len());
+            let w = array_len(flexible, n, FIELDS.partitions)?;
             sp.replace(l.count.start, l.count.end, &w)?;
         }
         let mine = parts.get(l.first..l.first + l.len).unwrap_or_default();
@@ -438,20 +362,11 @@ pub fn splice_fetch_response_dropping<'b>(
             }
         }
         if !extra.is_empty() {
-            let mut out = Vec::new();
-            let mut w = Writer::new(&mut out);
-            for p in extra {
-                p.encode(version, &mut w)?;
-            }
-            sp.replace(l.parts_end, l.parts_end, &out)?;
+            sp.replace(l.parts_end, l.parts_end, &encode_entries(version, extra)?)?;
         }
     }
     if !fresh.is_empty() {
-        let mut out = Vec::new();
-        let mut w = Writer::new(&mut out);
-        for (topic, ps) in &fresh {
-            put_topic_entry(&mut w, version, topic, ps)?;
-        }
+        let out = encode_fresh(&FIELDS, version, &fresh)?;
         sp.replace(topics_array_end, topics_array_end, &out)?;
     }
     Ok(sp.finish().unwrap_or_else(|| body.to_vec()))

@@ -7,9 +7,23 @@
 //! error_message, tagged fields]`, tagged fields. Flexible from v3.
 //! Error entries carry node id -1 and are left as they are.
 
-use super::{check_version, rewrite_host_port, NodeMapper};
+use super::{check_version, rewrite_node_address, NodeFields, NodeMapper};
 use crate::codec::api;
 use crate::wire::{Reader, Splicer, WireResult};
+
+/// FindCoordinatorResponse: where its addresses sit.
+const COORDINATOR: NodeFields = NodeFields {
+    node_id: "FindCoordinatorResponse.node_id",
+    host: "FindCoordinatorResponse.host",
+    port: "FindCoordinatorResponse.port",
+};
+
+/// FindCoordinatorResponse.coordinators: where its addresses sit.
+const COORDINATORS: NodeFields = NodeFields {
+    node_id: "FindCoordinatorResponse.coordinators.node_id",
+    host: "FindCoordinatorResponse.coordinators.host",
+    port: "FindCoordinatorResponse.coordinators.port",
+};
 
 /// Rewrites the coordinator address(es) of a FindCoordinatorResponse body.
 ///
@@ -32,31 +46,13 @@ pub fn rewrite_find_coordinator_response(
         if version >= 1 {
             r.read_nullable_string_v(flexible, "FindCoordinatorResponse.error_message")?;
         }
-        let node_id = r.read_i32("FindCoordinatorResponse.node_id")?;
-        rewrite_host_port(
-            &mut r,
-            flexible,
-            node_id,
-            &mut sp,
-            nodes,
-            "FindCoordinatorResponse.host",
-            "FindCoordinatorResponse.port",
-        )?;
+        rewrite_node_address(&mut r, flexible, &mut sp, nodes, &COORDINATOR)?;
     } else {
         // Smallest entry: key(1) node(4) host(1) port(4) err(2) msg(1) tags(1).
         let n = r.read_array_len_v(true, 14, "FindCoordinatorResponse.coordinators")?;
         for _ in 0..n {
             r.read_compact_string("FindCoordinatorResponse.coordinators.key")?;
-            let node_id = r.read_i32("FindCoordinatorResponse.coordinators.node_id")?;
-            rewrite_host_port(
-                &mut r,
-                true,
-                node_id,
-                &mut sp,
-                nodes,
-                "FindCoordinatorResponse.coordinators.host",
-                "FindCoordinatorResponse.coordinators.port",
-            )?;
+            rewrite_node_address(&mut r, true, &mut sp, nodes, &COORDINATORS)?;
             r.read_i16("FindCoordinatorResponse.coordinators.error_code")?;
             r.read_compact_nullable_string("FindCoordinatorResponse.coordinators.error_message")?;
             r.read_tagged_fields("FindCoordinatorResponse.coordinators._tagged_fields")?;

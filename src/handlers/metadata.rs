@@ -6,9 +6,16 @@
 //! after the brokers array (cluster id, controller, topics, ...) is copied
 //! verbatim without being parsed: it carries node ids but no addresses.
 
-use super::{check_version, rewrite_host_port, NodeMapper};
+use super::{check_version, rewrite_node_address, NodeFields, NodeMapper};
 use crate::codec::api;
 use crate::wire::{Reader, Splicer, WireResult};
+
+/// MetadataResponse.brokers: where its addresses sit.
+const BROKERS: NodeFields = NodeFields {
+    node_id: "MetadataResponse.brokers.node_id",
+    host: "MetadataResponse.brokers.host",
+    port: "MetadataResponse.brokers.port",
+};
 
 /// Rewrites every broker address of a MetadataResponse body at `version`.
 ///
@@ -30,16 +37,7 @@ pub fn rewrite_metadata_response(
     // Smallest broker: node id + empty host + port (+ rack / tags) >= 10 bytes.
     let n = r.read_array_len_v(flexible, 10, "MetadataResponse.brokers")?;
     for _ in 0..n {
-        let node_id = r.read_i32("MetadataResponse.brokers.node_id")?;
-        rewrite_host_port(
-            &mut r,
-            flexible,
-            node_id,
-            &mut sp,
-            nodes,
-            "MetadataResponse.brokers.host",
-            "MetadataResponse.brokers.port",
-        )?;
+        rewrite_node_address(&mut r, flexible, &mut sp, nodes, &BROKERS)?;
         if version >= 1 {
             r.read_nullable_string_v(flexible, "MetadataResponse.brokers.rack")?;
         }

@@ -33,6 +33,7 @@ pub mod node_endpoints;
 pub mod produce;
 pub mod produce_build;
 pub mod produce_request;
+mod topic_entries;
 
 pub use crate::codec::api::{request_header_version, response_header_version};
 pub use api_versions::{clamp_api_versions_response, set_api_versions, MaxVersion};
@@ -109,25 +110,35 @@ pub fn is_decoded(api_key: i16, version: i16) -> bool {
         .any(|(k, r)| *k == api_key && r.contains(&version))
 }
 
-/// Reads `host` and `port` (the two are adjacent in every broker structure)
-/// at the reader's position, asks `nodes` for the advertised address, and
-/// records a replacement of the `host..port` bytes in `sp` when it differs.
+/// The field names of one broker address structure (`node_id`, `host`,
+/// `port`, adjacent in that order in every response that carries one).
+pub(crate) struct NodeFields {
+    /// The node (or broker) id field.
+    pub node_id: &'static str,
+    /// The host field.
+    pub host: &'static str,
+    /// The port field.
+    pub port: &'static str,
+}
+
+/// Reads `node_id`, `host` and `port` at the reader's position, asks `nodes`
+/// for the advertised address, and records a replacement of the
+/// `host..port` bytes in `sp` when it differs.
 ///
 /// Entries with a negative node id (e.g. a FindCoordinator error carrying
 /// `-1, "", -1`) are not real brokers: they are skipped without asking
 /// `nodes`.
-pub(crate) fn rewrite_host_port(
+pub(crate) fn rewrite_node_address(
     r: &mut Reader<'_>,
     flexible: bool,
-    node_id: i32,
     sp: &mut Splicer<'_>,
     nodes: &mut NodeMapper<'_>,
-    host_field: &'static str,
-    port_field: &'static str,
+    fields: &NodeFields,
 ) -> WireResult<()> {
+    let node_id = r.read_i32(fields.node_id)?;
     let start = r.position();
-    let host = r.read_string_v(flexible, host_field)?;
-    let port = r.read_i32(port_field)?;
+    let host = r.read_string_v(flexible, fields.host)?;
+    let port = r.read_i32(fields.port)?;
     let end = r.position();
     if node_id < 0 {
         return Ok(());
@@ -135,7 +146,7 @@ pub(crate) fn rewrite_host_port(
     if let Some((new_host, new_port)) = nodes(node_id, host, port) {
         if new_host != host || new_port != port {
             let mut w = Writer::new(Vec::with_capacity(new_host.len() + 8));
-            w.put_string_v(flexible, &new_host, host_field)?;
+            w.put_string_v(flexible, &new_host, fields.host)?;
             w.put_i32(new_port);
             sp.replace(start, end, &w.into_inner())?;
         }

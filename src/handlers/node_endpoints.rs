@@ -13,8 +13,15 @@
 //! spliced in with its new size, everything else copied verbatim.
 
 use super::{check_version, fetch::walk_fetch_response, produce::walk_produce_response};
-use super::{rewrite_host_port, NodeMapper};
+use super::{rewrite_node_address, NodeFields, NodeMapper};
 use crate::wire::{Reader, Splicer, TaggedSection, WireResult, Writer};
+
+/// NodeEndpoints: where its addresses sit.
+const ENDPOINT: NodeFields = NodeFields {
+    node_id: "NodeEndpoints.node_id",
+    host: "NodeEndpoints.host",
+    port: "NodeEndpoints.port",
+};
 
 /// Tag of the top-level `NodeEndpoints` field in Produce and Fetch responses.
 pub const NODE_ENDPOINTS_TAG: u32 = 0;
@@ -30,16 +37,7 @@ pub fn rewrite_node_endpoints_payload(
     // Smallest entry: id(4) host(1) port(4) rack(1) tags(1).
     let n = r.read_array_len_v(true, 11, "NodeEndpoints")?;
     for _ in 0..n {
-        let node_id = r.read_i32("NodeEndpoints.node_id")?;
-        rewrite_host_port(
-            &mut r,
-            true,
-            node_id,
-            &mut sp,
-            nodes,
-            "NodeEndpoints.host",
-            "NodeEndpoints.port",
-        )?;
+        rewrite_node_address(&mut r, true, &mut sp, nodes, &ENDPOINT)?;
         r.read_compact_nullable_string("NodeEndpoints.rack")?;
         r.read_tagged_fields("NodeEndpoints._tagged_fields")?;
     }

@@ -11,6 +11,7 @@
 //! tags (v9+)]`, `throttle_time_ms: i32 (v1+)`, tags (v9+).
 
 use super::check_version;
+use super::fetch::FetchTopic;
 use crate::codec::api;
 use crate::wire::{Reader, TaggedSection, WireResult};
 
@@ -34,11 +35,7 @@ pub fn walk_produce_response(version: i16, body: &[u8]) -> WireResult<ProduceRes
     // Smallest topic: name/uuid + empty partitions array (+ tags) >= 2 bytes.
     let topics = r.read_array_len_v(flexible, 2, "ProduceResponse.responses")?;
     for _ in 0..topics {
-        if version >= 13 {
-            r.read_uuid("ProduceResponse.responses.topic_id")?;
-        } else {
-            r.read_string_v(flexible, "ProduceResponse.responses.name")?;
-        }
+        read_topic(&mut r, version, flexible)?;
         // Smallest partition: index(4) error(2) base_offset(8).
         let parts = r.read_array_len_v(
             flexible,
@@ -46,41 +43,7 @@ pub fn walk_produce_response(version: i16, body: &[u8]) -> WireResult<ProduceRes
             "ProduceResponse.responses.partition_responses",
         )?;
         for _ in 0..parts {
-            r.read_i32("ProduceResponse.partition_responses.index")?;
-            r.read_i16("ProduceResponse.partition_responses.error_code")?;
-            r.read_i64("ProduceResponse.partition_responses.base_offset")?;
-            if version >= 2 {
-                r.read_i64("ProduceResponse.partition_responses.log_append_time_ms")?;
-            }
-            if version >= 5 {
-                r.read_i64("ProduceResponse.partition_responses.log_start_offset")?;
-            }
-            if version >= 8 {
-                let errs = r.read_array_len_v(
-                    flexible,
-                    5,
-                    "ProduceResponse.partition_responses.record_errors",
-                )?;
-                for _ in 0..errs {
-                    r.read_i32("ProduceResponse.record_errors.batch_index")?;
-                    r.read_nullable_string_v(
-                        flexible,
-                        "ProduceResponse.record_errors.batch_index_error_message",
-                    )?;
-                    r.skip_tagged_fields_v(
-                        flexible,
-                        "ProduceResponse.record_errors._tagged_fields",
-                    )?;
-                }
-                r.read_nullable_string_v(
-                    flexible,
-                    "ProduceResponse.partition_responses.error_message",
-                )?;
-            }
-            r.skip_tagged_fields_v(
-                flexible,
-                "ProduceResponse.partition_responses._tagged_fields",
-            )?;
+            skip_partition(&mut r, version, flexible)?;
         }
         r.skip_tagged_fields_v(flexible, "ProduceResponse.responses._tagged_fields")?;
     }
@@ -99,4 +62,53 @@ pub fn walk_produce_response(version: i16, body: &[u8]) -> WireResult<ProduceRes
         tagged_fields,
         end: r.position(),
     })
+}
+
+/// Reads the topic of one `responses` entry (name up to v12, id from v13).
+pub(crate) fn read_topic<'a>(
+    r: &mut Reader<'a>,
+    version: i16,
+    flexible: bool,
+) -> WireResult<FetchTopic<'a>> {
+    Ok(if version >= 13 {
+        FetchTopic::Id(r.read_uuid("ProduceResponse.responses.topic_id")?)
+    } else {
+        FetchTopic::Name(r.read_string_v(flexible, "ProduceResponse.responses.name")?)
+    })
+}
+
+/// Reads past one `partition_responses` entry, checking every length.
+pub(crate) fn skip_partition(r: &mut Reader<'_>, version: i16, flexible: bool) -> WireResult<()> {
+    r.read_i32("ProduceResponse.partition_responses.index")?;
+    r.read_i16("ProduceResponse.partition_responses.error_code")?;
+    r.read_i64("ProduceResponse.partition_responses.base_offset")?;
+    if version >= 2 {
+        r.read_i64("ProduceResponse.partition_responses.log_append_time_ms")?;
+    }
+    if version >= 5 {
+        r.read_i64("ProduceResponse.partition_responses.log_start_offset")?;
+    }
+    if version >= 8 {
+        let errs = r.read_array_len_v(
+            flexible,
+            5,
+            "ProduceResponse.partition_responses.record_errors",
+        )?;
+        for _ in 0..errs {
+            r.read_i32("ProduceResponse.record_errors.batch_index")?;
+            r.read_nullable_string_v(
+                flexible,
+                "ProduceResponse.record_errors.batch_index_error_message",
+            )?;
+            r.skip_tagged_fields_v(flexible, "ProduceResponse.record_errors._tagged_fields")?;
+        }
+        r.read_nullable_string_v(
+            flexible,
+            "ProduceResponse.partition_responses.error_message",
+        )?;
+    }
+    r.skip_tagged_fields_v(
+        flexible,
+        "ProduceResponse.partition_responses._tagged_fields",
+    )
 }

@@ -16,8 +16,12 @@
 
 use super::check_version;
 use super::fetch::FetchTopic;
-use super::fetch_build::put_topic;
+use super::produce;
 use super::produce_request::ProduceTopic;
+use super::topic_entries::{
+    array_len, check_topic_kind, encode_entries, encode_fresh, plan_additions, put_topic_entry,
+    Additions, PartitionEntry, TopicFields,
+};
 use crate::codec::api;
 use crate::wire::{Reader, Splicer, WireResult, Writer};
 
@@ -85,35 +89,18 @@ impl<'a> ProducePartitionResult<'a> {
     }
 }
 
-/// Appends one topic entry (name or id, partitions, empty tags in v9+).
-fn put_topic_entry(
-    w: &mut Writer<&mut Vec<u8>>,
-    version: i16,
-    topic: &ProduceTopic<'_>,
-    partitions: &[&ProducePartitionResult<'_>],
-) -> WireResult<()> {
-    let flexible = api::is_flexible(api::PRODUCE, version);
-    put_topic(
-        w,
-        topic,
-        version,
-        13,
-        flexible,
-        "ProduceResponse.responses.name",
-    )?;
-    w.put_array_len_v(
-        flexible,
-        Some(partitions.len()),
-        "ProduceResponse.responses.partition_responses",
-    )?;
-    for p in partitions {
-        p.encode(version, w)?;
+impl PartitionEntry for ProducePartitionResult<'_> {
+    fn encode(&self, version: i16, w: &mut Writer<&mut Vec<u8>>) -> WireResult<()> {
+        ProducePartitionResult::encode(self, version, w)
     }
-    if flexible {
-        w.put_uvarint(0);
-    }
-    Ok(())
 }
+
+/// ProduceResponse's topic entries.
+const FIELDS: TopicFields = TopicFields {
+    api_key: api::PRODUCE,
+    topic: "ProduceResponse.responses.name",
+    partitions: "ProduceResponse.responses.partition_responses",
+};
 
 /// Builds a whole ProduceResponse body at `version` (3..=13) answered by the
 /// proxy: the given topics and partitions in order, `throttle_ms`, and empty
@@ -133,7 +120,7 @@ pub fn build_produce_response(
     w.put_array_len_v(flexible, Some(topics.len()), "ProduceResponse.responses")?;
     for (topic, parts) in topics {
         let refs: Vec<&ProducePartitionResult<'_>> = parts.iter().collect();
-        put_topic_entry(&mut w, version, topic, &refs)?;
+        put_topic_entry(&mut w, &FIELDS, version, topic, &refs)?;
     }
     w.put_i32(throttle_ms);
     if flexible {
@@ -167,11 +154,7 @@ fn layout(
     // Grows by parsed topics only, never from the wire count.
     let mut topics = Vec::new();
     for _ in 0..n {
-        let topic = if version >= 13 {
-            FetchTopic::Id(r.read_uuid("ProduceResponse.responses.topic_id")?)
-        } else {
-            FetchTopic::Name(r.read_string_v(flexible, "ProduceResponse.responses.name")?)
-        };
+        let topic = produce::read_topic(&mut r, version, flexible)?;
         let cstart = r.position();
         // Smallest partition: index(4) error(2) base_offset(8).
         let len = r.read_array_len_v(
@@ -181,39 +164,7 @@ fn layout(
         )?;
         let count = cstart..r.position();
         for _ in 0..len {
-            r.read_i32("ProduceResponse.partition_responses.index")?;
-            r.read_i16("ProduceResponse.partition_responses.error_code")?;
-            r.read_i64("ProduceResponse.partition_responses.base_offset")?;
-            r.read_i64("ProduceResponse.partition_responses.log_append_time_ms")?;
-            if version >= 5 {
-                r.read_i64("ProduceResponse.partition_responses.log_start_offset")?;
-            }
-            if version >= 8 {
-                let errs = r.read_array_len_v(
-                    flexible,
-                    5,
-                    "ProduceResponse.partition_responses.record_errors",
-                )?;
-                for _ in 0..errs {
-                    r.read_i32("ProduceResponse.record_errors.batch_index")?;
-                    r.read_nullable_string_v(
-                        flexible,
-                        "ProduceResponse.record_errors.batch_index_error_message",
-                    )?;
-                    r.skip_tagged_fields_v(
-                        flexible,
-                        "ProduceResponse.record_errors._tagged_fields",
-                    )?;
-                }
-                r.read_nullable_string_v(
-                    flexible,
-                    "ProduceResponse.partition_responses.error_message",
-                )?;
-            }
-            r.skip_tagged_fields_v(
-                flexible,
-                "ProduceResponse.partition_responses._tagged_fields",
-            )?;
+            produce::skip_partition(&mut r, version, flexible)?;
         }
         let parts_end = r.position();
         r.skip_tagged_fields_v(flexible, "ProduceResponse.responses._tagged_fields")?;
@@ -249,60 +200,33 @@ pub fn merge_produce_responses(
     check_version("ProduceResponse", version, VERSIONS)?;
     let flexible = api::is_flexible(api::PRODUCE, version);
     for (t, _) in local {
-        super::fetch_build::check_topic_kind(t, version, 13, "ProduceResponse.responses.name")?;
+        check_topic_kind(t, version, FIELDS.topic)?;
     }
     let (count_range, topics, array_end) = layout(version, upstream_body)?;
 
-    let mut merged: Vec<Vec<&ProducePartitionResult<'_>>> =
-        topics.iter().map(|_| Vec::new()).collect();
-    let mut fresh: Vec<(ProduceTopic<'_>, Vec<&ProducePartitionResult<'_>>)> = Vec::new();
-    for (topic, ps) in local {
-        if ps.is_empty() {
-            continue;
-        }
-        if let Some(i) = topics.iter().position(|l| l.topic == *topic) {
-            merged[i].extend(ps.iter());
-        } else if let Some(f) = fresh.iter_mut().find(|(t, _)| t == topic) {
-            f.1.extend(ps.iter());
-        } else {
-            fresh.push((*topic, ps.iter().collect()));
-        }
-    }
+    let upstream: Vec<FetchTopic<'_>> = topics.iter().map(|l| l.topic).collect();
+    let Additions { merged, fresh } = plan_additions(&upstream, local);
 
     let mut sp = Splicer::new(upstream_body);
     if !fresh.is_empty() {
-        let mut w = Vec::with_capacity(5);
-        Writer::new(&mut w).put_array_len_v(
-            flexible,
-            Some(topics.len().saturating_add(fresh.len())),
-            "ProduceResponse.responses",
-        )?;
+        let n = topics.len().saturating_add(fresh.len());
+        let w = array_len(flexible, n, "ProduceResponse.responses")?;
         sp.replace(count_range.start, count_range.end, &w)?;
     }
     for (l, extra) in topics.iter().zip(&merged) {
         if extra.is_empty() {
             continue;
         }
-        let mut w = Vec::with_capacity(5);
-        Writer::new(&mut w).put_array_len_v(
+        let w = array_len(
             flexible,
-            Some(l.len.saturating_add(extra.len())),
-            "ProduceResponse.responses.partition_responses",
+            l.len.saturating_add(extra.len()),
+            FIELDS.partitions,
         )?;
         sp.replace(l.count.start, l.count.end, &w)?;
-        let mut out = Vec::new();
-        let mut w = Writer::new(&mut out);
-        for p in extra {
-            p.encode(version, &mut w)?;
-        }
-        sp.replace(l.parts_end, l.parts_end, &out)?;
+        sp.replace(l.parts_end, l.parts_end, &encode_entries(version, extra)?)?;
     }
     if !fresh.is_empty() {
-        let mut out = Vec::new();
-        let mut w = Writer::new(&mut out);
-        for (topic, ps) in &fresh {
-            put_topic_entry(&mut w, version, topic, ps)?;
-        }
+        let out = encode_fresh(&FIELDS, version, &fresh)?;
         sp.replace(array_end, array_end, &out)?;
     }
     Ok(sp.finish().unwrap_or_else(|| upstream_body.to_vec()))

@@ -7,8 +7,12 @@
 use super::*;
 
 impl crate::proxy::refresh::RefreshHook for MirrorContext {
-    fn on_refresh(&self, view: &crate::proxy::refresh::ClusterView) -> Result<(), String> {
-        self.learn_source(view).map_err(|e| e.to_string())?;
+    fn on_refresh(
+        &self,
+        view: &crate::proxy::refresh::ClusterView,
+    ) -> Result<(), crate::proxy::refresh::RefreshError> {
+        self.learn_source(view)
+            .map_err(crate::proxy::refresh::RefreshError::new)?;
         {
             let mut t = self.topics.write().unwrap_or_else(|p| p.into_inner());
             for (name, id, partitions) in &view.topics {

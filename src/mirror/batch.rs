@@ -18,6 +18,12 @@ pub fn map_with_salt(pid: i64, fold: u32, salt: i64, layout: Layout) -> i64 {
     }
 }
 
+/// Whether `mirror` maps source PID `pid` into its region: region mode, and
+/// a PID not already in a region (a PID mapped upstream passes as it is).
+pub(super) fn region_maps(mirror: &MirrorContext, pid: i64) -> bool {
+    mirror.mode == PidMode::Region && !pid::is_mapped(pid)
+}
+
 /// Observes (and maps, in place) the batches of one partition's records;
 /// used by the fetch path and by replays.
 pub(crate) fn observe_records(
@@ -155,11 +161,8 @@ pub(super) fn rewrite_partition_records(
         if pid == -1 {
             continue;
         }
-        let origin = Origin {
-            source_cluster: source.origin_cluster(),
-            original_pid: pid,
-        };
-        let mapped = if mirror.mode == PidMode::Region && !pid::is_mapped(pid) {
+        let origin = source.origin(pid);
+        let mapped = if region_maps(mirror, pid) {
             if pid > 0x7fff_ffff {
                 mirror.metrics.oversized.inc();
             }
@@ -284,10 +287,7 @@ pub(super) fn rewrite_aborted(
         if pid == -1 || pid::is_mapped(pid) {
             continue;
         }
-        let origin = Origin {
-            source_cluster: source.origin_cluster(),
-            original_pid: pid,
-        };
+        let origin = source.origin(pid);
         let salt = handle.with(|s| s.salts().salt_for(&origin).unwrap_or(0));
         let mapped = mirror.map(source, pid, salt);
         dst.copy_from_slice(&mapped.to_be_bytes());

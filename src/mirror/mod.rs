@@ -110,8 +110,12 @@ impl SourceIdentity {
         })
     }
 
-    fn origin_cluster(&self) -> ps::ClusterId {
-        ps::ClusterId(self.id.0)
+    /// The producer-state origin of `pid` written by this source cluster.
+    fn origin(&self, pid: i64) -> Origin {
+        Origin {
+            source_cluster: ps::ClusterId(self.id.0),
+            original_pid: pid,
+        }
     }
 }
 

@@ -5,6 +5,7 @@
 //! the new producers (claims to persist), and only when nothing is pending
 //! phase 2 hands each partition to the batch rewriting ([`super::batch`]).
 
+use super::batch::region_maps;
 use super::*;
 
 /// A salt chosen for a collision, waiting to be persisted.
@@ -141,13 +142,13 @@ pub fn rewrite_fetch_body_holding(
     }
 
     let now = now_ms();
-    let handles: Vec<PartitionHandle> = slices.iter().map(|s| s.handle.clone()).collect();
 
     // Phase 0: a partition seen for the first time since start-up must have
     // its producer state complete up to where the fetcher is before any of
     // its batches is mapped: replay the source range the state has not seen.
     let mut replays = Vec::new();
-    for (slice, handle) in slices.iter().zip(&handles) {
+    for slice in &slices {
+        let handle = &slice.handle;
         if !fetcher || mirror.is_warm(&slice.key) {
             continue;
         }
@@ -190,7 +191,8 @@ pub fn rewrite_fetch_body_holding(
     let mut claims: Vec<(PartitionHandle, Vec<(i64, Origin)>)> = Vec::new();
     let mut corrupt: Vec<(usize, Vec<usize>)> = Vec::new();
     let mut new_total = 0u64;
-    for (i, (slice, handle)) in slices.iter().zip(&handles).enumerate() {
+    for (i, slice) in slices.iter().enumerate() {
+        let handle = &slice.handle;
         let Some(records) = body.get(slice.records.clone()) else {
             continue;
         };
@@ -275,7 +277,8 @@ pub fn rewrite_fetch_body_holding(
 
     // Phase 2: observe and rewrite.
     let mut sink: Vec<Anomaly> = Vec::new();
-    for (i, (slice, handle)) in slices.iter().zip(&handles).enumerate() {
+    for (i, slice) in slices.iter().enumerate() {
+        let handle = &slice.handle;
         let slice_corrupt = corrupt
             .iter()
             .find(|(j, _)| *j == i)
@@ -352,11 +355,8 @@ pub(super) fn scan_partition(
         if pid == -1 {
             continue;
         }
-        let origin = Origin {
-            source_cluster: source.origin_cluster(),
-            original_pid: pid,
-        };
-        let mapped = if mirror.mode == PidMode::Region && !pid::is_mapped(pid) {
+        let origin = source.origin(pid);
+        let mapped = if region_maps(mirror, pid) {
             match state.lookup_mapping(&origin, &|salt| mirror.map(source, pid, salt)) {
                 MappingLookup::Ready { mapped_pid, .. } => mapped_pid,
                 MappingLookup::Collision { .. } => {

@@ -31,7 +31,31 @@ pub const MAX_BACKOFF: Duration = Duration::from_secs(5);
 pub const MAX_TOPICS: usize = 10_000;
 
 /// One lookup of a topic id: succeeds once the id is known.
-pub type Lookup = std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;
+pub type Lookup = crate::BoxFuture<'static, Result<(), LookupError>>;
+
+/// Why one lookup of a topic id did not find it (logged, then retried after
+/// a backoff).
+#[derive(Debug, thiserror::Error)]
+pub enum LookupError {
+    /// The lookup took longer than its limit.
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    /// The source's Metadata could not be read.
+    #[error(transparent)]
+    Source(#[from] crate::kafka_client::ClientError),
+    /// The mirror refused what the source's Metadata said.
+    #[error(transparent)]
+    Refresh(#[from] crate::proxy::refresh::RefreshError),
+    /// The destination's topic listing could not be read.
+    #[error(transparent)]
+    Destination(#[from] crate::PersistError),
+    /// The source's Metadata does not name the topic id yet.
+    #[error("the source's Metadata does not name it yet")]
+    NotNamedBySource,
+    /// The destination does not list the topic yet.
+    #[error("the destination does not list it yet")]
+    NotListedByDestination,
+}
 
 /// One topic's lookup state.
 struct Tracked {
@@ -114,14 +138,14 @@ impl TopicIdLookups {
         runtime.spawn(async move {
             let outcome = match tokio::time::timeout(limit, lookup).await {
                 Ok(r) => r,
-                Err(_) => Err(format!("no answer within {limit:?}")),
+                Err(_) => Err(LookupError::Timeout(limit)),
             };
             me.ended(&topic, outcome);
         });
         started
     }
 
-    fn ended(&self, topic: &str, outcome: Result<(), String>) {
+    fn ended(&self, topic: &str, outcome: Result<(), LookupError>) {
         {
             let mut t = self.topics.lock().unwrap_or_else(|p| p.into_inner());
             match outcome {
@@ -263,52 +287,43 @@ pub fn hold_partitions(
             Some(id) => mirror.names_source_id(&id),
             None => mirror.salts.topic_id(name).is_some(),
         };
-        let started = if let Some(id) = placeholder_id(topic) {
+        // Built only when a lookup starts (see `hold`).
+        let lookup: Box<dyn FnOnce() -> Lookup> = if let Some(id) = placeholder_id(topic) {
             // A source topic id the source's Metadata did not name yet: the
             // source is asked at once (its listener refreshes only every
             // metadata_refresh_ms).
             let m = mirror.clone();
-            mirror.lookups.hold(
-                topic,
-                &known,
-                move || {
-                    Box::pin(async move {
-                        let view = crate::proxy::refresh::fetch_cluster_view(
-                            &m.replay_servers(),
-                            &m.source_connector(),
-                            limit,
-                            crate::config::DEFAULT_MAX_FRAME_BYTES as usize,
-                        )
-                        .await
-                        .map_err(|e| e.to_string())?;
-                        crate::proxy::refresh::RefreshHook::on_refresh(&*m, &view)?;
-                        if m.names_source_id(&id) {
-                            Ok(())
-                        } else {
-                            Err("the source's Metadata does not name it yet".to_string())
-                        }
-                    })
-                },
-                limit,
-            )
+            Box::new(move || {
+                Box::pin(async move {
+                    let view = crate::proxy::refresh::fetch_cluster_view(
+                        &m.replay_servers(),
+                        &m.source_connector(),
+                        limit,
+                        crate::config::DEFAULT_MAX_FRAME_BYTES as usize,
+                    )
+                    .await?;
+                    crate::proxy::refresh::RefreshHook::on_refresh(&*m, &view)?;
+                    if m.names_source_id(&id) {
+                        Ok(())
+                    } else {
+                        Err(LookupError::NotNamedBySource)
+                    }
+                })
+            })
         } else {
             let store = mirror.salts.clone();
             let name = topic.to_string();
-            mirror.lookups.hold(
-                topic,
-                &known,
-                move || {
-                    Box::pin(async move {
-                        store.refresh_topic_ids().await.map_err(|e| e.to_string())?;
-                        store
-                            .topic_id(&name)
-                            .map(|_| ())
-                            .ok_or_else(|| "the destination does not list it yet".to_string())
-                    })
-                },
-                limit,
-            )
+            Box::new(move || {
+                Box::pin(async move {
+                    store.refresh_topic_ids().await?;
+                    store
+                        .topic_id(&name)
+                        .map(|_| ())
+                        .ok_or(LookupError::NotListedByDestination)
+                })
+            })
         };
+        let started = mirror.lookups.hold(topic, &known, lookup, limit);
         match started {
             HoldStart::First => tracing::info!(mirror = %mirror.name, topic, ?partitions,
                 fetch_version = version, wait = waits_for(topic),

@@ -5,7 +5,26 @@
 
 use std::process::ExitCode;
 
-use super::{decode, fold, map_pid, ClusterId, Layout, MapOutcome};
+use super::{decode, fold, map_pid, ClusterId, ClusterIdError, Layout, MapOutcome};
+
+/// Why `mirrorguard map` computed nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum MapError {
+    /// Neither `--decode` nor both of `--source-cluster-id` and `--pid`.
+    #[error("--source-cluster-id and --pid are required (or use --decode PID)")]
+    MissingArguments,
+    /// The cluster id does not parse.
+    #[error(transparent)]
+    ClusterId(#[from] ClusterIdError),
+    /// The sign-bit layout would map this PID to -1.
+    #[error(
+        "PID {pid} in this region maps to -1 (no producer) under the sign-bit layout; use another salt"
+    )]
+    ReservedValue {
+        /// The source PID.
+        pid: i64,
+    },
+}
 
 /// `--layout` values.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -68,7 +87,7 @@ pub fn run_map(args: &MapArgs) -> ExitCode {
 }
 
 /// The lines `mirrorguard map` prints (kept separate for tests).
-pub fn map_lines(args: &MapArgs) -> Result<Vec<String>, String> {
+pub fn map_lines(args: &MapArgs) -> Result<Vec<String>, MapError> {
     if let Some(pid) = args.decode {
         return Ok(match decode(pid) {
             Some(d) => vec![
@@ -80,9 +99,9 @@ pub fn map_lines(args: &MapArgs) -> Result<Vec<String>, String> {
         });
     }
     let (Some(id), Some(pid)) = (&args.source_cluster_id, args.pid) else {
-        return Err("--source-cluster-id and --pid are required (or use --decode PID)".into());
+        return Err(MapError::MissingArguments);
     };
-    let id = ClusterId::parse(id).map_err(|e| e.to_string())?;
+    let id = ClusterId::parse(id)?;
     let layout = Layout::from(args.layout);
     let f = fold(&id);
     let mut lines = vec![format!(
@@ -110,11 +129,7 @@ pub fn map_lines(args: &MapArgs) -> Result<Vec<String>, String> {
             ));
             mapped
         }
-        MapOutcome::ReservedValue => {
-            return Err(format!(
-                "PID {pid} in this region maps to -1 (no producer) under the sign-bit layout; use another salt"
-            ))
-        }
+        MapOutcome::ReservedValue => return Err(MapError::ReservedValue { pid }),
     };
     lines.push(mapped.to_string());
     Ok(lines)

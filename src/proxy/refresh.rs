@@ -58,7 +58,20 @@ pub trait RefreshTarget {
 pub trait RefreshHook: Send + Sync {
     /// Called after every successful refresh; an error makes the listener
     /// not ready and is logged.
-    fn on_refresh(&self, view: &ClusterView) -> Result<(), String>;
+    fn on_refresh(&self, view: &ClusterView) -> Result<(), RefreshError>;
+}
+
+/// Why a [`RefreshHook`] refused what a refresh taught: the hook's own
+/// error, boxed so the proxy names no mirror type. Its text is the hook's.
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct RefreshError(Box<dyn std::error::Error + Send + Sync>);
+
+impl RefreshError {
+    /// Wraps a hook's error.
+    pub fn new(e: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self(Box::new(e))
+    }
 }
 
 /// The Metadata request body: v4 asks for no topics, v9+ (flexible) for

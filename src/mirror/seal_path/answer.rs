@@ -18,22 +18,16 @@ pub(super) fn partition_response(
     r
 }
 
-pub(super) fn frame_with_body(h: &RequestHeader, header_version: i16, body: &[u8]) -> BytesMut {
-    crate::codec::header::response_frame(h.correlation_id, header_version, body)
-}
-
 /// Builds the local answer of a Fetch request whose partitions are all controlled.
 pub fn answer_fetch(
     mirror: &Arc<MirrorContext>,
     h: &RequestHeader,
     plan: &mut FetchPlan,
 ) -> Result<Rewritten, RewriteError> {
-    let hv = handlers::response_header_version(h.api_key, h.api_version)
-        .ok_or_else(|| err(h.api_version, "unknown response header version".into()))?;
     if plan.force_full_fetch {
         let body = build_fetch_response(h.api_version, 0, FETCH_SESSION_ID_NOT_FOUND, 0, &[])
             .map_err(|e| err(h.api_version, e.to_string()))?;
-        return Ok(Rewritten::Ready(frame_with_body(h, hv, &body)));
+        return Ok(Rewritten::Ready(crate::filter::answer_frame(h, &body)?));
     }
     let answers = match decide_all(mirror, plan, h.api_version) {
         Ok(a) => a,
@@ -67,7 +61,7 @@ pub fn answer_fetch(
     let _ = plan.session_id;
     let body = build_fetch_response(h.api_version, 0, 0, 0, &topics)
         .map_err(|e| err(h.api_version, e.to_string()))?;
-    Ok(Rewritten::Ready(frame_with_body(h, hv, &body)))
+    Ok(Rewritten::Ready(crate::filter::answer_frame(h, &body)?))
 }
 
 /// Replaces (or adds) the controlled partitions in an upstream Fetch
