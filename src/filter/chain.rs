@@ -64,6 +64,24 @@ impl Chain {
             .any(|f| f.handles(h.api_key, h.api_version))
     }
 
+    /// Whether a request of `h` may be streamed upstream as it arrives: no
+    /// filter reads its body ([`Filter::reads_request`]), and the listener
+    /// would not keep it for a local answer ([`Filter::answers_offline`]).
+    /// Such a request bypasses [`on_request`](Self::on_request), which
+    /// would forward it untouched with no state.
+    pub fn streams_request(&self, h: &RequestHeader) -> bool {
+        !self.filters.iter().any(|f| {
+            (f.handles(h.api_key, h.api_version) && f.reads_request(h.api_key, h.api_version))
+                || f.answers_offline(h.api_key)
+        })
+    }
+
+    /// Whether some filter can answer requests of `api_key` without the
+    /// upstream ([`Filter::answers_offline`]).
+    pub fn answers_offline(&self, api_key: i16) -> bool {
+        self.filters.iter().any(|f| f.answers_offline(api_key))
+    }
+
     /// Offers a request to every filter that handles it, in order; a
     /// replacement frame is what the next filter sees. At most one filter
     /// may attach state to a request.
