@@ -414,4 +414,96 @@ mod tests {
         ));
         assert_eq!(out, input);
     }
+
+    /// An in-memory stream handing out at most the next of `sizes` bytes per read.
+    struct Pieces {
+        data: Vec<u8>,
+        sizes: Vec<usize>,
+        n: usize,
+    }
+
+    impl AsyncRead for Pieces {
+        fn poll_read(
+            mut self: std::pin::Pin<&mut Self>,
+            _cx: &mut std::task::Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            let piece = self.sizes[self.n % self.sizes.len()];
+            self.n += 1;
+            let k = piece.min(self.data.len()).min(buf.remaining());
+            let rest = self.data.split_off(k);
+            buf.put_slice(&self.data);
+            self.data = rest;
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    /// A stream of frames (some too long, some cut short) read in pieces
+    /// of random sizes.
+    fn stream_of_frames() -> impl proptest::strategy::Strategy<Value = Vec<u8>> {
+        use proptest::prelude::*;
+        proptest::collection::vec(
+            (
+                0usize..300,
+                any::<u8>(),
+                prop_oneof![8 => Just(0usize), 1 => 1usize..50],
+            ),
+            0..6,
+        )
+        .prop_map(|frames| {
+            let mut out = Vec::new();
+            for (len, fill, cut) in frames {
+                let mut f = (len as i32).to_be_bytes().to_vec();
+                f.extend(std::iter::repeat_n(fill, len));
+                f.truncate(f.len().saturating_sub(cut).max(1));
+                out.extend_from_slice(&f);
+                if cut > 0 {
+                    break;
+                }
+            }
+            out
+        })
+    }
+
+    proptest::proptest! {
+        /// Peek + copy yields the frames `next_frame` yields, and the same
+        /// error kind at the same place (also the `frame_stream` fuzz target).
+        #[test]
+        fn streamed_frames_match_whole_frames(
+            data in stream_of_frames(),
+            sizes in proptest::collection::vec(1usize..40, 1..5),
+            want in 4usize..64,
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            rt.block_on(async {
+                let max = 250;
+                let mut whole = FrameReader::new(Pieces { data: data.clone(), sizes: sizes.clone(), n: 0 }, max);
+                let mut stream = FrameReader::new(Pieces { data, sizes, n: 0 }, max);
+                loop {
+                    let a = whole.next_frame().await;
+                    let b = match stream.peek(want).await {
+                        Ok(Some(total)) => {
+                            let mut out = Vec::new();
+                            match stream.copy_frame(total, &mut out, None, false).await {
+                                Ok(_) => Ok(Some(out)),
+                                Err(CopyError::Read(e)) => Err(e),
+                                Err(CopyError::Write(e)) => panic!("{e}"),
+                            }
+                        }
+                        Ok(None) => Ok(None),
+                        Err(e) => Err(e),
+                    };
+                    match (a, b) {
+                        (Ok(Some(x)), Ok(Some(y))) => assert_eq!(&x[..], &y[..]),
+                        (Ok(None), Ok(None)) => return,
+                        (Err(x), Err(y)) => {
+                            assert_eq!(x.kind(), y.kind());
+                            return;
+                        }
+                        (x, y) => panic!("whole {x:?} vs streamed {y:?}"),
+                    }
+                }
+            });
+        }
+    }
 }
