@@ -1,0 +1,100 @@
+"""Cut-through relaying (issue 14 items 2-3) against Apache Kafka 4.4: a plain listener
+forwards large Produce requests and Fetch responses as they arrive, so mirrorguard's
+peak memory does not grow with the frame size, and the bytes are unchanged; a client
+that abandons a large request mid-frame has had part of it forwarded, and the broker
+must never act on it (mirrorguard closes the upstream connection with the client's).
+Raw sockets (tests/integration/rawkafka.py: Produce v3, Fetch v4) as clients.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from pathlib import Path
+
+from kafka.record.default_records import DefaultRecordBatchBuilder
+
+import harness
+import rawkafka
+from harness import HOST
+
+MIB = 1 << 20
+FRAME_MIB = 24
+
+
+def _vm_hwm_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM")
+
+
+def _batch(size: int) -> bytes:
+    value = bytes(range(256)) * (size // 256)
+    b = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False,
+                                  producer_id=-1, producer_epoch=-1, base_sequence=-1,
+                                  batch_size=size + 4096)
+    b.append(0, timestamp=None, key=None, value=value, headers=[])
+    return bytes(b.build())
+
+
+def _produce_body(topic: str, records: bytes) -> bytes:
+    return (rawkafka.string(None) + rawkafka.i16(-1) + rawkafka.i32(30000)
+            + rawkafka.array([rawkafka.string(topic)
+                              + rawkafka.array([rawkafka.i32(0) + rawkafka.i32(len(records)) + records])]))
+
+
+def test_large_frames_stream_with_flat_memory(kafka1, proxy_factory):
+    topic = harness.topic_name("stream-big")
+    harness.create_topics(kafka1.bootstrap, [topic], config={"max.message.bytes": str(40 * MIB)})
+    proxy = proxy_factory([kafka1.bootstrap], node_ids=kafka1.node_ids)
+    port = proxy.ports.node_port
+    records = _batch(FRAME_MIB * MIB)
+    pid = proxy.proc.pid
+    before = _vm_hwm_kib(pid)
+    with rawkafka.Connection(HOST, port, timeout=60) as c:
+        err, base = rawkafka.produce_v3(c, topic, 0, records, acks=-1, timeout_ms=30000)
+        assert err == 0, f"produce through the proxy: error {err}"
+        via_proxy = rawkafka.fetch_v4(c, topic, 0, base, max_bytes=32 * MIB)
+    host, kport = kafka1.bootstrap.split(",")[0].rsplit(":", 1)
+    with rawkafka.Connection(host, int(kport), timeout=60) as c:
+        direct = rawkafka.fetch_v4(c, topic, 0, base, max_bytes=32 * MIB)
+    grown = (_vm_hwm_kib(pid) - before) / 1024
+    assert via_proxy.error_code == 0 and direct.error_code == 0
+    assert len(direct.records) >= len(records)
+    # The same bytes as a direct fetch (the broker assigned the offsets).
+    assert via_proxy.records == direct.records
+    # Held whole, one 24 MiB request and one 24 MiB response would add >= 24 MiB.
+    assert grown < 8, f"peak RSS grew by {grown:.1f} MiB relaying {FRAME_MIB} MiB frames"
+    # Streamed bytes are counted like held ones.
+    m = proxy.metrics()
+    sent = m.sum("mirrorguard_bytes_total", api="Produce", direction="client_to_upstream")
+    got = m.sum("mirrorguard_bytes_total", api="Fetch", direction="upstream_to_client")
+    assert sent >= len(records) and got >= len(records), (sent, got)
+
+
+def test_abandoned_streamed_request_is_never_acted_on(kafka1, proxy_factory):
+    topic = harness.topic_name("stream-abandon")
+    harness.create_topics(kafka1.bootstrap, [topic], config={"max.message.bytes": str(16 * MIB)})
+    proxy = proxy_factory([kafka1.bootstrap], node_ids=kafka1.node_ids)
+    port = proxy.ports.node_port
+    records = _batch(4 * MIB)
+    header = (rawkafka.i16(rawkafka.API_PRODUCE) + rawkafka.i16(3) + rawkafka.i32(1)
+              + rawkafka.string("abandoner"))
+    frame = header + _produce_body(topic, records)
+    ends = "mirrorguard_connection_ends_total"
+    mid_before = proxy.metrics().sum(ends, side="client", cause="mid_request")
+    s = socket.create_connection((HOST, port), timeout=10)
+    # All but the last 1000 bytes: far more than one streamed piece has left.
+    s.sendall(struct.pack(">i", len(frame)) + frame[:-1000])
+    time.sleep(0.5)
+    s.close()
+    harness.wait_until(
+        lambda: proxy.metrics().sum(ends, side="client", cause="mid_request") > mid_before,
+        10, what="the abandoned request is counted as mid_request")
+    # A complete Produce after it lands at offset 0: nothing of the partial one was appended.
+    with rawkafka.Connection(HOST, port, timeout=30) as c:
+        err, base = rawkafka.produce_v3(c, topic, 0, _batch(1024), acks=-1)
+    assert (err, base) == (0, 0), f"the abandoned request was acted on: next produce at {base} (error {err})"
+    assert proxy.alive()
