@@ -77,6 +77,16 @@ pub trait Filter: Send + Sync {
         self.handles(api_key, api_version)
     }
 
+    /// For a request this filter reads: whether the head of the request
+    /// (`head`: its first bytes, size prefix included, at most about
+    /// 96 KiB; `total`: the frame's length) already shows that
+    /// [`on_request`](Self::on_request) would forward it untouched with no
+    /// state. Then the connection streams it without calling `on_request`.
+    /// The default says no: the request is held whole.
+    fn passes_from_head(&self, _h: &RequestHeader, _head: &[u8], _total: usize) -> bool {
+        false
+    }
+
     /// Decides about a request before it is forwarded. The default forwards
     /// it untouched.
     fn on_request(&self, _h: &RequestHeader, _frame: &[u8]) -> Result<RequestAction, RewriteError> {

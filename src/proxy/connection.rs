@@ -20,14 +20,16 @@
 //! client reconnects to the live upstream.
 //!
 //! Frames the chain will not rewrite are relayed *cut-through*: a request
-//! no filter reads ([`Chain::streams_request`]) and a response with no
+//! no filter reads, or whose head shows every filter that reads it lets it
+//! pass untouched ([`Chain::streams_request`]: the produce guard, when no
+//! partition of it is refused), and a response with no
 //! request state that no filter handles ([`Chain::wants`]) are forwarded as
 //! they arrive, in pieces of at most [`READ_CHUNK`] bytes, once their head
 //! (size, header, correlation id) has been read and checked; only frames of
 //! at most one piece, and the frames the chain rewrites, are held whole. So
-//! a plain listener's Produce requests and Fetch responses (below v16, whose
-//! responses carry no addresses) cost one piece of memory whatever their
-//! size. Requests a mirror listener keeps for a local answer (Fetch,
+//! a plain or guard listener's Produce requests and Fetch responses (below
+//! v16, whose responses carry no addresses) cost one piece of memory
+//! whatever their size. Requests a mirror listener keeps for a local answer (Fetch,
 //! Metadata, ApiVersions: all small) are held whole; so are the responses
 //! to requests it keeps, because a local answer is only possible while
 //! nothing of the upstream's has reached the client.
@@ -353,10 +355,11 @@ fn parse_request_header(
     })
 }
 
-/// Reads the head of the next request (`total` bytes long) until its
-/// header can be parsed, and returns it if the request may be streamed:
-/// no filter reads it, the listener would not keep it whole, and (for a
-/// Produce) its `acks` is in the head. `None`: hold it whole.
+/// Reads the head of the next request (`total` bytes long), growing it up
+/// to [`MAX_REQUEST_HEAD`], until the request may be streamed: its header
+/// (and for a Produce its `acks`) is in the head, the listener would not
+/// keep it whole, and every filter that reads it can decide from the head
+/// ([`Chain::streams_request`]). `None`: hold it whole.
 async fn stream_head<R: AsyncRead + Unpin>(
     reader: &mut FrameReader<R>,
     total: usize,
@@ -368,11 +371,10 @@ async fn stream_head<R: AsyncRead + Unpin>(
         let head = reader.head(total);
         let complete = head.len() == total;
         if let Ok(h) = parse_request_header(head) {
-            if !chain.streams_request(&h) {
-                return Ok(None);
-            }
             let hv = api::request_header_version(api::PRODUCE, h.api_version).unwrap_or(1);
-            if h.api_key != api::PRODUCE || produce_acks(head, h.api_version, hv).is_some() {
+            let acks_known =
+                h.api_key != api::PRODUCE || produce_acks(head, h.api_version, hv).is_some();
+            if acks_known && chain.streams_request(&h, head, total) {
                 return Ok(Some(h));
             }
         }

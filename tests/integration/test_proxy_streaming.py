@@ -18,6 +18,7 @@ from kafka.record.default_records import DefaultRecordBatchBuilder
 import harness
 import rawkafka
 from harness import HOST
+from mirror_harness import mirror_factory  # noqa: F401 - a fixture
 
 MIB = 1 << 20
 FRAME_MIB = 24
@@ -39,10 +40,10 @@ def _batch(size: int) -> bytes:
     return bytes(b.build())
 
 
-def _produce_body(topic: str, records: bytes) -> bytes:
+def _produce_body(topic: str, records: bytes, partition: int = 0) -> bytes:
     return (rawkafka.string(None) + rawkafka.i16(-1) + rawkafka.i32(30000)
             + rawkafka.array([rawkafka.string(topic)
-                              + rawkafka.array([rawkafka.i32(0) + rawkafka.i32(len(records)) + records])]))
+                              + rawkafka.array([rawkafka.i32(partition) + rawkafka.i32(len(records)) + records])]))
 
 
 def test_large_frames_stream_with_flat_memory(kafka1, proxy_factory):
@@ -98,3 +99,48 @@ def test_abandoned_streamed_request_is_never_acted_on(kafka1, proxy_factory):
         err, base = rawkafka.produce_v3(c, topic, 0, _batch(1024), acks=-1)
     assert (err, base) == (0, 0), f"the abandoned request was acted on: next produce at {base} (error {err})"
     assert proxy.alive()
+
+
+def _guard_produce(bootstrap: str, topic: str, partition: int, records: bytes) -> tuple[int, str | None]:
+    """Produce v8 through the guard's node port of the partition's leader: (error_code, message)."""
+    host, port = bootstrap.rsplit(":", 1)
+    with rawkafka.Connection(host, int(port), timeout=10) as c:
+        md = rawkafka.metadata_v1(c, [topic])
+        lhost, lport = md.brokers[md.topics[topic][partition]]
+    with rawkafka.Connection(lhost, lport, timeout=30) as c:
+        resp = c.request(0, 8, _produce_body(topic, records, partition))
+    r = rawkafka.Reader(resp)
+    found = None
+    for _ in range(r.count()):
+        name = r.string()
+        for _ in range(r.count()):
+            idx, err = r.i32(), r.i16()
+            r.i64(), r.i64(), r.i64()
+            for _ in range(r.count()):
+                r.i32()
+                r.string()
+            msg = r.string()
+            if name == topic and idx == partition:
+                found = (err, msg)
+    assert found is not None, "partition missing from the ProduceResponse"
+    return found
+
+
+def test_guard_streams_allowed_and_refuses_mirrored_large_produce(kafka_factory, kafka1, mirror_factory,
+                                                                   monkeypatch):
+    """A Produce far larger than one streamed piece: to a mirrored partition it is still
+    refused (held whole and answered), to an unmirrored topic it streams and is appended."""
+    import test_produce_guard as guard_tests
+
+    monkeypatch.setattr(guard_tests, "TOPIC", harness.topic_name("guarded-big"))
+    monkeypatch.setattr(guard_tests, "LOCAL", harness.topic_name("local-big"))
+    _src, dest, mg, guard = guard_tests._setup(kafka_factory, kafka1, mirror_factory)
+    records = _batch(512 * 1024)
+    err, msg = _guard_produce(guard, guard_tests.TOPIC, 0, records)
+    assert err == guard_tests.POLICY_VIOLATION and guard_tests.MIRROR in (msg or ""), (err, msg)
+    err, msg = _guard_produce(guard, guard_tests.LOCAL, 0, records)
+    assert err == 0, (err, msg)
+    host, kport = dest.bootstrap.split(",")[0].rsplit(":", 1)
+    with rawkafka.Connection(host, int(kport), timeout=30) as c:
+        f = rawkafka.fetch_v4(c, guard_tests.LOCAL, 0, 0, max_bytes=4 * MIB)
+    assert f.error_code == 0 and f.high_watermark == 1 and len(f.records) >= len(records)
