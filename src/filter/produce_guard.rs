@@ -21,7 +21,10 @@
 //! and none is refused, the connection streams the request as it arrives
 //! ([`partitions_in_head`], `Filter::passes_from_head`); a request with a
 //! refused partition, or whose headers lie further in, is held whole and
-//! split or answered as above.
+//! split or answered as above. Of a streamed request the guard checks only
+//! the part up to the last partition's records length; what follows (the
+//! records, trailing tagged fields) is validated by the broker alone, which
+//! refuses a malformed request as it would without the guard.
 
 use std::collections::BTreeMap;
 use std::ops::RangeInclusive;

@@ -18,6 +18,7 @@ use super::connection::{relay_with, ConnectionContext, UpstreamHealth};
 use super::nodes::NodeRegistry;
 use crate::codec::api;
 use crate::filter::address::AddressRewrite;
+use crate::filter::produce_guard::ProduceGuard;
 use crate::filter::Chain;
 use crate::metrics::Metrics;
 
@@ -31,6 +32,9 @@ struct Exchange {
     response: Vec<u8>,
     /// The upstream answers (an `acks=0` Produce is answered only if set).
     answer_acks0: bool,
+    /// A whole request body (a real Produce for the guard), used instead
+    /// of `acks` and `body`.
+    encoded: Option<Vec<u8>>,
 }
 
 fn exchange() -> impl Strategy<Value = Exchange> {
@@ -57,6 +61,7 @@ fn exchange() -> impl Strategy<Value = Exchange> {
                 body,
                 response,
                 answer_acks0,
+                encoded: None,
             },
         )
 }
@@ -85,7 +90,9 @@ impl Exchange {
         if flexible {
             f.put_u8(0); // no tagged fields
         }
-        if self.api_key == api::PRODUCE {
+        if let Some(body) = &self.encoded {
+            f.extend_from_slice(body);
+        } else if self.api_key == api::PRODUCE {
             if flexible {
                 f.put_u8(0); // null compact transactional id
             } else {
@@ -93,7 +100,9 @@ impl Exchange {
             }
             f.put_i16(self.acks);
         }
-        f.extend_from_slice(&self.body);
+        if self.encoded.is_none() {
+            f.extend_from_slice(&self.body);
+        }
         let n = (f.len() - 4) as i32;
         f[..4].copy_from_slice(&n.to_be_bytes());
         f.to_vec()
@@ -163,6 +172,64 @@ fn case() -> impl Strategy<Value = Case> {
         )
 }
 
+/// A real Produce (v3-v9: no addresses in the response) for a guard
+/// listener, encoded by the independent `kafka-protocol` crate, or one of
+/// the plain exchanges.
+fn guard_exchange() -> impl Strategy<Value = Exchange> {
+    let produce = (
+        3i16..=9,
+        prop_oneof![Just(-1i16), Just(1), Just(0)],
+        proptest::collection::vec(
+            (
+                0usize..3,
+                proptest::collection::vec((0i32..8, 0usize..2500), 0..3),
+            ),
+            1..3,
+        ),
+        proptest::collection::vec(any::<u8>(), 0..300),
+        any::<bool>(),
+    )
+        .prop_map(|(api_version, acks, topics, response, answer_acks0)| {
+            use kafka_protocol::messages::produce_request::{
+                PartitionProduceData, TopicProduceData,
+            };
+            use kafka_protocol::messages::{ProduceRequest, TopicName};
+            use kafka_protocol::protocol::{Encodable, StrBytes};
+            let mut req = ProduceRequest::default();
+            req.acks = acks;
+            req.timeout_ms = 1000;
+            req.topic_data = topics
+                .iter()
+                .map(|(t, parts)| {
+                    let mut td = TopicProduceData::default();
+                    td.name = TopicName(StrBytes::from_static_str(["a", "bb", "ccc"][*t]));
+                    td.partition_data = parts
+                        .iter()
+                        .map(|(p, n)| {
+                            let mut d = PartitionProduceData::default();
+                            d.index = *p;
+                            d.records = Some(bytes::Bytes::from(vec![*p as u8; *n]));
+                            d
+                        })
+                        .collect();
+                    td
+                })
+                .collect();
+            let mut body = BytesMut::new();
+            req.encode(&mut body, api_version).unwrap();
+            Exchange {
+                api_key: api::PRODUCE,
+                api_version,
+                acks,
+                body: Vec::new(),
+                response,
+                answer_acks0,
+                encoded: Some(body.to_vec()),
+            }
+        });
+    prop_oneof![3 => produce, 1 => exchange().prop_filter("not a random Produce", |x| x.api_key != api::PRODUCE)]
+}
+
 /// What one relay run produced.
 #[derive(Debug, PartialEq)]
 struct Outcome {
@@ -174,14 +241,25 @@ struct Outcome {
     end: (&'static str, &'static str),
 }
 
-fn context() -> Arc<ConnectionContext> {
+fn context(guard: bool) -> Arc<ConnectionContext> {
     let metrics = Metrics::new();
     let nodes = Arc::new(NodeRegistry::new("t", "127.0.0.1", 0, metrics.clone()));
+    let mut filters: Vec<Box<dyn crate::filter::Filter>> = Vec::new();
+    if guard {
+        // No mirrors, no life cycle: the guard refuses nothing.
+        filters.push(Box::new(ProduceGuard::new(
+            "t",
+            crate::lifecycle::Lifecycle::new(metrics.clone()),
+            Vec::new(),
+            metrics.clone(),
+        )));
+    }
+    filters.push(Box::new(AddressRewrite::new(nodes)));
     Arc::new(ConnectionContext {
         listener: "t".into(),
         max_frame: 1 << 20,
         metrics,
-        chain: Arc::new(Chain::new(vec![Box::new(AddressRewrite::new(nodes))])),
+        chain: Arc::new(Chain::new(filters)),
         health: Arc::new(UpstreamHealth::default()),
     })
 }
@@ -222,8 +300,8 @@ fn client_script(case: &Case) -> (Vec<u8>, usize) {
     (requests, expect)
 }
 
-async fn run(case: &Case, stream_above: usize) -> Outcome {
-    let ctx = context();
+async fn run(case: &Case, stream_above: usize, guard: bool) -> Outcome {
+    let ctx = context(guard);
     let (client, proxy_client) = tokio::io::duplex(case.buffers.0);
     let (proxy_upstream, upstream) = tokio::io::duplex(case.buffers.1);
     let (_tx, shutdown) = tokio::sync::watch::channel(false);
@@ -324,6 +402,23 @@ async fn run(case: &Case, stream_above: usize) -> Outcome {
     }
 }
 
+/// One run, failing (not hanging) if the relay stalls.
+fn run_bounded(
+    rt: &tokio::runtime::Runtime,
+    case: &Case,
+    stream_above: usize,
+    guard: bool,
+) -> Outcome {
+    rt.block_on(async {
+        tokio::time::timeout(
+            std::time::Duration::from_secs(30),
+            run(case, stream_above, guard),
+        )
+        .await
+    })
+    .expect("the relay stalled")
+}
+
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -340,8 +435,8 @@ proptest! {
     #[test]
     fn streaming_matches_store_and_forward(case in case()) {
         let rt = runtime();
-        let stored = rt.block_on(run(&case, usize::MAX));
-        let streamed = rt.block_on(run(&case, case.stream_above));
+        let stored = run_bounded(&rt, &case, usize::MAX, false);
+        let streamed = run_bounded(&rt, &case, case.stream_above, false);
         let (requests, _) = client_script(&case);
         if case.truncate_last > 0 {
             prop_assert_eq!(stored.end, ("client", "mid_request"));
@@ -380,5 +475,36 @@ proptest! {
             prop_assert_eq!(&stored.client_got, &expected);
             prop_assert_eq!(&streamed, &stored);
         }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// A guard listener (nothing refused) streams real Produce requests
+    /// whose partition headers are in their head, and holds the others:
+    /// the bytes both sides see are the same as when every frame is held.
+    #[test]
+    fn guard_streaming_matches_store_and_forward(
+        exchanges in proptest::collection::vec(guard_exchange(), 1..5),
+        pieces in proptest::collection::vec(1usize..3000, 1..6),
+        buffers in (7usize..4096, 7usize..4096),
+        stream_above in 0usize..600,
+    ) {
+        let case = Case {
+            exchanges,
+            truncate_last: 0,
+            bad_correlation: None,
+            client_pieces: pieces.clone(),
+            upstream_pieces: pieces,
+            buffers,
+            stream_above,
+        };
+        let rt = runtime();
+        let stored = run_bounded(&rt, &case, usize::MAX, true);
+        let streamed = run_bounded(&rt, &case, case.stream_above, true);
+        let (requests, _) = client_script(&case);
+        prop_assert_eq!(&stored.upstream_got, &requests);
+        prop_assert_eq!(&streamed, &stored);
     }
 }
