@@ -5,9 +5,17 @@
 //! the buffer grows only as bytes actually arrive, so a peer announcing a huge
 //! frame and then stalling costs nothing. A TLS ClientHello (`0x16 0x03 ..`)
 //! reads as a ~369 MB size on a plaintext port and is reported as such.
+//!
+//! Frames can also be taken in pieces, for cut-through relaying:
+//! [`FrameReader::peek`] buffers the head of the next frame (enough to route
+//! it) and [`FrameReader::copy_frame`] writes the frame to a sink in chunks
+//! of at most [`READ_CHUNK`] bytes as they arrive, so a relayed frame costs
+//! one chunk of memory whatever its size.
+
+use std::time::Instant;
 
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncRead, AsyncReadExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Reads whole frames from a byte stream. Cancellation safe: partial frames
 /// stay in the internal buffer across `select!` cancellations.
@@ -60,6 +68,18 @@ impl FrameError {
     }
 }
 
+/// Why [`FrameReader::copy_frame`] stopped before the end of the frame.
+#[derive(Debug, thiserror::Error)]
+pub enum CopyError {
+    /// Reading the frame failed (the source closed mid-frame: `Truncated`).
+    #[error("reading: {0}")]
+    Read(FrameError),
+    /// Writing it failed or missed its deadline; when the copy was asked to
+    /// drain, the rest of the frame was read and discarded first.
+    #[error("writing: {0}")]
+    Write(std::io::Error),
+}
+
 /// Where the first frame in `buf` ends (its length including the 4-byte
 /// size), `None` if more bytes are needed, or why `buf` does not start with
 /// an acceptable frame. This is the whole decision the reader makes; it is
@@ -89,8 +109,9 @@ pub fn frame_boundary(buf: &[u8], max_frame: usize) -> Result<Option<usize>, Fra
     Ok((buf.len() >= total).then_some(total))
 }
 
-/// Initial buffer and the most we reserve before bytes arrive.
-const READ_CHUNK: usize = 64 * 1024;
+/// Initial buffer, the most we reserve before bytes arrive, and the largest
+/// piece [`FrameReader::copy_frame`] holds.
+pub const READ_CHUNK: usize = 64 * 1024;
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
     /// Wraps a stream; frames larger than `max_frame` bytes (after the size) are refused.
@@ -152,6 +173,119 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             None => READ_CHUNK,
         };
         rest.clamp(1, READ_CHUNK.max(self.buf.len()))
+    }
+
+    /// Buffers the head of the next frame: at least `want` bytes of it
+    /// (size prefix included), or all of it if it is shorter. Returns the
+    /// frame's total length (size prefix included), or `None` on a clean
+    /// end of stream between frames. The size is checked against the limit
+    /// first, as by [`next_frame`](Self::next_frame); the frame stays
+    /// unconsumed ([`head`](Self::head) shows it; take it whole with
+    /// `next_frame` or piecewise with [`copy_frame`](Self::copy_frame)).
+    /// Cancellation safe.
+    pub async fn peek(&mut self, want: usize) -> Result<Option<usize>, FrameError> {
+        loop {
+            frame_boundary(&self.buf, self.max_frame)?;
+            if let Some(size) = self.announced() {
+                let total = size + 4;
+                if self.buf.len() >= total.min(want.max(4)) {
+                    return Ok(Some(total));
+                }
+            }
+            let want_now = self.wanted();
+            if self.buf.capacity() - self.buf.len() < want_now {
+                self.buf.reserve(want_now);
+            }
+            let n = self.inner.read_buf(&mut self.buf).await?;
+            if n == 0 {
+                if self.buf.is_empty() {
+                    return Ok(None);
+                }
+                let expected = self.announced().map(|s| s + 4).unwrap_or(4);
+                return Err(FrameError::Truncated {
+                    got: self.buf.len(),
+                    expected,
+                });
+            }
+        }
+    }
+
+    /// The buffered bytes of the next frame of length `total` (as returned
+    /// by [`peek`](Self::peek)): its head, possibly all of it.
+    pub fn head(&self, total: usize) -> &[u8] {
+        &self.buf[..self.buf.len().min(total)]
+    }
+
+    /// Writes the next frame, `total` bytes long (as returned by
+    /// [`peek`](Self::peek)), to `out` in pieces of at most [`READ_CHUNK`]
+    /// bytes as they arrive, never holding more than one piece. Each write
+    /// must finish by `deadline`, if given. When a write fails and `drain`
+    /// is set, the rest of the frame is still read and discarded, so the
+    /// stream stays at a frame boundary. Returns the bytes written.
+    pub async fn copy_frame<W: AsyncWrite + Unpin>(
+        &mut self,
+        total: usize,
+        out: &mut W,
+        deadline: Option<Instant>,
+        drain: bool,
+    ) -> Result<usize, CopyError> {
+        let mut left = total;
+        let mut failed: Option<std::io::Error> = None;
+        loop {
+            let n = left.min(self.buf.len());
+            if n > 0 {
+                let piece = self.buf.split_to(n);
+                left -= n;
+                if failed.is_none() {
+                    let write = out.write_all(&piece);
+                    let res = match deadline {
+                        Some(d) => tokio::time::timeout_at(d.into(), write)
+                            .await
+                            .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into())),
+                        None => write.await,
+                    };
+                    if let Err(e) = res {
+                        if !drain {
+                            return Err(CopyError::Write(e));
+                        }
+                        failed = Some(e);
+                    }
+                }
+            }
+            if left == 0 {
+                return match failed {
+                    Some(e) => Err(CopyError::Write(e)),
+                    None => Ok(total),
+                };
+            }
+            let want = left.min(READ_CHUNK);
+            if self.buf.capacity() - self.buf.len() < want {
+                self.buf.reserve(want);
+            }
+            let got = self
+                .inner
+                .read_buf(&mut self.buf)
+                .await
+                .map_err(|e| CopyError::Read(FrameError::Io(e)))?;
+            if got == 0 {
+                return Err(CopyError::Read(FrameError::Truncated {
+                    got: total - left + self.buf.len(),
+                    expected: total,
+                }));
+            }
+        }
+    }
+
+    /// Reads the next frame, `total` bytes long, and discards it.
+    pub async fn skip_frame(&mut self, total: usize) -> Result<(), FrameError> {
+        match self
+            .copy_frame(total, &mut tokio::io::sink(), None, false)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(CopyError::Read(e)) => Err(e),
+            Err(CopyError::Write(e)) => Err(FrameError::Io(e)),
+        }
     }
 
     /// The underlying stream.
@@ -230,5 +364,146 @@ mod tests {
         let mut r = FrameReader::new(&input[..], 100 << 20);
         assert!(r.next_frame().await.is_err());
         assert!(r.buf.capacity() <= 2 * READ_CHUNK, "{}", r.buf.capacity());
+    }
+
+    /// A frame copied cut-through leaves its bytes unchanged, never makes
+    /// the reader hold more than a chunk or two, and leaves the next frame
+    /// in place.
+    #[tokio::test]
+    async fn copy_frame_streams_in_bounded_pieces() {
+        let body: Vec<u8> = (0..5_000_000u32).map(|i| i as u8).collect();
+        let mut input = (body.len() as i32).to_be_bytes().to_vec();
+        input.extend_from_slice(&body);
+        input.extend_from_slice(&[0, 0, 0, 1, 42]);
+        let (mut tx, rx) = tokio::io::duplex(4096);
+        let feed = input.clone();
+        tokio::spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            tx.write_all(&feed).await.unwrap();
+        });
+        let mut r = FrameReader::new(rx, 10 << 20);
+        let total = r.peek(8).await.unwrap().unwrap();
+        assert_eq!(total, body.len() + 4);
+        assert!(r.head(total).len() < total);
+        let mut out = Vec::new();
+        let n = r.copy_frame(total, &mut out, None, false).await.unwrap();
+        assert_eq!(n, total);
+        assert_eq!(out, input[..total]);
+        assert!(r.buf.capacity() <= 2 * READ_CHUNK, "{}", r.buf.capacity());
+        let next = r.next_frame().await.unwrap().unwrap();
+        assert_eq!(&next[..], &[0, 0, 0, 1, 42]);
+    }
+
+    /// A source that ends mid-frame is `Truncated`, with the bytes seen.
+    #[tokio::test]
+    async fn copy_frame_reports_truncation() {
+        let input = [0u8, 0, 0, 10, 1, 2, 3];
+        let mut r = FrameReader::new(&input[..], 100);
+        let total = r.peek(4).await.unwrap().unwrap();
+        let mut out = Vec::new();
+        let e = r
+            .copy_frame(total, &mut out, None, false)
+            .await
+            .unwrap_err();
+        assert!(matches!(
+            e,
+            CopyError::Read(FrameError::Truncated {
+                got: 7,
+                expected: 14
+            })
+        ));
+        assert_eq!(out, input);
+    }
+
+    /// An in-memory stream handing out at most the next of `sizes` bytes per read.
+    struct Pieces {
+        data: Vec<u8>,
+        sizes: Vec<usize>,
+        n: usize,
+    }
+
+    impl AsyncRead for Pieces {
+        fn poll_read(
+            mut self: std::pin::Pin<&mut Self>,
+            _cx: &mut std::task::Context<'_>,
+            buf: &mut tokio::io::ReadBuf<'_>,
+        ) -> std::task::Poll<std::io::Result<()>> {
+            let piece = self.sizes[self.n % self.sizes.len()];
+            self.n += 1;
+            let k = piece.min(self.data.len()).min(buf.remaining());
+            let rest = self.data.split_off(k);
+            buf.put_slice(&self.data);
+            self.data = rest;
+            std::task::Poll::Ready(Ok(()))
+        }
+    }
+
+    /// A stream of frames (some too long, some cut short) read in pieces
+    /// of random sizes.
+    fn stream_of_frames() -> impl proptest::strategy::Strategy<Value = Vec<u8>> {
+        use proptest::prelude::*;
+        proptest::collection::vec(
+            (
+                0usize..300,
+                any::<u8>(),
+                prop_oneof![8 => Just(0usize), 1 => 1usize..50],
+            ),
+            0..6,
+        )
+        .prop_map(|frames| {
+            let mut out = Vec::new();
+            for (len, fill, cut) in frames {
+                let mut f = (len as i32).to_be_bytes().to_vec();
+                f.extend(std::iter::repeat_n(fill, len));
+                f.truncate(f.len().saturating_sub(cut).max(1));
+                out.extend_from_slice(&f);
+                if cut > 0 {
+                    break;
+                }
+            }
+            out
+        })
+    }
+
+    proptest::proptest! {
+        /// Peek + copy yields the frames `next_frame` yields, and the same
+        /// error kind at the same place (also the `frame_stream` fuzz target).
+        #[test]
+        fn streamed_frames_match_whole_frames(
+            data in stream_of_frames(),
+            sizes in proptest::collection::vec(1usize..40, 1..5),
+            want in 4usize..64,
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            rt.block_on(async {
+                let max = 250;
+                let mut whole = FrameReader::new(Pieces { data: data.clone(), sizes: sizes.clone(), n: 0 }, max);
+                let mut stream = FrameReader::new(Pieces { data, sizes, n: 0 }, max);
+                loop {
+                    let a = whole.next_frame().await;
+                    let b = match stream.peek(want).await {
+                        Ok(Some(total)) => {
+                            let mut out = Vec::new();
+                            match stream.copy_frame(total, &mut out, None, false).await {
+                                Ok(_) => Ok(Some(out)),
+                                Err(CopyError::Read(e)) => Err(e),
+                                Err(CopyError::Write(e)) => panic!("{e}"),
+                            }
+                        }
+                        Ok(None) => Ok(None),
+                        Err(e) => Err(e),
+                    };
+                    match (a, b) {
+                        (Ok(Some(x)), Ok(Some(y))) => assert_eq!(&x[..], &y[..]),
+                        (Ok(None), Ok(None)) => return,
+                        (Err(x), Err(y)) => {
+                            assert_eq!(x.kind(), y.kind());
+                            return;
+                        }
+                        (x, y) => panic!("whole {x:?} vs streamed {y:?}"),
+                    }
+                }
+            });
+        }
     }
 }

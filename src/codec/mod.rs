@@ -9,5 +9,5 @@ pub mod api;
 pub mod frame;
 pub mod header;
 
-pub use frame::{FrameError, FrameReader};
+pub use frame::{CopyError, FrameError, FrameReader};
 pub use header::{RequestHeader, RequestHeaderError};

@@ -64,6 +64,11 @@ impl Filter for AddressRewrite {
         carries_address(api_key, api_version)
     }
 
+    /// Only responses carry addresses: requests stream past this filter.
+    fn reads_request(&self, _api_key: i16, _api_version: i16) -> bool {
+        false
+    }
+
     fn on_response(
         &self,
         h: &RequestHeader,

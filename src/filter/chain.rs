@@ -64,6 +64,29 @@ impl Chain {
             .any(|f| f.handles(h.api_key, h.api_version))
     }
 
+    /// Whether a request of `h` may be streamed upstream as it arrives: the
+    /// listener would not keep it for a local answer
+    /// ([`Filter::answers_offline`]), and every filter that reads it
+    /// ([`Filter::reads_request`]) can tell from its head (`head`, of a
+    /// frame `total` bytes long) that it would pass untouched
+    /// ([`Filter::passes_from_head`]). Such a request bypasses
+    /// [`on_request`](Self::on_request), which would forward it untouched
+    /// with no state.
+    pub fn streams_request(&self, h: &RequestHeader, head: &[u8], total: usize) -> bool {
+        !self.filters.iter().any(|f| f.answers_offline(h.api_key))
+            && self.filters.iter().all(|f| {
+                !f.handles(h.api_key, h.api_version)
+                    || !f.reads_request(h.api_key, h.api_version)
+                    || f.passes_from_head(h, head, total)
+            })
+    }
+
+    /// Whether some filter can answer requests of `api_key` without the
+    /// upstream ([`Filter::answers_offline`]).
+    pub fn answers_offline(&self, api_key: i16) -> bool {
+        self.filters.iter().any(|f| f.answers_offline(api_key))
+    }
+
     /// Offers a request to every filter that handles it, in order; a
     /// replacement frame is what the next filter sees. At most one filter
     /// may attach state to a request.

@@ -70,6 +70,26 @@ pub trait Filter: Send + Sync {
     /// through this filter.
     fn handles(&self, api_key: i16, api_version: i16) -> bool;
 
+    /// Whether [`on_request`](Self::on_request) reads the body of a request
+    /// of `api_key` at `api_version`. When no filter of a chain does, the
+    /// connection streams the request upstream as it arrives instead of
+    /// holding it whole (and `on_request` is not called). The default is
+    /// [`handles`](Self::handles), the safe answer for a filter that
+    /// overrides `on_request`; filters that only rewrite responses say no.
+    fn reads_request(&self, api_key: i16, api_version: i16) -> bool {
+        self.handles(api_key, api_version)
+    }
+
+    /// For a request this filter reads: whether the head of the request
+    /// (`head`: its first bytes, size prefix included, at most about
+    /// 96 KiB; `total`: the frame's length) already shows that
+    /// [`on_request`](Self::on_request) would forward it untouched with no
+    /// state. Then the connection streams it without calling `on_request`.
+    /// The default says no: the request is held whole.
+    fn passes_from_head(&self, _h: &RequestHeader, _head: &[u8], _total: usize) -> bool {
+        false
+    }
+
     /// Decides about a request before it is forwarded. The default forwards
     /// it untouched.
     fn on_request(&self, _h: &RequestHeader, _frame: &[u8]) -> Result<RequestAction, RewriteError> {
@@ -104,6 +124,13 @@ pub trait Filter: Send + Sync {
     /// upstream (then the connection keeps requests until they are answered
     /// and gives them deadlines).
     fn serves_offline(&self) -> bool {
+        false
+    }
+
+    /// Whether [`offline_answer`](Self::offline_answer) can answer requests
+    /// of `api_key` (a connection keeps only those requests, whole, for a
+    /// local answer; the others may stream).
+    fn answers_offline(&self, _api_key: i16) -> bool {
         false
     }
 

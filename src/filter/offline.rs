@@ -52,6 +52,10 @@ impl Filter for SourceOffline {
         true
     }
 
+    fn answers_offline(&self, api_key: i16) -> bool {
+        offline::answers(api_key)
+    }
+
     fn upstream_deadline(&self, h: &RequestHeader, frame: &[u8]) -> Option<Duration> {
         let wait = if h.api_key == api::FETCH {
             offline::fetch_max_wait_ms(h, frame)

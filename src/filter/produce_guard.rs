@@ -15,6 +15,16 @@
 //! is loaded before any listener accepts), a Produce to a topic whose status
 //! is unknown gets NOT_ENOUGH_REPLICAS, a retriable error, with a message
 //! saying why; clients retry and are served once the status is known.
+//!
+//! A Produce is decided from its partition headers only: when all of them
+//! are in the head of the request (every partition but the last is small)
+//! and none is refused, the connection streams the request as it arrives
+//! ([`partitions_in_head`], `Filter::passes_from_head`); a request with a
+//! refused partition, or whose headers lie further in, is held whole and
+//! split or answered as above. Of a streamed request the guard checks only
+//! the part up to the last partition's records length; what follows (the
+//! records, trailing tagged fields) is validated by the broker alone, which
+//! refuses a malformed request as it would without the guard.
 
 use std::collections::BTreeMap;
 use std::ops::RangeInclusive;
@@ -38,6 +48,7 @@ use crate::lifecycle::State;
 use crate::metrics::{ListenerLabels, Metrics};
 use crate::mirror::MirrorContext;
 use crate::producer_state::PartitionKey;
+use crate::wire::Reader;
 
 /// Kafka's POLICY_VIOLATION: not retriable, carries a message.
 pub const POLICY_VIOLATION: i16 = 44;
@@ -137,6 +148,60 @@ impl ProduceGuard {
     }
 }
 
+/// The `(topic, partition)` pairs of a Produce request (v3 to v12) read from
+/// the head of its body, when the only bytes beyond `head` belong to the
+/// records of its last partition (and the tagged fields after them): the
+/// guard can then decide before the records arrive. `body_len` is the whole
+/// body's length. `None`: not decidable from the head (or malformed; the
+/// whole-frame parser then reports it). Nothing is allocated from a wire
+/// count: a count is bounded by the head's bytes.
+pub fn partitions_in_head(version: i16, head: &[u8], body_len: usize) -> Option<Vec<(&str, i32)>> {
+    if !PRODUCE_VERSIONS[0].1.contains(&version) {
+        return None;
+    }
+    let flexible = api::is_flexible(api::PRODUCE, version);
+    let mut r = Reader::new(head);
+    r.read_nullable_string_v(flexible, "ProduceRequest.transactional_id")
+        .ok()?;
+    r.read_i16("ProduceRequest.acks").ok()?;
+    r.read_i32("ProduceRequest.timeout_ms").ok()?;
+    let n_topics = r
+        .read_array_len_v(flexible, 1, "ProduceRequest.topic_data")
+        .ok()?;
+    let mut out = Vec::new();
+    for t in 0..n_topics {
+        let name = r
+            .read_string_v(flexible, "ProduceRequest.topic_data.name")
+            .ok()?;
+        let n_parts = r
+            .read_array_len_v(flexible, 1, "ProduceRequest.topic_data.partition_data")
+            .ok()?;
+        for p in 0..n_parts {
+            let index = r.read_i32("ProduceRequest.partition_data.index").ok()?;
+            let len = if flexible {
+                i64::from(
+                    r.read_uvarint("ProduceRequest.partition_data.records")
+                        .ok()?,
+                ) - 1
+            } else {
+                i64::from(r.read_i32("ProduceRequest.partition_data.records").ok()?)
+            };
+            out.push((name, index));
+            let len = usize::try_from(len.max(0)).ok()?;
+            if t + 1 == n_topics && p + 1 == n_parts {
+                // The last records: they must end inside the body.
+                return (r.position().checked_add(len)? <= body_len).then_some(out);
+            }
+            r.skip(len, "ProduceRequest.partition_data.records").ok()?;
+            r.skip_tagged_fields_v(flexible, "ProduceRequest.partition_data._tagged_fields")
+                .ok()?;
+        }
+        r.skip_tagged_fields_v(flexible, "ProduceRequest.topic_data._tagged_fields")
+            .ok()?;
+    }
+    Some(out)
+}
+
 fn results(refusals: &Refusals) -> Vec<(FetchTopic<'_>, Vec<ProducePartitionResult<'_>>)> {
     refusals
         .topics
@@ -167,6 +232,27 @@ impl Filter for ProduceGuard {
 
     fn handles(&self, api_key: i16, _api_version: i16) -> bool {
         api_key == api::PRODUCE
+    }
+
+    /// A Produce whose partition headers all sit in its head and none of
+    /// whose partitions is refused streams; any refusal is decided on the
+    /// whole frame (the request is split or answered).
+    fn passes_from_head(&self, h: &RequestHeader, head: &[u8], total: usize) -> bool {
+        let Some(hv) = handlers::request_header_version(h.api_key, h.api_version) else {
+            return false;
+        };
+        let Ok(at) = request_body_offset(head, hv) else {
+            return false;
+        };
+        let (Some(body), Some(body_len)) = (head.get(at..), total.checked_sub(at)) else {
+            return false;
+        };
+        match partitions_in_head(h.api_version, body, body_len) {
+            Some(pairs) => pairs
+                .iter()
+                .all(|(t, p)| self.refusal_code(t, *p).is_none()),
+            None => false,
+        }
     }
 
     fn on_request(&self, h: &RequestHeader, frame: &[u8]) -> Result<RequestAction, RewriteError> {

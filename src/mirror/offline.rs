@@ -230,9 +230,15 @@ pub fn fetch_max_wait_ms(h: &RequestHeader, frame: &[u8]) -> Option<i32> {
     Some(i32::from_be_bytes([b[0], b[1], b[2], b[3]]))
 }
 
+/// Whether [`answer`] answers requests of `api_key` (the rest close an
+/// offline connection). Connections keep only these requests whole.
+pub fn answers(api_key: i16) -> bool {
+    matches!(api_key, api::API_VERSIONS | api::METADATA | api::FETCH)
+}
+
 /// The answer to `frame` built without the source, or `None` for an API
-/// that cannot be answered locally. `max_wait_cap` bounds how long a Fetch
-/// answer is held.
+/// that cannot be answered locally (exactly those [`answers`] refuses).
+/// `max_wait_cap` bounds how long a Fetch answer is held.
 pub fn answer(
     h: &RequestHeader,
     frame: &[u8],
@@ -241,6 +247,9 @@ pub fn answer(
     max_wait_cap: std::time::Duration,
 ) -> Option<Result<OfflineAnswer, RewriteError>> {
     let now = std::time::Duration::ZERO;
+    if !answers(h.api_key) {
+        return None;
+    }
     let built = match h.api_key {
         api::API_VERSIONS => api_versions(h).map(|f| (f, now)),
         api::METADATA => metadata(h, frame, topology, brokers).map(|f| (f, now)),

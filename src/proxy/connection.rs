@@ -19,6 +19,28 @@
 //! the connection stops reading, delivers what it owes and closes, so the
 //! client reconnects to the live upstream.
 //!
+//! Frames the chain will not rewrite are relayed *cut-through*: a request
+//! no filter reads, or whose head shows every filter that reads it lets it
+//! pass untouched ([`Chain::streams_request`]: the produce guard, when no
+//! partition of it is refused), and a response with no
+//! request state that no filter handles ([`Chain::wants`]) are forwarded as
+//! they arrive, in pieces of at most [`READ_CHUNK`] bytes, once their head
+//! (size, header, correlation id) has been read and checked; only frames of
+//! at most one piece, and the frames the chain rewrites, are held whole. So
+//! a plain or guard listener's Produce requests and Fetch responses (below
+//! v16, whose responses carry no addresses) cost one piece of memory
+//! whatever their size. Requests a mirror listener keeps for a local answer (Fetch,
+//! Metadata, ApiVersions: all small) are held whole; so are the responses
+//! to requests it keeps, because a local answer is only possible while
+//! nothing of the upstream's has reached the client.
+//!
+//! A client that abandons a streamed request mid-frame has had part of it
+//! forwarded: the connection then ends, closing the upstream connection
+//! too, so the broker sees a truncated frame on a closed socket and never
+//! acts on it (Kafka reads whole frames). An upstream that fails in the
+//! middle of a streamed response likewise ends the connection: the client
+//! sees a closed socket, never a short frame followed by another.
+//!
 //! (Over 600 lines on purpose: the two pumps, their shared `Mode` and the
 //! in-flight queue are one state machine, easier to check read in one place.)
 
@@ -33,10 +55,11 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 
 use crate::codec::api;
+use crate::codec::frame::READ_CHUNK;
 use crate::codec::header::{
     produce_acks, request_body_offset, response_correlation_id, RequestHeader,
 };
-use crate::codec::{FrameError, FrameReader};
+use crate::codec::{CopyError, FrameError, FrameReader};
 use crate::filter::{Chain, Decision, RequestState, RewriteError, Rewritten};
 use crate::metrics::{ApiMetrics, Metrics};
 
@@ -44,6 +67,17 @@ use crate::metrics::{ApiMetrics, Metrics};
 /// reading from it (librdkafka's default max.in.flight is 1,000,000 per
 /// connection, but anything near this bound means a stuck upstream).
 const MAX_IN_FLIGHT: usize = 4096;
+
+/// Frames longer than this (size prefix included) are relayed cut-through
+/// when the chain does not rewrite them; shorter ones arrive in one read
+/// anyway and are held whole.
+pub const STREAM_ABOVE: usize = READ_CHUNK;
+
+/// The most of a request's head read to find its header (and a Produce's
+/// `acks`) before deciding to stream it: the client id and transactional
+/// id are at most 32 KiB each. A request whose header does not fit is held
+/// whole.
+const MAX_REQUEST_HEAD: usize = 96 * 1024;
 
 /// A request whose response is owed to the client, in request order.
 pub struct InFlight {
@@ -61,8 +95,12 @@ pub struct InFlight {
     /// A Produce with `acks=0`: Kafka sends no response, but some brokers
     /// (Tansu) do; such a response is recognised by its id and dropped.
     pub unanswered: bool,
-    /// The request as forwarded, kept by listeners that can answer it
-    /// themselves if the upstream fails ([`Chain::serves_offline`]).
+    /// The listener answers it locally if the upstream fails
+    /// ([`Chain::serves_offline`]): it has a deadline, and its response is
+    /// never streamed.
+    pub kept: bool,
+    /// The request as forwarded, kept for [`Chain::offline_answer`] (only
+    /// for APIs some filter [answers offline](Chain::answers_offline)).
     pub request: Option<BytesMut>,
     /// When the upstream's answer is overdue (offline-capable listeners).
     pub deadline: Option<Instant>,
@@ -129,7 +167,9 @@ pub enum ConnectionEnd {
     /// requests or writing its responses.
     ClientReset(String),
     /// The client closed in the middle of sending a request (typically its
-    /// own request timeout); nothing of that request was forwarded.
+    /// own request timeout). A request held whole was not forwarded at all;
+    /// a streamed one was in part, and the upstream connection is closed
+    /// with this one so the broker never acts on the partial frame.
     ClientAbandonedRequest {
         /// Bytes of the frame received (including the 4-byte size).
         got: usize,
@@ -185,7 +225,7 @@ where
     C: AsyncRead + AsyncWrite + Unpin + Send,
     U: AsyncRead + AsyncWrite + Unpin + Send,
 {
-    relay_with(client, upstream, peer, ctx, shutdown, false).await
+    relay_with(client, upstream, peer, ctx, shutdown, false, STREAM_ABOVE).await
 }
 
 /// Serves a client whose upstream could not be reached: every request is
@@ -202,7 +242,7 @@ where
 {
     // Never read or written while offline; the other end is dropped.
     let (dead, _) = tokio::io::duplex(1);
-    relay_with(client, dead, peer, ctx, shutdown, true).await
+    relay_with(client, dead, peer, ctx, shutdown, true, STREAM_ABOVE).await
 }
 
 /// The connection's mode, shared by its pumps.
@@ -235,13 +275,16 @@ impl Mode {
     }
 }
 
-async fn relay_with<C, U>(
+/// [`relay`] with the cut-through threshold as a parameter (`usize::MAX`:
+/// every frame held whole), so tests can compare both paths.
+pub(crate) async fn relay_with<C, U>(
     client: C,
     upstream: U,
     peer: SocketAddr,
     ctx: Arc<ConnectionContext>,
     mut shutdown: watch::Receiver<bool>,
     offline: bool,
+    stream_above: usize,
 ) -> ConnectionEnd
 where
     C: AsyncRead + AsyncWrite + Unpin + Send,
@@ -258,8 +301,17 @@ where
         mode.go_offline(&ctx, peer, "cannot connect");
     }
 
-    let requests = request_pump(client_rd, upstream_wr, tx, &ctx, peer, &mut shutdown, &mode);
-    let responses = response_pump(upstream_rd, client_wr, rx, &ctx, peer, &mode);
+    let requests = request_pump(
+        client_rd,
+        upstream_wr,
+        tx,
+        &ctx,
+        peer,
+        &mut shutdown,
+        &mode,
+        stream_above,
+    );
+    let responses = response_pump(upstream_rd, client_wr, rx, &ctx, peer, &mode, stream_above);
     tokio::pin!(requests, responses);
     tokio::select! {
         end = &mut requests => match end {
@@ -274,6 +326,66 @@ where
     }
 }
 
+/// How a client read error ends the connection.
+fn client_read_end(ctx: &ConnectionContext, peer: SocketAddr, e: FrameError) -> ConnectionEnd {
+    match e {
+        FrameError::Io(e) => ConnectionEnd::ClientReset(format!("reading: {e}")),
+        FrameError::Truncated { got, expected } => {
+            ConnectionEnd::ClientAbandonedRequest { got, expected }
+        }
+        e => {
+            Metrics::count(&ctx.metrics.frame_errors, &ctx.listener, e.kind());
+            tracing::warn!(listener = %ctx.listener, %peer, kind = e.kind(), error = %e,
+                "closing client connection: malformed frame");
+            ConnectionEnd::ClientProtocol(e.to_string())
+        }
+    }
+}
+
+/// The request header of `frame` (the fixed part, and for every API whose
+/// header version is known the whole header: client id and tagged fields).
+fn parse_request_header(
+    frame: &[u8],
+) -> Result<RequestHeader, crate::codec::header::RequestHeaderError> {
+    RequestHeader::parse(frame).and_then(|h| {
+        match crate::handlers::request_header_version(h.api_key, h.api_version) {
+            Some(hv) if hv >= 1 => request_body_offset(frame, hv).map(|_| h),
+            _ => Ok(h),
+        }
+    })
+}
+
+/// Reads the head of the next request (`total` bytes long), growing it up
+/// to [`MAX_REQUEST_HEAD`], until the request may be streamed: its header
+/// (and for a Produce its `acks`) is in the head, the listener would not
+/// keep it whole, and every filter that reads it can decide from the head
+/// ([`Chain::streams_request`]). `None`: hold it whole.
+async fn stream_head<R: AsyncRead + Unpin>(
+    reader: &mut FrameReader<R>,
+    total: usize,
+    chain: &Chain,
+) -> Result<Option<RequestHeader>, FrameError> {
+    let mut want = 512;
+    loop {
+        reader.peek(want).await?;
+        let head = reader.head(total);
+        let complete = head.len() == total;
+        if let Ok(h) = parse_request_header(head) {
+            let hv = api::request_header_version(api::PRODUCE, h.api_version).unwrap_or(1);
+            let acks_known =
+                h.api_key != api::PRODUCE || produce_acks(head, h.api_version, hv).is_some();
+            if acks_known && chain.streams_request(&h, head, total) {
+                return Ok(Some(h));
+            }
+        }
+        if complete || want >= MAX_REQUEST_HEAD {
+            return Ok(None);
+        }
+        want = (want * 8).min(MAX_REQUEST_HEAD);
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn request_pump<R, W>(
     client_rd: R,
     mut upstream_wr: W,
@@ -282,6 +394,7 @@ async fn request_pump<R, W>(
     peer: SocketAddr,
     shutdown: &mut watch::Receiver<bool>,
     mode: &Mode,
+    stream_above: usize,
 ) -> ConnectionEnd
 where
     R: AsyncRead + Unpin,
@@ -298,6 +411,43 @@ where
                 "upstream is back: closing the locally answered connection so the client reconnects");
             return ConnectionEnd::Drained;
         }
+        // The head first (cancellation safe, like the whole-frame read):
+        // long frames no filter reads are streamed from there.
+        let peeked = tokio::select! {
+            biased;
+            _ = shutdown.wait_for(|s| *s) => return ConnectionEnd::Drained,
+            t = reader.peek(8) => t,
+        };
+        let head = match peeked {
+            Ok(Some(total)) if total > stream_above => stream_head(&mut reader, total, &ctx.chain)
+                .await
+                .map(|h| h.map(|h| (h, total))),
+            Ok(Some(_)) => Ok(None),
+            Ok(None) => return ConnectionEnd::ClientClosed,
+            Err(e) => Err(e),
+        };
+        match head {
+            Ok(Some((header, total))) => {
+                match stream_request(
+                    &mut reader,
+                    &mut upstream_wr,
+                    &tx,
+                    ctx,
+                    peer,
+                    mode,
+                    &mut api_metrics,
+                    header,
+                    total,
+                )
+                .await
+                {
+                    Ok(()) => continue,
+                    Err(end) => return end,
+                }
+            }
+            Ok(None) => {}
+            Err(e) => return client_read_end(ctx, peer, e),
+        }
         let frame = tokio::select! {
             biased;
             _ = shutdown.wait_for(|s| *s) => return ConnectionEnd::Drained,
@@ -306,27 +456,9 @@ where
         let frame = match frame {
             Ok(Some(f)) => f,
             Ok(None) => return ConnectionEnd::ClientClosed,
-            Err(FrameError::Io(e)) => return ConnectionEnd::ClientReset(format!("reading: {e}")),
-            Err(FrameError::Truncated { got, expected }) => {
-                return ConnectionEnd::ClientAbandonedRequest { got, expected }
-            }
-            Err(e) => {
-                Metrics::count(&ctx.metrics.frame_errors, &ctx.listener, e.kind());
-                tracing::warn!(listener = %ctx.listener, %peer, kind = e.kind(), error = %e,
-                    "closing client connection: malformed frame");
-                return ConnectionEnd::ClientProtocol(e.to_string());
-            }
+            Err(e) => return client_read_end(ctx, peer, e),
         };
-        // The fixed header, and for every API whose header version is known,
-        // the whole header (client id and tagged fields inside the frame).
-        let parsed =
-            RequestHeader::parse(&frame).and_then(
-                |h| match crate::handlers::request_header_version(h.api_key, h.api_version) {
-                    Some(hv) if hv >= 1 => request_body_offset(&frame, hv).map(|_| h),
-                    _ => Ok(h),
-                },
-            );
-        let header = match parsed {
+        let header = match parse_request_header(&frame) {
             Ok(h) => h,
             Err(e) => {
                 Metrics::count(&ctx.metrics.frame_errors, &ctx.listener, "bad_header");
@@ -353,9 +485,14 @@ where
         };
         let local = answered_by.is_some();
         let unanswered = !local && !expects_response(&header, &frame);
-        let (request, deadline) = if keeps && !local && !unanswered {
+        let kept = keeps && !local && !unanswered;
+        let (request, deadline) = if kept {
             let wait = ctx.chain.upstream_deadline(&header, &frame);
-            (Some(frame.clone()), wait.map(|w| Instant::now() + w))
+            let request = ctx
+                .chain
+                .answers_offline(header.api_key)
+                .then(|| frame.clone());
+            (request, wait.map(|w| Instant::now() + w))
         } else {
             (None, None)
         };
@@ -368,6 +505,7 @@ where
                 state,
                 answered_by,
                 unanswered,
+                kept,
                 request,
                 deadline,
             };
@@ -393,6 +531,82 @@ where
                 continue;
             }
             return ConnectionEnd::UpstreamClosed(format!("write to upstream: {e}"));
+        }
+    }
+}
+
+/// Relays one request cut-through: notes it in flight, then copies it
+/// upstream piece by piece (or discards it while offline). `Err` ends the
+/// connection.
+#[allow(clippy::too_many_arguments)]
+async fn stream_request<R, W>(
+    reader: &mut FrameReader<R>,
+    upstream_wr: &mut W,
+    tx: &mpsc::Sender<InFlight>,
+    ctx: &ConnectionContext,
+    peer: SocketAddr,
+    mode: &Mode,
+    api_metrics: &mut HashMap<i16, ApiMetrics>,
+    header: RequestHeader,
+    total: usize,
+) -> Result<(), ConnectionEnd>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let keeps = ctx.chain.serves_offline();
+    let m = api_metrics
+        .entry(header.api_key)
+        .or_insert_with(|| ctx.metrics.api(&ctx.listener, header.api_key));
+    m.requests.inc();
+    m.bytes_in.inc_by(total as u64);
+    let head = reader.head(total);
+    let unanswered = !expects_response(&header, head);
+    let kept = keeps && !unanswered;
+    // Only the deadline is needed from a request kept but not answerable
+    // offline (the connection closes if the upstream fails it).
+    let deadline = if kept {
+        ctx.chain
+            .upstream_deadline(&header, head)
+            .map(|w| Instant::now() + w)
+    } else {
+        None
+    };
+    let entry = InFlight {
+        header,
+        sent_at: Instant::now(),
+        metrics: m.clone(),
+        state: None,
+        answered_by: None,
+        unanswered,
+        kept,
+        request: None,
+        deadline,
+    };
+    if tx.send(entry).await.is_err() {
+        return Err(ConnectionEnd::UpstreamClosed("response side closed".into()));
+    }
+    if keeps && mode.is_offline() {
+        return reader
+            .skip_frame(total)
+            .await
+            .map_err(|e| client_read_end(ctx, peer, e));
+    }
+    match reader.copy_frame(total, upstream_wr, deadline, keeps).await {
+        Ok(_) => Ok(()),
+        Err(CopyError::Read(e)) => Err(client_read_end(ctx, peer, e)),
+        Err(CopyError::Write(e)) => {
+            Metrics::count(&ctx.metrics.upstream_errors, &ctx.listener, "disconnect");
+            if keeps {
+                // The rest of the frame was drained: the client stream is
+                // at a frame boundary; the response side closes when it
+                // cannot answer this one locally.
+                mode.go_offline(ctx, peer, &format!("write to upstream: {e}"));
+                return Ok(());
+            }
+            Err(ConnectionEnd::UpstreamClosed(format!(
+                "write to upstream: {e}"
+            )))
         }
     }
 }
@@ -464,28 +678,58 @@ async fn rewrite_until_ready(
     ))
 }
 
-/// Reads the upstream frame answering `correlation_id`, dropping responses
-/// to earlier `acks=0` Produce requests (which Kafka never sends).
+/// An upstream answer: read whole, or to be streamed (its head is buffered).
+enum Answer {
+    /// The whole frame.
+    Whole(BytesMut),
+    /// A frame of this total length, to be copied cut-through.
+    Stream(usize),
+}
+
+/// Reads the upstream frame answering `correlation_id` (whole, or only its
+/// head if it is longer than `stream_above`), dropping responses to earlier
+/// `acks=0` Produce requests (which Kafka never sends).
 async fn read_answer<R: AsyncRead + Unpin>(
     reader: &mut FrameReader<R>,
     unanswered: &mut std::collections::VecDeque<i32>,
     correlation_id: i32,
-) -> Result<Option<BytesMut>, FrameError> {
+    stream_above: Option<usize>,
+) -> Result<Option<Answer>, FrameError> {
     loop {
-        let Some(frame) = reader.next_frame().await? else {
+        let Some(total) = reader.peek(8).await? else {
             return Ok(None);
         };
-        let id = response_correlation_id(&frame);
+        let id = response_correlation_id(reader.head(total));
         if id != Some(correlation_id) {
             if let Some(pos) = unanswered.iter().position(|u| Some(*u) == id) {
                 unanswered.drain(..=pos);
+                reader.skip_frame(total).await?;
                 continue;
             }
         }
         // Responses come in request order: no earlier acks=0 answer can follow.
         unanswered.clear();
-        return Ok(Some(frame));
+        if stream_above.is_some_and(|above| total > above) {
+            return Ok(Some(Answer::Stream(total)));
+        }
+        return Ok(reader.next_frame().await?.map(Answer::Whole));
     }
+}
+
+/// The error for a response that does not answer the oldest request.
+fn correlation_mismatch(
+    ctx: &ConnectionContext,
+    h: &RequestHeader,
+    got: Option<i32>,
+) -> ConnectionEnd {
+    Metrics::count(&ctx.metrics.upstream_errors, &ctx.listener, "protocol");
+    ConnectionEnd::UpstreamProtocol(format!(
+        "response correlation id {:?} does not answer the oldest request ({} v{} id {})",
+        got,
+        api::api_display(h.api_key),
+        h.api_version,
+        h.correlation_id
+    ))
 }
 
 /// Every request is answered except Produce with `acks=0`.
@@ -504,6 +748,7 @@ async fn response_pump<R, W>(
     ctx: &ConnectionContext,
     peer: SocketAddr,
     mode: &Mode,
+    stream_above: usize,
 ) -> ConnectionEnd
 where
     R: AsyncRead + Unpin,
@@ -550,10 +795,13 @@ where
                 .observe(entry.sent_at.elapsed().as_secs_f64());
             continue;
         }
-        let read = if mode.is_offline() && entry.request.is_some() {
+        // Streamed: nothing to rewrite, and no local answer to fall back on.
+        let streams =
+            (!entry.kept && entry.state.is_none() && !ctx.chain.wants(&h)).then_some(stream_above);
+        let read = if mode.is_offline() && entry.kept {
             Err(None)
         } else {
-            let answer = read_answer(&mut reader, &mut unanswered, h.correlation_id);
+            let answer = read_answer(&mut reader, &mut unanswered, h.correlation_id, streams);
             let res = match entry.deadline {
                 Some(d) => match tokio::time::timeout_at(d.into(), answer).await {
                     Ok(r) => r,
@@ -593,7 +841,36 @@ where
             }
         };
         let frame = match read {
-            Ok(f) => f,
+            Ok(Answer::Whole(f)) => f,
+            Ok(Answer::Stream(total)) => {
+                let id = response_correlation_id(reader.head(total));
+                if id != Some(h.correlation_id) {
+                    return correlation_mismatch(ctx, &h, id);
+                }
+                match reader.copy_frame(total, &mut client_wr, None, false).await {
+                    Ok(n) => {
+                        entry.metrics.bytes_out.inc_by(n as u64);
+                        entry
+                            .metrics
+                            .latency
+                            .observe(entry.sent_at.elapsed().as_secs_f64());
+                        continue;
+                    }
+                    Err(CopyError::Write(e)) => {
+                        return ConnectionEnd::ClientReset(format!("writing a response: {e}"))
+                    }
+                    Err(CopyError::Read(e)) => {
+                        let kind = if matches!(e, FrameError::Io(_) | FrameError::Truncated { .. })
+                        {
+                            "disconnect"
+                        } else {
+                            "protocol"
+                        };
+                        Metrics::count(&ctx.metrics.upstream_errors, &ctx.listener, kind);
+                        return ConnectionEnd::UpstreamClosed(format!("reading upstream: {e}"));
+                    }
+                }
+            }
             // Already offline: answered locally.
             Err(None) => {
                 match offline_frame(ctx, &h, entry.request.as_ref(), entry.sent_at).await {
@@ -602,7 +879,7 @@ where
                 }
             }
             Err(Some(end)) => {
-                if entry.request.is_none() {
+                if !entry.kept {
                     return end;
                 }
                 // The upstream connection is unusable from here on (a
@@ -620,14 +897,7 @@ where
             }
         };
         if response_correlation_id(&frame) != Some(h.correlation_id) {
-            Metrics::count(&ctx.metrics.upstream_errors, &ctx.listener, "protocol");
-            return ConnectionEnd::UpstreamProtocol(format!(
-                "response correlation id {:?} does not answer the oldest request ({} v{} id {})",
-                response_correlation_id(&frame),
-                api::api_display(h.api_key),
-                h.api_version,
-                h.correlation_id
-            ));
+            return correlation_mismatch(ctx, &h, response_correlation_id(&frame));
         }
         let frame = if entry.state.is_some() || ctx.chain.wants(&h) {
             match rewrite_until_ready(ctx, &h, &mut entry.state, None, Some(frame)).await {

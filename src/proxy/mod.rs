@@ -11,3 +11,6 @@ pub mod listener;
 pub mod nodes;
 pub mod refresh;
 pub mod upstream;
+
+#[cfg(test)]
+mod stream_tests;

@@ -1,0 +1,109 @@
+"""Plain-listener relay, two mirrorguard builds side by side (BENCHMARKS.md
+"Cut-through relay").
+
+Against the synthetic upstream fixture (examples/fetchbench.rs `upstream`,
+8 partitions x 64 x 16 KiB batches: 8 MiB Fetch v12 responses), runs the
+fetchbench load generator on three paths in interleaved rounds (the order
+rotates every round): `direct` (the fixture), `base` (a plain `[[listener]]`
+of the binary given by --base) and `new` (the same of --new). Reports per
+path the median over the rounds of: throughput at saturation (one
+connection, one fetch in flight), relayed bytes per mirrorguard CPU-second,
+and p50/p99 request latency at half of the direct path's saturated request
+rate, with the latency each proxy adds over direct in the same round.
+
+    cargo build --release --bin mirrorguard --example fetchbench
+    .tools/venv/bin/python bench/relay_ab.py --base /tmp/mg-base-release \\
+        --new target/release/mirrorguard --rounds 5 --seconds 3
+
+Bounded: rounds x 3 paths x 2 legs x `seconds`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import e2e  # noqa: E402  (fetchbench runner, process helpers, CPU accounting)
+from e2e import HOST, Ports, Procs, leg, mirrorguard_config, port_open, ready_url, rotate  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--base", type=Path, required=True)
+    ap.add_argument("--new", type=Path, required=True)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--partitions", type=int, default=8)
+    ap.add_argument("--batches", type=int, default=64, help="16 KiB batches per partition in each response")
+    args = ap.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="mg-relay-ab-"))
+    procs = Procs(work)
+    ports = Ports()
+    try:
+        fx = ports.one()
+        fixture = procs.start("fixture", [e2e.FB_BIN, "upstream", "--listen", f"{HOST}:{fx}", "--topic", "synth",
+                                          "--partitions", str(args.partitions), "--batch-bytes", "16384",
+                                          "--batches", str(args.batches), "--producers", "16"],
+                              ready=lambda: port_open(fx))
+        paths = [("direct", f"{HOST}:{fx}")]
+        watch = {"fixture": fixture.pid}
+        for name, binary in (("base", args.base), ("new", args.new)):
+            admin, port = ports.one(), ports.one()
+            cfg = work / f"{name}.toml"
+            mirrorguard_config(cfg, admin, None, [{"name": "plain", "port": port, "base": ports.base(0),
+                                                   "upstream": f"{HOST}:{fx}"}], [])
+            p = procs.start(name, [binary, "run", "--config", cfg], ready=ready_url(f"http://{HOST}:{admin}/readyz"))
+            watch[name] = p.pid
+            paths.append((name, f"{HOST}:{port}"))
+        for name, addr in paths:  # warm-up, and a CRC check of every path
+            r = e2e.run_fetch(addr, "synth", args.partitions, 1.0, verify=True)
+            if r["crc_errors"]:
+                raise RuntimeError(f"{name}: {r['crc_errors']} CRC errors")
+        sat: dict[str, list[dict]] = {n: [] for n, _ in paths}
+        for i in range(args.rounds):
+            for name, addr in rotate(paths, i):
+                sat[name].append(leg(name, addr, "synth", args.partitions, args.seconds, watch))
+        direct_rps = statistics.median(r["requests"] / r["elapsed_s"] for r in sat["direct"])
+        rate = max(1.0, 0.5 * direct_rps)
+        half: dict[str, list[dict]] = {n: [] for n, _ in paths}
+        for i in range(args.rounds):
+            for name, addr in rotate(paths, i):
+                half[name].append(leg(name, addr, "synth", args.partitions, args.seconds, watch, rate=rate))
+    finally:
+        procs.stop_all()
+
+    med = statistics.median
+    d_mb = med(r["mb_per_s"] for r in sat["direct"])
+    print(f"synthetic upstream, {args.partitions} partitions x {args.batches} x 16 KiB "
+          f"({args.partitions * args.batches * 16 // 1024} MiB responses), 1 connection, "
+          f"median of {args.rounds} interleaved rounds of {args.seconds:.0f} s")
+    print("\n| path | MB/s | % of direct | GB relayed per mirrorguard CPU-s | p50 us at half rate | "
+          "p99 us at half rate | added p50 us | added p99 us |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name, _ in paths:
+        mb = med(r["mb_per_s"] for r in sat[name])
+        if name == "direct":
+            per_core = "-"
+        else:
+            per_core = f"{med(r['frame_bytes'] / max(r['cpu_s'][name], 1e-9) / 1e9 for r in sat[name]):.2f}"
+        p50 = med(r["lat_us"]["p50"] for r in half[name])
+        p99 = med(r["lat_us"]["p99"] for r in half[name])
+        # Added latency: per round against that round's direct leg, then the median.
+        a50 = med(r["lat_us"]["p50"] - dr["lat_us"]["p50"] for r, dr in zip(half[name], half["direct"]))
+        a99 = med(r["lat_us"]["p99"] - dr["lat_us"]["p99"] for r, dr in zip(half[name], half["direct"]))
+        print(f"| {name} | {mb:,.0f} | {100 * mb / d_mb:.0f}% | {per_core} | {p50:,.0f} | {p99:,.0f} | "
+              f"{a50:+,.0f} | {a99:+,.0f} |")
+    print(f"\nhalf rate: {rate:.0f} requests/s per connection")
+    shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""Memory per connection against frame size (BENCHMARKS.md "Bounded memory").
+
+Sends 50 MiB Produce requests and fetches 50 MiB Fetch responses through a
+plain listener and a produce guard listener of mirrorguard, in front of a
+one-node Apache Kafka 4.4 broker (tests/integration/kafka_broker.py), and
+reports the mirrorguard process's peak resident memory (VmHWM in
+/proc/PID/status) before and after. Each (listener, direction) pair gets a
+fresh mirrorguard process, so one peak cannot hide another. Requests are
+Produce v3 and Fetch v4 (tests/integration/rawkafka.py), one at a time on one
+connection; every Produce must be acknowledged and every Fetch must return the
+whole batch, else the run fails.
+
+    .tools/venv/bin/python bench/rss.py                   # target/debug/mirrorguard
+    .tools/venv/bin/python bench/rss.py --binary /tmp/mg-main --mib 50 --rounds 3
+
+Bounded: one broker, 2 x 2 mirrorguard runs, `rounds` frames each (about a
+minute with the defaults).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "tests" / "integration"))
+
+from kafka.record.default_records import DefaultRecordBatchBuilder  # noqa: E402
+
+import harness  # noqa: E402
+import rawkafka  # noqa: E402
+from kafka_broker import KafkaCluster  # noqa: E402
+
+HOST = "127.0.0.1"
+
+
+def status_kib(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"{field} missing from /proc/{pid}/status")
+
+
+def batch(mib: int) -> bytes:
+    """One uncompressed record batch holding one record of `mib` MiB (minus headroom)."""
+    value = bytes(range(256)) * ((mib << 20) // 256 - 16)
+    b = DefaultRecordBatchBuilder(
+        magic=2,
+        compression_type=0,
+        is_transactional=False,
+        producer_id=-1,
+        producer_epoch=-1,
+        base_sequence=-1,
+        batch_size=len(value) + 4096,
+    )
+    b.append(0, timestamp=None, key=None, value=value, headers=[])
+    return bytes(b.build())
+
+
+def start_proxy(work: Path, binary: Path, upstream: str, node_ids, kind: str) -> tuple[harness.Proxy, int]:
+    """A mirrorguard with one plain listener, plus a [[guard]] listener when kind == "guard".
+    Returns the proxy and the port to send to."""
+    harness.MIRRORGUARD_BIN = binary
+    p = harness.Proxy(work, [upstream], max_frame_bytes=128 << 20, node_ids=node_ids, log_level="info",
+                      name=f"mg-{kind}-{time.monotonic_ns()}")
+    port = p.ports.bootstrap
+    if kind == "guard":
+        taken = {p.ports.bootstrap, p.ports.admin}
+        port = harness.free_port(taken)
+        taken.add(port)
+        base = harness.free_node_port_base(taken | set(range(p.ports.node_port_base, p.ports.node_port_base + 16)),
+                                           nodes=list(node_ids))
+        with open(p.config_path, "a") as f:
+            f.write(
+                f"""
+[[guard]]
+name = "guard"
+bootstrap = "{HOST}:{port}"
+listen_host = "{HOST}"
+advertised_host = "{HOST}"
+node_port_base = {base}
+upstream_bootstrap = ["{upstream}"]
+"""
+            )
+    p.start()
+    return p, port
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--binary", type=Path, default=ROOT / "target" / "debug" / "mirrorguard")
+    ap.add_argument("--mib", type=int, default=50, help="size of each frame")
+    ap.add_argument("--rounds", type=int, default=3, help="frames per (listener, direction)")
+    args = ap.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="mg-rss-"))
+    cluster = KafkaCluster(
+        work / "kafka",
+        nodes=1,
+        overrides={
+            "message.max.bytes": str((args.mib + 8) << 20),
+            "socket.request.max.bytes": str(256 << 20),
+        },
+    )
+    rows = []
+    try:
+        cluster.start()
+        topic = harness.topic_name("rss")
+        harness.create_topics(cluster.bootstrap, [topic])
+        records = batch(args.mib)
+        host, kport = cluster.bootstrap.split(",")[0].rsplit(":", 1)
+        # The data the Fetch legs read, produced directly.
+        with rawkafka.Connection(host, int(kport), timeout=60) as c:
+            for _ in range(args.rounds):
+                err, _ = rawkafka.produce_v3(c, topic, 0, records, acks=-1, timeout_ms=30000)
+                assert err == 0, f"direct produce failed: error {err}"
+        for kind in ("plain", "guard"):
+            for direction in ("produce", "fetch"):
+                p, port = start_proxy(work, args.binary, cluster.bootstrap, cluster.node_ids, kind)
+                try:
+                    pid = p.proc.pid
+                    before = status_kib(pid, "VmHWM")
+                    started = time.monotonic()
+                    with rawkafka.Connection(HOST, port, timeout=60) as c:
+                        for i in range(args.rounds):
+                            if direction == "produce":
+                                err, _ = rawkafka.produce_v3(c, topic, 0, records, acks=-1, timeout_ms=30000)
+                                assert err == 0, f"produce through {kind}: error {err}"
+                            else:
+                                f = rawkafka.fetch_v4(c, topic, 0, i, max_bytes=(args.mib + 4) << 20)
+                                assert f.error_code == 0 and f.records and len(f.records) >= len(records), (
+                                    f"fetch through {kind}: error {f.error_code}, "
+                                    f"{len(f.records or b'')} bytes")
+                    elapsed = time.monotonic() - started
+                    after = status_kib(pid, "VmHWM")
+                    rows.append((kind, direction, before, after, elapsed))
+                finally:
+                    p.terminate()
+    finally:
+        cluster.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"binary: {args.binary}; {args.rounds} x {args.mib} MiB frames per row, one connection")
+    print(f"{'listener':<8} {'direction':<9} {'VmHWM before':>13} {'VmHWM after':>12} {'growth':>9} {'seconds':>8}")
+    for kind, direction, before, after, elapsed in rows:
+        print(f"{kind:<8} {direction:<9} {before / 1024:>10.1f} MiB {after / 1024:>9.1f} MiB "
+              f"{(after - before) / 1024:>6.1f} MiB {elapsed:>8.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

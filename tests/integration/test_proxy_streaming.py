@@ -1,0 +1,146 @@
+"""Cut-through relaying (issue 14 items 2-3) against Apache Kafka 4.4: a plain listener
+forwards large Produce requests and Fetch responses as they arrive, so mirrorguard's
+peak memory does not grow with the frame size, and the bytes are unchanged; a client
+that abandons a large request mid-frame has had part of it forwarded, and the broker
+must never act on it (mirrorguard closes the upstream connection with the client's).
+Raw sockets (tests/integration/rawkafka.py: Produce v3, Fetch v4) as clients.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from pathlib import Path
+
+from kafka.record.default_records import DefaultRecordBatchBuilder
+
+import harness
+import rawkafka
+from harness import HOST
+from mirror_harness import mirror_factory  # noqa: F401 - a fixture
+
+MIB = 1 << 20
+FRAME_MIB = 24
+
+
+def _vm_hwm_kib(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    raise AssertionError("no VmHWM")
+
+
+def _batch(size: int) -> bytes:
+    value = bytes(range(256)) * (size // 256)
+    b = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False,
+                                  producer_id=-1, producer_epoch=-1, base_sequence=-1,
+                                  batch_size=size + 4096)
+    b.append(0, timestamp=None, key=None, value=value, headers=[])
+    return bytes(b.build())
+
+
+def _produce_body(topic: str, records: bytes, partition: int = 0) -> bytes:
+    return (rawkafka.string(None) + rawkafka.i16(-1) + rawkafka.i32(30000)
+            + rawkafka.array([rawkafka.string(topic)
+                              + rawkafka.array([rawkafka.i32(partition) + rawkafka.i32(len(records)) + records])]))
+
+
+def test_large_frames_stream_with_flat_memory(kafka1, proxy_factory):
+    topic = harness.topic_name("stream-big")
+    harness.create_topics(kafka1.bootstrap, [topic], config={"max.message.bytes": str(40 * MIB)})
+    proxy = proxy_factory([kafka1.bootstrap], node_ids=kafka1.node_ids)
+    port = proxy.ports.node_port
+    records = _batch(FRAME_MIB * MIB)
+    pid = proxy.proc.pid
+    before = _vm_hwm_kib(pid)
+    with rawkafka.Connection(HOST, port, timeout=60) as c:
+        err, base = rawkafka.produce_v3(c, topic, 0, records, acks=-1, timeout_ms=30000)
+        assert err == 0, f"produce through the proxy: error {err}"
+        via_proxy = rawkafka.fetch_v4(c, topic, 0, base, max_bytes=32 * MIB)
+    host, kport = kafka1.bootstrap.split(",")[0].rsplit(":", 1)
+    with rawkafka.Connection(host, int(kport), timeout=60) as c:
+        direct = rawkafka.fetch_v4(c, topic, 0, base, max_bytes=32 * MIB)
+    grown = (_vm_hwm_kib(pid) - before) / 1024
+    assert via_proxy.error_code == 0 and direct.error_code == 0
+    assert len(direct.records) >= len(records)
+    # The same bytes as a direct fetch (the broker assigned the offsets).
+    assert via_proxy.records == direct.records
+    # Held whole, one 24 MiB request and one 24 MiB response would add >= 24 MiB.
+    assert grown < 8, f"peak RSS grew by {grown:.1f} MiB relaying {FRAME_MIB} MiB frames"
+    # Streamed bytes are counted like held ones.
+    m = proxy.metrics()
+    sent = m.sum("mirrorguard_bytes_total", api="Produce", direction="client_to_upstream")
+    got = m.sum("mirrorguard_bytes_total", api="Fetch", direction="upstream_to_client")
+    assert sent >= len(records) and got >= len(records), (sent, got)
+
+
+def test_abandoned_streamed_request_is_never_acted_on(kafka1, proxy_factory):
+    topic = harness.topic_name("stream-abandon")
+    harness.create_topics(kafka1.bootstrap, [topic], config={"max.message.bytes": str(16 * MIB)})
+    proxy = proxy_factory([kafka1.bootstrap], node_ids=kafka1.node_ids)
+    port = proxy.ports.node_port
+    records = _batch(4 * MIB)
+    header = (rawkafka.i16(rawkafka.API_PRODUCE) + rawkafka.i16(3) + rawkafka.i32(1)
+              + rawkafka.string("abandoner"))
+    frame = header + _produce_body(topic, records)
+    ends = "mirrorguard_connection_ends_total"
+    mid_before = proxy.metrics().sum(ends, side="client", cause="mid_request")
+    s = socket.create_connection((HOST, port), timeout=10)
+    # All but the last 1000 bytes: far more than one streamed piece has left.
+    s.sendall(struct.pack(">i", len(frame)) + frame[:-1000])
+    time.sleep(0.5)
+    s.close()
+    harness.wait_until(
+        lambda: proxy.metrics().sum(ends, side="client", cause="mid_request") > mid_before,
+        10, what="the abandoned request is counted as mid_request")
+    # A complete Produce after it lands at offset 0: nothing of the partial one was appended.
+    with rawkafka.Connection(HOST, port, timeout=30) as c:
+        err, base = rawkafka.produce_v3(c, topic, 0, _batch(1024), acks=-1)
+    assert (err, base) == (0, 0), f"the abandoned request was acted on: next produce at {base} (error {err})"
+    assert proxy.alive()
+
+
+def _guard_produce(bootstrap: str, topic: str, partition: int, records: bytes) -> tuple[int, str | None]:
+    """Produce v8 through the guard's node port of the partition's leader: (error_code, message)."""
+    host, port = bootstrap.rsplit(":", 1)
+    with rawkafka.Connection(host, int(port), timeout=10) as c:
+        md = rawkafka.metadata_v1(c, [topic])
+        lhost, lport = md.brokers[md.topics[topic][partition]]
+    with rawkafka.Connection(lhost, lport, timeout=30) as c:
+        resp = c.request(0, 8, _produce_body(topic, records, partition))
+    r = rawkafka.Reader(resp)
+    found = None
+    for _ in range(r.count()):
+        name = r.string()
+        for _ in range(r.count()):
+            idx, err = r.i32(), r.i16()
+            r.i64(), r.i64(), r.i64()
+            for _ in range(r.count()):
+                r.i32()
+                r.string()
+            msg = r.string()
+            if name == topic and idx == partition:
+                found = (err, msg)
+    assert found is not None, "partition missing from the ProduceResponse"
+    return found
+
+
+def test_guard_streams_allowed_and_refuses_mirrored_large_produce(kafka_factory, kafka1, mirror_factory,
+                                                                   monkeypatch):
+    """A Produce far larger than one streamed piece: to a mirrored partition it is still
+    refused (held whole and answered), to an unmirrored topic it streams and is appended."""
+    import test_produce_guard as guard_tests
+
+    monkeypatch.setattr(guard_tests, "TOPIC", harness.topic_name("guarded-big"))
+    monkeypatch.setattr(guard_tests, "LOCAL", harness.topic_name("local-big"))
+    _src, dest, mg, guard = guard_tests._setup(kafka_factory, kafka1, mirror_factory)
+    records = _batch(512 * 1024)
+    err, msg = _guard_produce(guard, guard_tests.TOPIC, 0, records)
+    assert err == guard_tests.POLICY_VIOLATION and guard_tests.MIRROR in (msg or ""), (err, msg)
+    err, msg = _guard_produce(guard, guard_tests.LOCAL, 0, records)
+    assert err == 0, (err, msg)
+    host, kport = dest.bootstrap.split(",")[0].rsplit(":", 1)
+    with rawkafka.Connection(host, int(kport), timeout=30) as c:
+        f = rawkafka.fetch_v4(c, guard_tests.LOCAL, 0, 0, max_bytes=4 * MIB)
+    assert f.error_code == 0 and f.high_watermark == 1 and len(f.records) >= len(records)
