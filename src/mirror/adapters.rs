@@ -192,12 +192,14 @@ impl MirrorContext {
                 Pending::TopicIds => "destination topic ids not read",
                 Pending::Replay(_) => "source range not replayed",
                 Pending::Claims(_) => "producer claims not persisted",
+                Pending::TakeOver(_) => "partition not taken over from another instance",
             };
             let done = match pending {
                 Pending::Salts(p) => salts.persist(p).await.map_err(MirrorError::from),
                 Pending::TopicIds => salts.refresh_topic_ids().await.map_err(MirrorError::from),
                 Pending::Replay(jobs) => run_replays(mirror, servers, jobs, max_frame).await,
                 Pending::Claims(claims) => persist_claims(salts, claims).await,
+                Pending::TakeOver(jobs) => handover::take_over(mirror, jobs).await,
             };
             done.map_err(|message: MirrorError| RewriteError {
                 api: "Fetch",

@@ -187,6 +187,7 @@ impl MirrorContext {
             handles: Default::default(),
             topic_prefix: cfg.destination_topic_prefix.clone(),
             warm: Default::default(),
+            owned: Default::default(),
             nodes: OnceLock::new(),
             source_bootstrap: cfg
                 .source_bootstrap

@@ -42,6 +42,7 @@
 //! [`crate::state_store::sync`].
 
 pub mod error;
+pub mod handover;
 pub mod offline;
 pub mod replay;
 pub mod seal_path;
@@ -144,6 +145,32 @@ pub trait SaltStore: Send + Sync {
         &self,
         salts: Vec<PendingSalt>,
     ) -> crate::BoxFuture<'static, Result<(), PersistError>>;
+    /// Whether other instances may serve the same partitions (the store is
+    /// a `__mirror_state` they share): partitions are then taken over
+    /// ([`take_over`](Self::take_over)) before this instance serves them.
+    fn shared(&self) -> bool {
+        false
+    }
+    /// Makes this instance the one serving `key` (its serving record, type
+    /// 9, after reading the state to its end and restoring a newer
+    /// snapshot another instance wrote), from the fetcher's `from_offset`.
+    /// Returns who served it before, as the state said.
+    fn take_over(
+        &self,
+        _mirror: &str,
+        _key: PartitionKey,
+        _from_offset: i64,
+    ) -> crate::BoxFuture<'static, Result<Option<handover::ServedBy>, PersistError>> {
+        Box::pin(async { Ok(None) })
+    }
+    /// Who last started serving `key` (its latest serving record).
+    fn served_by(&self, _key: &PartitionKey) -> Option<handover::ServedBy> {
+        None
+    }
+    /// This instance's id in `__mirror_state`.
+    fn instance_id(&self) -> Option<String> {
+        None
+    }
     /// Persists a mirror's source topology (record type 8).
     fn persist_topology(
         &self,
@@ -221,6 +248,9 @@ pub struct MirrorContext {
     /// Destination partitions whose producer state is known to be complete
     /// up to what the fetcher asks for (after a replay if needed).
     warm: std::sync::Mutex<std::collections::HashSet<PartitionKey>>,
+    /// Destination partitions this instance serves (its serving record is
+    /// the latest; see [`handover`]).
+    owned: std::sync::Mutex<std::collections::HashSet<PartitionKey>>,
     /// Source bootstrap servers (replays try the known nodes, then these).
     source_bootstrap: Vec<(String, u16)>,
     /// The listener's source nodes (set when the listener is built).

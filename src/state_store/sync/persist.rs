@@ -329,6 +329,33 @@ impl SaltStore for StateSync {
         self.destination_topic_id(topic)
     }
 
+    fn shared(&self) -> bool {
+        true
+    }
+
+    fn take_over(
+        &self,
+        mirror: &str,
+        key: PartitionKey,
+        from_offset: i64,
+    ) -> crate::BoxFuture<'static, Result<Option<crate::mirror::handover::ServedBy>, PersistError>>
+    {
+        let me = self.me.upgrade();
+        let mirror = mirror.to_string();
+        Box::pin(async move {
+            let me = me.ok_or(SyncError::ShuttingDown)?;
+            Ok(me.take_over_partition(mirror, key, from_offset).await?)
+        })
+    }
+
+    fn served_by(&self, key: &PartitionKey) -> Option<crate::mirror::handover::ServedBy> {
+        self.serving_of(key)
+    }
+
+    fn instance_id(&self) -> Option<String> {
+        self.instance_id.get().cloned()
+    }
+
     fn persist_topology(
         &self,
         mirror: &str,

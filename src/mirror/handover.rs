@@ -1,0 +1,104 @@
+//! Handover between mirrorguard instances (one instance per destination
+//! broker): a destination partition's fetcher moves to another broker when
+//! its leadership moves, and so to another instance.
+//!
+//! An instance *owns* a partition from the moment its serving record (type
+//! 9 in `__mirror_state`, written through [`SaltStore::take_over`]) is
+//! durable until it reads another instance's serving record for it. Before
+//! it forwards a batch of a partition it does not own, the planner makes it
+//! take the partition over: read `__mirror_state` to its end (salts, life
+//! cycle, the other instance's latest producer-state snapshot), persist the
+//! serving record, then replay the source range its shadow state has not
+//! seen (phase 0, as after a restart). An instance that reads another
+//! instance's serving record for a partition it owned drops it from its
+//! owned and warm sets, so a later fetch there takes it over again instead
+//! of serving from stale state.
+
+use super::*;
+
+/// Which instance last started serving a partition (its type-9 record).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ServedBy {
+    /// The instance (`[state] instance_id`).
+    pub instance_id: String,
+    /// The fetcher's offset when it started serving.
+    pub from_offset: i64,
+    /// Wall-clock ms when it started serving.
+    pub since_ms: i64,
+}
+
+/// A partition this instance must take over before serving it: the
+/// destination partition and the fetcher's offset (its first batch's).
+#[derive(Debug, Clone)]
+pub struct TakeOver {
+    /// Destination partition.
+    pub key: PartitionKey,
+    /// The first offset of the response's records for it.
+    pub from_offset: i64,
+}
+
+impl MirrorContext {
+    /// Whether this instance owns `key` (its serving record is the latest).
+    pub(crate) fn is_owned(&self, key: &PartitionKey) -> bool {
+        self.owned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(key)
+    }
+
+    pub(crate) fn mark_owned(&self, key: &PartitionKey) {
+        self.owned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(key.clone());
+    }
+
+    /// Another instance serves `key` now: this instance's shadow state of
+    /// it stops being complete (it is neither owned nor warm), so its next
+    /// batch of it here waits for a take-over first. True if it was owned.
+    pub fn disown(&self, key: &PartitionKey) -> bool {
+        self.warm
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
+        self.owned
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key)
+    }
+
+    /// Who last started serving `key`, as `__mirror_state` says.
+    pub fn served_by(&self, key: &PartitionKey) -> Option<ServedBy> {
+        self.salts.served_by(key)
+    }
+
+    /// This instance's id in `__mirror_state`, if it keeps state there.
+    pub fn instance_id(&self) -> Option<String> {
+        self.salts.instance_id()
+    }
+}
+
+/// Takes the partitions over (one serving record each, after reading
+/// `__mirror_state` to its end), then marks them owned and not warm: the
+/// planner's phase 0 replays what their shadow state has not seen.
+pub(crate) async fn take_over(
+    mirror: Arc<MirrorContext>,
+    jobs: Vec<TakeOver>,
+) -> Result<(), MirrorError> {
+    for job in jobs {
+        let previous = mirror
+            .salts
+            .take_over(&mirror.name, job.key.clone(), job.from_offset)
+            .await?;
+        tracing::info!(mirror = %mirror.name, partition = %job.key, from_offset = job.from_offset,
+            previous = ?previous.map(|p| p.instance_id),
+            "serving the partition here: producer state brought up to date before forwarding");
+        mirror
+            .warm
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&job.key);
+        mirror.mark_owned(&job.key);
+    }
+    Ok(())
+}

@@ -1,0 +1,141 @@
+//! Who serves which partition (record type 9, `schema::serving`): the
+//! serving records this instance writes when it takes a partition over,
+//! and those of other instances, which make its own state of the partition
+//! stale (see `mirror::handover`).
+
+use super::*;
+use crate::state_store::schema::serving::{MirrorPartitionServingKey, MirrorPartitionServingValue};
+
+impl StateSync {
+    /// Names this instance in the serving records it writes.
+    pub fn set_instance_id(&self, id: String) {
+        let _ = self.instance_id.set(id);
+    }
+
+    fn my_id(&self) -> &str {
+        self.instance_id.get().map_or("", String::as_str)
+    }
+
+    /// Whether the latest serving record of `key` is another instance's.
+    pub(super) fn served_elsewhere(&self, key: &PartitionKey) -> bool {
+        self.serving
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .is_some_and(|s| s.instance_id != self.my_id())
+    }
+
+    /// Applies a serving record: remembered for `GET /v1/partitions`; one
+    /// of another instance read by the tail makes the mirrors drop the
+    /// partition (their state of it is stale from now on).
+    pub(super) fn apply_serving(&self, r: &StoredRecord, start_up: bool) {
+        let Some(value) = r.value.as_deref() else {
+            return; // tombstone: nothing to remember
+        };
+        let decoded = MirrorPartitionServingKey::decode(&r.key)
+            .and_then(|k| MirrorPartitionServingValue::decode(value).map(|v| (k, v)));
+        let (key, value) = match decoded {
+            Ok((k, Some(v))) => (k, v),
+            Ok((_, None)) => {
+                self.count("unknown_record_version");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(offset = r.offset, error = %e, "undecodable serving record skipped");
+                return;
+            }
+        };
+        let topic = self
+            .destination_topic_name(&key.topic_id)
+            .unwrap_or_else(|| value.topic_name.clone());
+        let pk = PartitionKey::new([0; 16], topic, key.partition);
+        let mine = value.instance_id == self.my_id();
+        self.serving
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(
+                pk.clone(),
+                ServedBy {
+                    instance_id: value.instance_id.clone(),
+                    from_offset: value.from_offset,
+                    since_ms: value.timestamp_ms,
+                },
+            );
+        if mine || start_up {
+            return;
+        }
+        let mirrors = self.mirrors.read().unwrap_or_else(|p| p.into_inner());
+        for m in mirrors.iter() {
+            if m.disown(&pk) {
+                tracing::info!(mirror = %m.name, partition = %pk, instance = %value.instance_id,
+                    from_offset = value.from_offset,
+                    "another instance serves the partition now; the state here is stale until a \
+                     fetch here takes it over again");
+            }
+        }
+    }
+
+    /// Takes `key` over from whichever instance served it: reads the state
+    /// to its end (salts, life cycle, serving records, snapshots), restores
+    /// another instance's snapshot newer than this instance's state (and
+    /// not past the fetcher), then persists this instance's serving record.
+    /// Returns the partition's previous serving record.
+    pub(super) async fn take_over_partition(
+        &self,
+        mirror: String,
+        key: PartitionKey,
+        from_offset: i64,
+    ) -> Result<Option<ServedBy>, SyncError> {
+        self.catch_up(None).await.map_err(SyncError::Read)?;
+        let previous = self.serving_of(&key);
+        let topic_id = self.topic_id_for(&key.topic).await?;
+        let snapshot = self
+            .others_snapshots
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&(topic_id, key.partition))
+            .cloned();
+        if let Some(snapshot) = snapshot {
+            let next = self.registry.partition(&key).with(|s| s.next_offset());
+            if snapshot.snapshot_offset > next && snapshot.snapshot_offset <= from_offset {
+                // The replay then starts at the snapshot, not at our older
+                // state (or at the log start for a partition never served).
+                self.restore_producers(&key, &snapshot);
+            }
+        }
+        let k = MirrorPartitionServingKey {
+            topic_id,
+            partition: key.partition,
+        };
+        let v = MirrorPartitionServingValue {
+            instance_id: self.my_id().to_string(),
+            mirror,
+            topic_name: key.topic.to_string(),
+            from_offset,
+            timestamp_ms: crate::lifecycle::now_ms(),
+        };
+        self.append_record(k.encode(), v.encode()?).await?;
+        self.serving
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(
+                key,
+                ServedBy {
+                    instance_id: v.instance_id,
+                    from_offset,
+                    since_ms: v.timestamp_ms,
+                },
+            );
+        self.count("take_over");
+        Ok(previous)
+    }
+
+    /// The latest serving record of `key`.
+    pub(super) fn serving_of(&self, key: &PartitionKey) -> Option<ServedBy> {
+        self.serving
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .cloned()
+    }
+}
