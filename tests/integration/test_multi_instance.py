@@ -66,6 +66,24 @@ def _sealed(mg, topic: str, parts: list[int]) -> bool:
     return all((mg.partition(topic, p) or {}).get("state") == "STOPPED" for p in parts)
 
 
+def _single_instance(kafka1, mirror_factory, kafka_dest_factory, topic: str, hws: list[int],  # noqa: F811
+                     seal: dict) -> dict:
+    """The same source input mirrored by one instance and one fetcher, stopped at `hws`
+    (the cuts of the multi-instance run; `seal`: sealing batches per partition)."""
+    mg = mirror_factory(kafka1.bootstrap, [MirrorSpec.of(MIRROR, kafka1)],
+                        state_topic=f"__mirror_state_ref_{topic}")
+    mg.wait_sources_known()
+    ref = kafka_dest_factory("ref")
+    f = ref.mirror("ref", mg.mirrors[MIRROR].bootstrap, [(topic, 0), (topic, 1)])
+    _catch_up({0: f, 1: f}, topic, hws)
+    status, body = mg.post("stop", MIRROR, topic, [0, 1])
+    assert status == 200, body
+    harness.wait_until(lambda: _sealed(mg, topic, [0, 1]), 30, interval=0.1, what="reference sealed")
+    _catch_up({0: f, 1: f}, topic, hws, extra=seal)
+    f.stop()
+    return {p: _log(ref, topic, p) for p in (0, 1)}
+
+
 def test_partitions_follow_leadership_moves_between_instances(kafka1, kafka_dest_factory,  # noqa: F811
                                                              mirror_factory):
     topic = harness.topic_name("multi")
@@ -151,18 +169,7 @@ def test_partitions_follow_leadership_moves_between_instances(kafka1, kafka_dest
     multi = {p: _log(dest, topic, p) for p in (0, 1)}
 
     # The same input through one instance and one fetcher.
-    mg_r = mirror_factory(kafka1.bootstrap, spec(), state_topic=f"__mirror_state_ref_{topic}")
-    mg_r.wait_sources_known()
-    ref = kafka_dest_factory("ref")
-    fr = ref.mirror("ref", mg_r.mirrors[MIRROR].bootstrap, [(topic, 0), (topic, 1)])
-    _catch_up({0: fr, 1: fr}, topic, hws)
-    status, body = mg_r.post("stop", MIRROR, topic, [0, 1])
-    assert status == 200, body
-    harness.wait_until(lambda: _sealed(mg_r, topic, [0, 1]), 30, interval=0.1, what="reference sealed")
-    _catch_up({0: fr, 1: fr}, topic, hws, extra={0: 3, 1: 1})
-    fr.stop()
-    single = {p: _log(ref, topic, p) for p in (0, 1)}
-
+    single = _single_instance(kafka1, mirror_factory, kafka_dest_factory, topic, hws, {0: 3, 1: 1})
     for p in (0, 1):
         assert multi[p][0] == single[p][0], (p, multi[p][0], single[p][0])
         assert multi[p][1] == single[p][1], (p, multi[p][1], single[p][1])
@@ -179,3 +186,67 @@ def test_partitions_follow_leadership_moves_between_instances(kafka1, kafka_dest
         assert views[0]["served_by"] == views[1]["served_by"], views
     tp.abort_transaction(20)
     tp2.abort_transaction(20)
+
+
+def test_seal_follows_the_partition_across_a_move(kafka1, kafka_dest_factory, mirror_factory):  # noqa: F811
+    """A stop requested while a partition moves completes once, on the instance serving the
+    fetcher: partition 0 is stopped (through A) while no fetcher serves it, and B's fetcher
+    takes the cut; partition 1's cut is taken by A, whose fetcher loses leadership with the
+    seal in hand, and B serves the same, persisted seal to the new leader's fetcher."""
+    topic = harness.topic_name("mseal")
+    harness.create_topics(kafka1.bootstrap, [topic], partitions=2)
+    spec = lambda: [MirrorSpec.of(MIRROR, kafka1)]  # noqa: E731
+    mg_a = mirror_factory(kafka1.bootstrap, spec(), snapshot_interval_ms=300)
+    mg_b = mirror_factory(kafka1.bootstrap, spec(), snapshot_interval_ms=300)
+    for mg in (mg_a, mg_b):
+        mg.wait_sources_known()
+    ip = idempotent_producer(kafka1.bootstrap)
+    tps = [transactional_producer(kafka1.bootstrap, f"txn{p}-{topic}", **{"transaction.timeout.ms": 600000})
+           for p in (0, 1)]
+    for p in (0, 1):
+        send(ip, topic, [b"p%d-%d" % (p, i) for i in range(3)], partition=p)
+        tps[p].begin_transaction()
+        tps[p].produce(topic, value=b"open-%d" % p, partition=p)
+        assert tps[p].flush(20) == 0
+    hws = _hw(kafka1.bootstrap, topic)
+    dest = kafka_dest_factory("mseal")
+    via_a, via_b = mg_a.mirrors[MIRROR].bootstrap, mg_b.mirrors[MIRROR].bootstrap
+    fa = {p: dest.mirror(f"a-{p}", via_a, [(topic, p)]) for p in (0, 1)}
+    _catch_up(fa, topic, hws)
+
+    # Partition 0: stopped (through A) while no fetcher serves it; B's fetcher takes the cut.
+    fa[0].stop()
+    status, body = mg_a.post("stop", MIRROR, topic, [0])
+    assert status == 200, body
+    harness.wait_until(lambda: (mg_b.partition(topic, 0) or {}).get("state") == "STOPPING", 15,
+                       interval=0.1, what="B read the stop")
+    fb0 = dest.mirror("b-0", via_b, [(topic, 0)])
+    harness.wait_until(lambda: _sealed(mg_b, topic, [0]), 30, interval=0.1, what="B sealed partition 0")
+    fb0.catch_up(topic, hws[0] + 2, partition=0, timeout=30)
+
+    # Partition 1: stopped through B; A takes the cut, its fetcher loses leadership with the
+    # seal in hand, and the new leader's fetcher goes through B.
+    fa[1].drop_next(1, mode="lose_leadership")
+    status, body = mg_b.post("stop", MIRROR, topic, [1])
+    assert status == 200, body
+    harness.wait_until(lambda: not fa[1].report()["running"], 15, interval=0.1,
+                       what="A's fetcher lost the seal's response")
+    view = mg_a.partition(topic, 1)
+    assert view["state"] == "STOPPING" and view["cut"] == hws[1] and view["seal_batches"] == 2, view
+    fa[1].stop()
+    assert dest.state(topic, 1)["log_end_offset"] == hws[1], "the seal was not appended by A's fetcher"
+    fb1 = dest.mirror("b-1", via_b, [(topic, 1)])
+    harness.wait_until(lambda: _sealed(mg_b, topic, [1]), 30, interval=0.1, what="B completed the seal")
+    fb1.catch_up(topic, hws[1] + 2, partition=1, timeout=30)
+    fb0.stop()
+    fb1.stop()
+    multi = {p: _log(dest, topic, p) for p in (0, 1)}
+    harness.wait_until(lambda: _sealed(mg_a, topic, [0, 1]), 15, interval=0.1, what="A read both seals")
+
+    single = _single_instance(kafka1, mirror_factory, kafka_dest_factory, topic, hws, {0: 2, 1: 2})
+    for p in (0, 1):
+        assert multi[p] == single[p], (p, multi[p], single[p])
+        st = multi[p][1]
+        assert [m["type"] for m in st["markers"]] == ["ABORT", "TYPE_7"], st["markers"]
+    for tp in tps:
+        tp.abort_transaction(20)
