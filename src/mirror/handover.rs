@@ -81,10 +81,7 @@ impl MirrorContext {
 /// Takes the partitions over (one serving record each, after reading
 /// `__mirror_state` to its end), then marks them owned and not warm: the
 /// planner's phase 0 replays what their shadow state has not seen.
-pub(crate) async fn take_over(
-    mirror: Arc<MirrorContext>,
-    jobs: Vec<TakeOver>,
-) -> Result<(), MirrorError> {
+pub async fn take_over(mirror: Arc<MirrorContext>, jobs: Vec<TakeOver>) -> Result<(), MirrorError> {
     for job in jobs {
         let previous = mirror
             .salts
