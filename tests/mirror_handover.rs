@@ -2,7 +2,8 @@
 //! instance does not serve yet is taken over before any of its batches is
 //! mapped; after the take-over the source range its state has not seen is
 //! replayed; an instance that learns another one served the partition since
-//! takes it over again instead of mapping from stale state.
+//! takes it over again instead of mapping from stale state; a fetcher past
+//! the state of a partition it serves makes it read the state again first.
 
 use std::sync::{Arc, Mutex};
 
@@ -10,7 +11,7 @@ use mirrorguard::config::MirrorConfig;
 use mirrorguard::handlers::{build_fetch_response, FetchPartitionResponse, FetchTopic};
 use mirrorguard::lifecycle::Lifecycle;
 use mirrorguard::metrics::Metrics;
-use mirrorguard::mirror::handover::{take_over, ServedBy};
+use mirrorguard::mirror::handover::{recheck, take_over, ServedBy, TakeOver};
 use mirrorguard::mirror::{rewrite_fetch_body, MirrorContext, Pending, PendingSalt, SaltStore};
 use mirrorguard::producer_state::{PartitionKey, ProducerStateRegistry, RegistryConfig};
 use mirrorguard::records::builder::{build_batch, BatchSpec, RecordSpec};
@@ -23,6 +24,7 @@ const SOURCE: &str = "AAAAAAAAAAAAAAAAAAAAAQ";
 #[derive(Default)]
 struct Shared {
     take_overs: Mutex<Vec<(PartitionKey, i64)>>,
+    reads: Mutex<usize>,
 }
 
 impl SaltStore for Shared {
@@ -37,6 +39,10 @@ impl SaltStore for Shared {
     ) -> mirrorguard::BoxFuture<'static, Result<Option<ServedBy>, mirrorguard::PersistError>> {
         self.take_overs.lock().unwrap().push((key, from_offset));
         Box::pin(async { Ok(None) })
+    }
+    fn read_state(&self) -> mirrorguard::BoxFuture<'static, Result<(), mirrorguard::PersistError>> {
+        *self.reads.lock().unwrap() += 1;
+        Box::pin(async { Ok(()) })
     }
     fn topic_id(&self, _topic: &str) -> Option<[u8; 16]> {
         Some([9; 16])
@@ -121,7 +127,7 @@ async fn a_partition_is_taken_over_before_its_first_batch_and_again_once_served_
     assert_eq!(m.registry.partition(&key()).with(|s| s.producer_count()), 0);
     take_over(
         m.clone(),
-        vec![mirrorguard::mirror::handover::TakeOver {
+        vec![TakeOver {
             key: key(),
             from_offset: 0,
         }],
@@ -141,7 +147,7 @@ async fn a_partition_is_taken_over_before_its_first_batch_and_again_once_served_
     assert_eq!(take_over_of(pending(&m, 5)), vec![(key(), 5)]);
     take_over(
         m.clone(),
-        vec![mirrorguard::mirror::handover::TakeOver {
+        vec![TakeOver {
             key: key(),
             from_offset: 5,
         }],
@@ -156,4 +162,35 @@ async fn a_partition_is_taken_over_before_its_first_batch_and_again_once_served_
         other => panic!("expected a replay of [2, 5), got {other:?}"),
     }
     assert_eq!(m.registry.partition(&key()).with(|s| s.next_offset()), 2);
+}
+
+#[tokio::test]
+async fn a_fetcher_past_the_state_of_an_owned_partition_reads_the_state_again_once() {
+    let store = Arc::new(Shared::default());
+    let m = mirror(store.clone());
+    assert_eq!(take_over_of(pending(&m, 0)), vec![(key(), 0)]);
+    take_over(
+        m.clone(),
+        vec![TakeOver {
+            key: key(),
+            from_offset: 0,
+        }],
+    )
+    .await
+    .unwrap();
+    assert!(pending(&m, 0).is_none());
+    // The fetcher is at 5, the state at 1: possibly served elsewhere within
+    // the last tail round. Nothing is mapped before the state is read.
+    let jobs = match pending(&m, 5) {
+        Some(Pending::Recheck(jobs)) => jobs,
+        other => panic!("expected a re-read of the state, got {other:?}"),
+    };
+    assert_eq!(m.registry.partition(&key()).with(|s| s.next_offset()), 1);
+    recheck(m.clone(), jobs).await.unwrap();
+    assert_eq!(*store.reads.lock().unwrap(), 1);
+    // Nobody else served it (a gap in the source): served from here on.
+    assert!(pending(&m, 5).is_none());
+    assert_eq!(m.registry.partition(&key()).with(|s| s.next_offset()), 6);
+    assert!(pending(&m, 6).is_none());
+    assert_eq!(*store.reads.lock().unwrap(), 1, "no gap, no read");
 }

@@ -193,6 +193,7 @@ impl MirrorContext {
                 Pending::Replay(_) => "source range not replayed",
                 Pending::Claims(_) => "producer claims not persisted",
                 Pending::TakeOver(_) => "partition not taken over from another instance",
+                Pending::Recheck(_) => "__mirror_state not read for a partition's gap",
             };
             let done = match pending {
                 Pending::Salts(p) => salts.persist(p).await.map_err(MirrorError::from),
@@ -200,6 +201,7 @@ impl MirrorContext {
                 Pending::Replay(jobs) => run_replays(mirror, servers, jobs, max_frame).await,
                 Pending::Claims(claims) => persist_claims(salts, claims).await,
                 Pending::TakeOver(jobs) => handover::take_over(mirror, jobs).await,
+                Pending::Recheck(jobs) => handover::recheck(mirror, jobs).await,
             };
             done.map_err(|message: MirrorError| RewriteError {
                 api: "Fetch",

@@ -188,6 +188,7 @@ impl MirrorContext {
             topic_prefix: cfg.destination_topic_prefix.clone(),
             warm: Default::default(),
             owned: Default::default(),
+            gap_checked: Default::default(),
             nodes: OnceLock::new(),
             source_bootstrap: cfg
                 .source_bootstrap

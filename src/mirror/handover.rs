@@ -12,7 +12,10 @@
 //! seen (phase 0, as after a restart). An instance that reads another
 //! instance's serving record for a partition it owned drops it from its
 //! owned and warm sets, so a later fetch there takes it over again instead
-//! of serving from stale state.
+//! of serving from stale state. A partition that comes back before the tail
+//! (one round a second) has read the other instance's record is caught by
+//! its gap: a fetcher past the state's next offset makes the instance read
+//! `__mirror_state` again before mapping anything ([`recheck`]).
 
 use super::*;
 
@@ -67,6 +70,15 @@ impl MirrorContext {
             .remove(key)
     }
 
+    /// Whether `__mirror_state` was read again for `key`'s gap at `first`.
+    pub(crate) fn gap_checked(&self, key: &PartitionKey, first: i64) -> bool {
+        self.gap_checked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            == Some(&first)
+    }
+
     /// Who last started serving `key`, as `__mirror_state` says.
     pub fn served_by(&self, key: &PartitionKey) -> Option<ServedBy> {
         self.salts.served_by(key)
@@ -96,6 +108,18 @@ pub async fn take_over(mirror: Arc<MirrorContext>, jobs: Vec<TakeOver>) -> Resul
             .unwrap_or_else(|p| p.into_inner())
             .remove(&job.key);
         mirror.mark_owned(&job.key);
+    }
+    Ok(())
+}
+
+/// Reads `__mirror_state` to its end for partitions whose fetcher is past
+/// their state (another instance's serving record read now drops them, and
+/// the planner then takes them over); each gap is checked once.
+pub async fn recheck(mirror: Arc<MirrorContext>, jobs: Vec<TakeOver>) -> Result<(), MirrorError> {
+    mirror.salts.read_state().await?;
+    let mut checked = mirror.gap_checked.lock().unwrap_or_else(|p| p.into_inner());
+    for job in jobs {
+        checked.insert(job.key, job.from_offset);
     }
     Ok(())
 }

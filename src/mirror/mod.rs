@@ -163,6 +163,12 @@ pub trait SaltStore: Send + Sync {
     ) -> crate::BoxFuture<'static, Result<Option<handover::ServedBy>, PersistError>> {
         Box::pin(async { Ok(None) })
     }
+    /// Reads `__mirror_state` up to its end now (what the tail does every
+    /// second): another instance's serving record read this way makes the
+    /// mirrors drop the partition.
+    fn read_state(&self) -> crate::BoxFuture<'static, Result<(), PersistError>> {
+        Box::pin(async { Ok(()) })
+    }
     /// Who last started serving `key` (its latest serving record).
     fn served_by(&self, _key: &PartitionKey) -> Option<handover::ServedBy> {
         None
@@ -251,6 +257,9 @@ pub struct MirrorContext {
     /// Destination partitions this instance serves (its serving record is
     /// the latest; see [`handover`]).
     owned: std::sync::Mutex<std::collections::HashSet<PartitionKey>>,
+    /// Per owned partition, the last fetch offset past its state's next
+    /// offset (a gap) for which `__mirror_state` was read again.
+    gap_checked: std::sync::Mutex<std::collections::HashMap<PartitionKey, i64>>,
     /// Source bootstrap servers (replays try the known nodes, then these).
     source_bootstrap: Vec<(String, u16)>,
     /// The listener's source nodes (set when the listener is built).

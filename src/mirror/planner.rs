@@ -36,6 +36,10 @@ pub enum Pending {
     /// served since): taken over before anything of them is forwarded
     /// ([`super::handover`]).
     TakeOver(Vec<handover::TakeOver>),
+    /// Partitions this instance serves whose fetcher is past their state
+    /// (a gap): `__mirror_state` is read again first, in case another
+    /// instance served them within the last tail round.
+    Recheck(Vec<handover::TakeOver>),
 }
 
 /// The offset of the first entry of a partition's records, if any.
@@ -165,13 +169,31 @@ pub fn rewrite_fetch_body_holding(
     // the state is read to its end and the serving record persisted.
     if fetcher {
         let mut take_overs = Vec::new();
-        for slice in &slices {
-            if mirror.is_owned(&slice.key) {
+        let mut rechecks = Vec::new();
+        for (slice, handle) in slices.iter().zip(&handles) {
+            let owned = mirror.is_owned(&slice.key);
+            if owned && !mirror.salts.shared() {
                 continue;
             }
             let Some(first) = first_offset(body, slice.records.clone()) else {
                 continue;
             };
+            if owned {
+                // A fetcher ahead of the state it was served from here: the
+                // partition may have been served elsewhere in between (a
+                // move away and back within one tail round), or the source
+                // has a gap (compaction). Reading the state settles it.
+                if mirror.is_warm(&slice.key)
+                    && first > handle.with(|s| s.next_offset())
+                    && !mirror.gap_checked(&slice.key, first)
+                {
+                    rechecks.push(handover::TakeOver {
+                        key: slice.key.clone(),
+                        from_offset: first,
+                    });
+                }
+                continue;
+            }
             if mirror.salts.shared() {
                 take_overs.push(handover::TakeOver {
                     key: slice.key.clone(),
@@ -184,6 +206,9 @@ pub fn rewrite_fetch_body_holding(
         }
         if !take_overs.is_empty() {
             return Ok(Some(Pending::TakeOver(take_overs)));
+        }
+        if !rechecks.is_empty() {
+            return Ok(Some(Pending::Recheck(rechecks)));
         }
     }
     // Then a partition seen for the first time since start-up (or since it

@@ -348,6 +348,15 @@ impl SaltStore for StateSync {
         })
     }
 
+    fn read_state(&self) -> crate::BoxFuture<'static, Result<(), PersistError>> {
+        let me = self.me.upgrade();
+        Box::pin(async move {
+            let me = me.ok_or(SyncError::ShuttingDown)?;
+            me.catch_up(None).await.map_err(SyncError::Read)?;
+            Ok(())
+        })
+    }
+
     fn served_by(&self, key: &PartitionKey) -> Option<crate::mirror::handover::ServedBy> {
         self.serving_of(key)
     }
