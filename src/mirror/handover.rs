@@ -70,6 +70,16 @@ impl MirrorContext {
             .remove(key)
     }
 
+    /// Forgets `key` (its destination topic was deleted): a partition of a
+    /// topic created again under that name is taken over afresh.
+    pub fn forget_partition(&self, key: &PartitionKey) {
+        self.disown(key);
+        self.gap_checked
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(key);
+    }
+
     /// Whether `__mirror_state` was read again for `key`'s gap at `first`.
     pub(crate) fn gap_checked(&self, key: &PartitionKey, first: i64) -> bool {
         self.gap_checked

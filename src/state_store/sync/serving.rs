@@ -138,4 +138,17 @@ impl StateSync {
             .get(key)
             .cloned()
     }
+
+    /// Forgets who serves partitions that left the producer state (their
+    /// destination topic was deleted), here and in the mirrors.
+    pub(super) fn forget_serving(&self, keys: &[PartitionKey]) {
+        let mut serving = self.serving.lock().unwrap_or_else(|p| p.into_inner());
+        let mirrors = self.mirrors.read().unwrap_or_else(|p| p.into_inner());
+        for k in keys {
+            serving.remove(k);
+            for m in mirrors.iter() {
+                m.forget_partition(k);
+            }
+        }
+    }
 }
