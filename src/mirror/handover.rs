@@ -15,7 +15,8 @@
 //! of serving from stale state. A partition that comes back before the tail
 //! (one round a second) has read the other instance's record is caught by
 //! its gap: a fetcher past the state's next offset makes the instance read
-//! `__mirror_state` again before mapping anything ([`recheck`]).
+//! `__mirror_state` again and replay the gap before mapping anything
+//! ([`recheck`]).
 
 use super::*;
 
@@ -124,11 +125,16 @@ pub async fn take_over(mirror: Arc<MirrorContext>, jobs: Vec<TakeOver>) -> Resul
 
 /// Reads `__mirror_state` to its end for partitions whose fetcher is past
 /// their state (another instance's serving record read now drops them, and
-/// the planner then takes them over); each gap is checked once.
+/// the planner then takes them over); each gap is checked once. A partition
+/// still served here has the gap replayed all the same: an instance of an
+/// older release writes no serving record, and a gap in the source (a
+/// compacted topic) costs one source read.
 pub async fn recheck(mirror: Arc<MirrorContext>, jobs: Vec<TakeOver>) -> Result<(), MirrorError> {
     mirror.salts.read_state().await?;
     let mut checked = mirror.gap_checked.lock().unwrap_or_else(|p| p.into_inner());
+    let mut warm = mirror.warm.lock().unwrap_or_else(|p| p.into_inner());
     for job in jobs {
+        warm.remove(&job.key);
         checked.insert(job.key, job.from_offset);
     }
     Ok(())
