@@ -253,7 +253,7 @@ pub(crate) async fn run_replays(
         .ok_or(MirrorError::SourceNotIdentified)?;
     for job in jobs {
         tracing::info!(mirror = %mirror.name, partition = %job.key, from = job.from, upto = job.upto,
-            "first fetch since start-up: replaying the source range the producer state has not seen");
+            "replaying the source range the producer state has not seen (first fetch here since start-up or since a take-over, or a gap)");
         let key = job.key.clone();
         replay::replay(
             mirror.clone(),
