@@ -99,6 +99,9 @@ struct PartitionView {
     served_from_offset: Option<i64>,
     /// Whether that instance is this one.
     served_here: bool,
+    /// The partition's latest producer-state snapshot offset in
+    /// `__mirror_state` (any instance's): progress, one interval behind.
+    snapshot_offset: Option<i64>,
     /// Where this instance's shadow producer state of the partition is
     /// (its next offset): the progress, where served here.
     state_offset: Option<i64>,
@@ -120,6 +123,7 @@ fn view(e: &Entry, producers: usize) -> PartitionView {
         served_by: None,
         served_from_offset: None,
         served_here: false,
+        snapshot_offset: None,
         state_offset: None,
     }
 }
@@ -155,6 +159,7 @@ async fn list_partitions(State(s): State<Arc<ApiState>>) -> Json<serde_json::Val
                         served_by: None,
                         served_from_offset: None,
                         served_here: false,
+                        snapshot_offset: None,
                         state_offset: None,
                     },
                 );

@@ -14,6 +14,7 @@ pub(super) fn fill(s: &ApiState, v: &mut PartitionView) {
         v.served_here = m.instance_id().as_deref() == Some(by.instance_id.as_str());
         v.served_by = Some(by.instance_id);
         v.served_from_offset = Some(by.from_offset);
+        v.snapshot_offset = by.snapshot_offset;
     }
     v.state_offset = s
         .registry

@@ -29,6 +29,10 @@ pub struct ServedBy {
     pub from_offset: i64,
     /// Wall-clock ms when it started serving.
     pub since_ms: i64,
+    /// The offset of the partition's latest producer-state snapshot known
+    /// here (whoever wrote it): its progress as `__mirror_state` shows it,
+    /// at most one snapshot interval behind.
+    pub snapshot_offset: Option<i64>,
 }
 
 /// A partition this instance must take over before serving it: the

@@ -184,6 +184,7 @@ def test_partitions_follow_leadership_moves_between_instances(kafka1, kafka_dest
         assert set(views) == {0, 1}, views
         for v in views.values():
             assert v["served_here"] is here and v["served_by"], (mg.name, v)
+            assert 0 < v["snapshot_offset"] <= hws[v["partition"]], (mg.name, v)
         assert views[0]["served_by"] == views[1]["served_by"], views
     tp.abort_transaction(20)
     tp2.abort_transaction(20)

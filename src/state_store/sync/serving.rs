@@ -59,6 +59,7 @@ impl StateSync {
                     instance_id: value.instance_id.clone(),
                     from_offset: value.from_offset,
                     since_ms: value.timestamp_ms,
+                    snapshot_offset: None,
                 },
             );
         if mine || start_up {
@@ -124,19 +125,37 @@ impl StateSync {
                     instance_id: v.instance_id,
                     from_offset,
                     since_ms: v.timestamp_ms,
+                    snapshot_offset: None,
                 },
             );
         self.count("take_over");
         Ok(previous)
     }
 
-    /// The latest serving record of `key`.
+    /// The latest serving record of `key`, with the offset of the latest
+    /// snapshot of it written here or read from another instance.
     pub(super) fn serving_of(&self, key: &PartitionKey) -> Option<ServedBy> {
-        self.serving
+        let mut by = self
+            .serving
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .get(key)
-            .cloned()
+            .cloned()?;
+        let own = self
+            .snapshotted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(key)
+            .map(|(offset, _)| *offset);
+        let other = self.destination_topic_id(&key.topic).and_then(|id| {
+            self.others_snapshots
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&(id, key.partition))
+                .map(|v| v.snapshot_offset)
+        });
+        by.snapshot_offset = own.max(other);
+        Some(by)
     }
 
     /// Forgets who serves partitions that left the producer state (their
