@@ -109,11 +109,8 @@ impl MirrorContext {
 /// `__mirror_state` to its end), then marks them owned and not warm: the
 /// planner's phase 0 replays what their shadow state has not seen.
 pub async fn take_over(mirror: Arc<MirrorContext>, jobs: Vec<TakeOver>) -> Result<(), MirrorError> {
-    for job in jobs {
-        let previous = mirror
-            .salts
-            .take_over(&mirror.name, job.key.clone(), job.from_offset)
-            .await?;
+    let previous = mirror.salts.take_over(&mirror.name, jobs.clone()).await?;
+    for (job, previous) in jobs.into_iter().zip(previous) {
         tracing::info!(mirror = %mirror.name, partition = %job.key, from_offset = job.from_offset,
             previous = ?previous.map(|p| p.instance_id),
             "serving the partition here: producer state brought up to date before forwarding");

@@ -151,17 +151,17 @@ pub trait SaltStore: Send + Sync {
     fn shared(&self) -> bool {
         false
     }
-    /// Makes this instance the one serving `key` (its serving record, type
-    /// 9, after reading the state to its end and restoring a newer
-    /// snapshot another instance wrote), from the fetcher's `from_offset`.
-    /// Returns who served it before, as the state said.
+    /// Makes this instance the one serving each partition of `jobs` from
+    /// its fetcher's offset (one serving record each, type 9, after one read
+    /// of the state to its end and restoring newer snapshots other instances
+    /// wrote). Returns who served each before, as the state said.
     fn take_over(
         &self,
         _mirror: &str,
-        _key: PartitionKey,
-        _from_offset: i64,
-    ) -> crate::BoxFuture<'static, Result<Option<handover::ServedBy>, PersistError>> {
-        Box::pin(async { Ok(None) })
+        jobs: Vec<handover::TakeOver>,
+    ) -> crate::BoxFuture<'static, Result<Vec<Option<handover::ServedBy>>, PersistError>> {
+        let n = jobs.len();
+        Box::pin(async move { Ok(vec![None; n]) })
     }
     /// Reads `__mirror_state` up to its end now (what the tail does every
     /// second): another instance's serving record read this way makes the

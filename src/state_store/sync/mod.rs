@@ -145,6 +145,10 @@ pub struct StateSync {
     instance_id: std::sync::OnceLock<String>,
     /// The latest serving record (type 9) per partition.
     serving: std::sync::Mutex<std::collections::HashMap<PartitionKey, ServedBy>>,
+    /// Partitions another instance took over since this one started (read
+    /// by the tail) and this one has not taken back: their state here is
+    /// stale, so they are not snapshotted from here.
+    stale: std::sync::Mutex<std::collections::HashSet<PartitionKey>>,
     /// The latest type-5 snapshot another instance wrote per partition,
     /// read by the tail: restored when this instance takes the partition
     /// over and its own state is older.
@@ -259,6 +263,7 @@ impl StateSync {
             open_chunks: Default::default(),
             instance_id: Default::default(),
             serving: Default::default(),
+            stale: Default::default(),
             others_snapshots: Default::default(),
             missing_since: Default::default(),
             dest_refresh_rounds: std::sync::atomic::AtomicU64::new(10),

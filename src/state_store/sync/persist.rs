@@ -336,15 +336,16 @@ impl SaltStore for StateSync {
     fn take_over(
         &self,
         mirror: &str,
-        key: PartitionKey,
-        from_offset: i64,
-    ) -> crate::BoxFuture<'static, Result<Option<crate::mirror::handover::ServedBy>, PersistError>>
-    {
+        jobs: Vec<crate::mirror::handover::TakeOver>,
+    ) -> crate::BoxFuture<
+        'static,
+        Result<Vec<Option<crate::mirror::handover::ServedBy>>, PersistError>,
+    > {
         let me = self.me.upgrade();
         let mirror = mirror.to_string();
         Box::pin(async move {
             let me = me.ok_or(SyncError::ShuttingDown)?;
-            Ok(me.take_over_partition(mirror, key, from_offset).await?)
+            Ok(me.take_over_partitions(mirror, jobs).await?)
         })
     }
 

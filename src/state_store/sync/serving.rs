@@ -6,6 +6,11 @@
 use super::*;
 use crate::state_store::schema::serving::{MirrorPartitionServingKey, MirrorPartitionServingValue};
 
+/// Serving records per Produce request of a take-over: at most ~700 bytes
+/// each (names of Kafka's maximum length), so a group stays one batch well
+/// below the 256 KiB append bound.
+pub const SERVING_PER_APPEND: usize = 200;
+
 impl StateSync {
     /// Names this instance in the serving records it writes.
     pub fn set_instance_id(&self, id: String) {
@@ -16,13 +21,13 @@ impl StateSync {
         self.instance_id.get().map_or("", String::as_str)
     }
 
-    /// Whether the latest serving record of `key` is another instance's.
-    pub(super) fn served_elsewhere(&self, key: &PartitionKey) -> bool {
-        self.serving
+    /// Whether another instance took `key` over since this one started and
+    /// this one has not taken it back (its state here is stale).
+    pub(super) fn stale_here(&self, key: &PartitionKey) -> bool {
+        self.stale
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .get(key)
-            .is_some_and(|s| s.instance_id != self.my_id())
+            .contains(key)
     }
 
     /// Applies a serving record: remembered for `GET /v1/partitions`; one
@@ -63,8 +68,14 @@ impl StateSync {
                 },
             );
         if mine || start_up {
+            // At start-up the state loaded is this instance's fresh view of
+            // the partition, whoever served it last.
             return;
         }
+        self.stale
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(pk.clone());
         let mirrors = self.mirrors.read().unwrap_or_else(|p| p.into_inner());
         for m in mirrors.iter() {
             if m.disown(&pk) {
@@ -76,59 +87,80 @@ impl StateSync {
         }
     }
 
-    /// Takes `key` over from whichever instance served it: reads the state
-    /// to its end (salts, life cycle, serving records, snapshots), restores
-    /// another instance's snapshot newer than this instance's state (and
-    /// not past the fetcher), then persists this instance's serving record.
-    /// Returns the partition's previous serving record.
-    pub(super) async fn take_over_partition(
+    /// Takes partitions over from whichever instances served them: reads
+    /// the state to its end once (salts, life cycle, serving records,
+    /// snapshots), restores another instance's snapshot newer than this
+    /// instance's state of a partition (and not past its fetcher), then
+    /// persists this instance's serving records, [`SERVING_PER_APPEND`] per
+    /// Produce request. Returns each partition's previous serving record.
+    pub(super) async fn take_over_partitions(
         &self,
         mirror: String,
-        key: PartitionKey,
-        from_offset: i64,
-    ) -> Result<Option<ServedBy>, SyncError> {
+        jobs: Vec<crate::mirror::handover::TakeOver>,
+    ) -> Result<Vec<Option<ServedBy>>, SyncError> {
         self.catch_up(None).await.map_err(SyncError::Read)?;
-        let previous = self.serving_of(&key);
-        let topic_id = self.topic_id_for(&key.topic).await?;
-        let snapshot = self
-            .others_snapshots
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(&(topic_id, key.partition))
-            .cloned();
-        if let Some(snapshot) = snapshot {
-            let next = self.registry.partition(&key).with(|s| s.next_offset());
-            if snapshot.snapshot_offset > next && snapshot.snapshot_offset <= from_offset {
-                // The replay then starts at the snapshot, not at our older
-                // state (or at the log start for a partition never served).
-                self.restore_producers(&key, &snapshot);
+        let now = crate::lifecycle::now_ms();
+        let mut previous = Vec::with_capacity(jobs.len());
+        let mut records = Vec::with_capacity(jobs.len());
+        for job in &jobs {
+            previous.push(self.serving_of(&job.key));
+            let topic_id = self.topic_id_for(&job.key.topic).await?;
+            let snapshot = self
+                .others_snapshots
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get(&(topic_id, job.key.partition))
+                .cloned();
+            if let Some(snapshot) = snapshot {
+                let next = self.registry.partition(&job.key).with(|s| s.next_offset());
+                if snapshot.snapshot_offset > next && snapshot.snapshot_offset <= job.from_offset {
+                    // The replay then starts at the snapshot, not at our older
+                    // state (or at the log start for a partition never served).
+                    self.restore_producers(&job.key, &snapshot);
+                }
+            }
+            let k = MirrorPartitionServingKey {
+                topic_id,
+                partition: job.key.partition,
+            };
+            let v = MirrorPartitionServingValue {
+                instance_id: self.my_id().to_string(),
+                mirror: mirror.clone(),
+                topic_name: job.key.topic.to_string(),
+                from_offset: job.from_offset,
+                timestamp_ms: now,
+            };
+            records.push((k.encode(), Some(v.encode()?)));
+        }
+        for group in records.chunks(SERVING_PER_APPEND) {
+            let last = self
+                .store
+                .append_many(group.to_vec())
+                .await
+                .map_err(|e| self.append_failed(e))?;
+            self.count("append");
+            // One batch: no other record lies between these, so the tail
+            // skips any older record of these keys (another instance's,
+            // written before ours) and our own.
+            for (key, _) in group {
+                self.advance(key, last);
             }
         }
-        let k = MirrorPartitionServingKey {
-            topic_id,
-            partition: key.partition,
-        };
-        let v = MirrorPartitionServingValue {
-            instance_id: self.my_id().to_string(),
-            mirror,
-            topic_name: key.topic.to_string(),
-            from_offset,
-            timestamp_ms: crate::lifecycle::now_ms(),
-        };
-        self.append_record(k.encode(), v.encode()?).await?;
-        self.serving
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(
-                key,
+        let mut stale = self.stale.lock().unwrap_or_else(|p| p.into_inner());
+        let mut serving = self.serving.lock().unwrap_or_else(|p| p.into_inner());
+        for job in jobs {
+            stale.remove(&job.key);
+            serving.insert(
+                job.key,
                 ServedBy {
-                    instance_id: v.instance_id,
-                    from_offset,
-                    since_ms: v.timestamp_ms,
+                    instance_id: self.my_id().to_string(),
+                    from_offset: job.from_offset,
+                    since_ms: now,
                     snapshot_offset: None,
                 },
             );
-        self.count("take_over");
+            self.count("take_over");
+        }
         Ok(previous)
     }
 
@@ -161,9 +193,11 @@ impl StateSync {
     /// Forgets who serves partitions that left the producer state (their
     /// destination topic was deleted), here and in the mirrors.
     pub(super) fn forget_serving(&self, keys: &[PartitionKey]) {
+        let mut stale = self.stale.lock().unwrap_or_else(|p| p.into_inner());
         let mut serving = self.serving.lock().unwrap_or_else(|p| p.into_inner());
         let mirrors = self.mirrors.read().unwrap_or_else(|p| p.into_inner());
         for k in keys {
+            stale.remove(k);
             serving.remove(k);
             for m in mirrors.iter() {
                 m.forget_partition(k);

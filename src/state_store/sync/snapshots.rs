@@ -213,8 +213,8 @@ impl StateSync {
                 break;
             }
             visited += 1;
-            if self.served_elsewhere(&key) {
-                // Another instance serves it: its snapshots are newer.
+            if self.stale_here(&key) {
+                // Another instance took it over: its snapshots are newer.
                 continue;
             }
             if let Some(lc) = self.lifecycle.get() {
