@@ -281,6 +281,32 @@ pub struct StateConfig {
     /// TLS towards the state cluster (absent: plaintext).
     #[serde(default)]
     pub tls: Option<ClientTlsConfig>,
+    /// This instance's name in `__mirror_state` (who serves which
+    /// partition, type 9). Unique per instance sharing one state topic;
+    /// default `<hostname>/<admin.listen>`.
+    #[serde(default)]
+    pub instance_id: Option<String>,
+}
+
+impl StateConfig {
+    /// The configured `instance_id`, else `<hostname>/<admin listen address>`
+    /// (unique for instances on one host, stable across restarts).
+    pub fn instance_id(&self, admin_listen: &str) -> String {
+        if let Some(id) = self.instance_id.as_deref().filter(|s| !s.is_empty()) {
+            return id.to_string();
+        }
+        let host = std::env::var("HOSTNAME")
+            .ok()
+            .filter(|h| !h.is_empty())
+            .or_else(|| {
+                std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .ok()
+                    .map(|h| h.trim().to_string())
+            })
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "localhost".to_string());
+        format!("{host}/{admin_listen}")
+    }
 }
 
 fn default_state_production() -> bool {

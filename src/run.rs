@@ -256,6 +256,9 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         if let Some(ms) = config.mirrors.iter().map(|m| m.metadata_refresh_ms).min() {
             s.set_destination_refresh(Duration::from_millis(ms));
         }
+        if let Some(st) = &config.state {
+            s.set_instance_id(st.instance_id(&config.admin.listen));
+        }
         s.load().await?;
         tokio::spawn(s.clone().tail(Duration::from_secs(1)));
         tokio::spawn(s.clone().snapshot_loop(Duration::from_millis(

@@ -24,6 +24,7 @@ use crate::mirror::MirrorContext;
 use crate::producer_state::ProducerStateRegistry;
 
 mod abort_open;
+mod serving;
 
 /// The OpenAPI document, shipped in the repository and served at `/v1/openapi.json`.
 pub const OPENAPI: &str = include_str!("../../docs/openapi.json");
@@ -94,6 +95,18 @@ struct PartitionView {
     reason: Option<String>,
     since_ms: Option<i64>,
     producers: usize,
+    /// The instance that last started serving the partition (type 9).
+    served_by: Option<String>,
+    /// The fetcher's offset when that instance started serving it.
+    served_from_offset: Option<i64>,
+    /// Whether that instance is this one.
+    served_here: bool,
+    /// The partition's latest producer-state snapshot offset in
+    /// `__mirror_state` (any instance's): progress, one interval behind.
+    snapshot_offset: Option<i64>,
+    /// Where this instance's shadow producer state of the partition is
+    /// (its next offset): the progress, where served here.
+    state_offset: Option<i64>,
 }
 
 fn view(e: &Entry, producers: usize) -> PartitionView {
@@ -109,6 +122,11 @@ fn view(e: &Entry, producers: usize) -> PartitionView {
         reason: e.reason.clone(),
         since_ms: Some(e.since_ms),
         producers,
+        served_by: None,
+        served_from_offset: None,
+        served_here: false,
+        snapshot_offset: None,
+        state_offset: None,
     }
 }
 
@@ -140,6 +158,11 @@ async fn list_partitions(State(s): State<Arc<ApiState>>) -> Json<serde_json::Val
                         reason: None,
                         since_ms: None,
                         producers: pc,
+                        served_by: None,
+                        served_from_offset: None,
+                        served_here: false,
+                        snapshot_offset: None,
+                        state_offset: None,
                     },
                 );
             }
@@ -148,6 +171,9 @@ async fn list_partitions(State(s): State<Arc<ApiState>>) -> Json<serde_json::Val
     for e in s.lifecycle.list() {
         let pc = producer_count(&e.topic, e.partition);
         out.insert((e.topic.clone(), e.partition), view(&e, pc));
+    }
+    for v in out.values_mut() {
+        serving::fill(&s, v);
     }
     Json(json!({"partitions": out.into_values().collect::<Vec<_>>()}))
 }

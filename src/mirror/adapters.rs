@@ -196,12 +196,16 @@ impl MirrorContext {
                 Pending::TopicIds => "destination topic ids not read",
                 Pending::Replay(_) => "source range not replayed",
                 Pending::Claims(_) => "producer claims not persisted",
+                Pending::TakeOver(_) => "partition not taken over from another instance",
+                Pending::Recheck(_) => "__mirror_state not read for a partition's gap",
             };
             let done = match pending {
                 Pending::Salts(p) => salts.persist(p).await.map_err(MirrorError::from),
                 Pending::TopicIds => salts.refresh_topic_ids().await.map_err(MirrorError::from),
                 Pending::Replay(jobs) => run_replays(mirror, servers, jobs, max_frame).await,
                 Pending::Claims(claims) => persist_claims(salts, claims).await,
+                Pending::TakeOver(jobs) => handover::take_over(mirror, jobs).await,
+                Pending::Recheck(jobs) => handover::recheck(mirror, jobs).await,
             };
             done.map_err(|message: MirrorError| RewriteError {
                 api: "Fetch",
@@ -253,7 +257,7 @@ pub(crate) async fn run_replays(
         .ok_or(MirrorError::SourceNotIdentified)?;
     for job in jobs {
         tracing::info!(mirror = %mirror.name, partition = %job.key, from = job.from, upto = job.upto,
-            "first fetch since start-up: replaying the source range the producer state has not seen");
+            "replaying the source range the producer state has not seen (first fetch here since start-up or since a take-over, or a gap)");
         let key = job.key.clone();
         replay::replay(
             mirror.clone(),

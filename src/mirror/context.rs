@@ -202,6 +202,8 @@ impl MirrorContext {
             handles: Default::default(),
             topic_prefix: cfg.destination_topic_prefix.clone(),
             warm: Default::default(),
+            owned: Default::default(),
+            gap_checked: Default::default(),
             nodes: OnceLock::new(),
             source_connector: OnceLock::new(),
             source_bootstrap: cfg

@@ -42,6 +42,7 @@
 //! [`crate::state_store::sync`].
 
 pub mod error;
+pub mod handover;
 pub mod offline;
 pub mod replay;
 pub mod seal_path;
@@ -148,6 +149,38 @@ pub trait SaltStore: Send + Sync {
         &self,
         salts: Vec<PendingSalt>,
     ) -> crate::BoxFuture<'static, Result<(), PersistError>>;
+    /// Whether other instances may serve the same partitions (the store is
+    /// a `__mirror_state` they share): partitions are then taken over
+    /// ([`take_over`](Self::take_over)) before this instance serves them.
+    fn shared(&self) -> bool {
+        false
+    }
+    /// Makes this instance the one serving each partition of `jobs` from
+    /// its fetcher's offset (one serving record each, type 9, after one read
+    /// of the state to its end and restoring newer snapshots other instances
+    /// wrote). Returns who served each before, as the state said.
+    fn take_over(
+        &self,
+        _mirror: &str,
+        jobs: Vec<handover::TakeOver>,
+    ) -> crate::BoxFuture<'static, Result<Vec<Option<handover::ServedBy>>, PersistError>> {
+        let n = jobs.len();
+        Box::pin(async move { Ok(vec![None; n]) })
+    }
+    /// Reads `__mirror_state` up to its end now (what the tail does every
+    /// second): another instance's serving record read this way makes the
+    /// mirrors drop the partition.
+    fn read_state(&self) -> crate::BoxFuture<'static, Result<(), PersistError>> {
+        Box::pin(async { Ok(()) })
+    }
+    /// Who last started serving `key` (its latest serving record).
+    fn served_by(&self, _key: &PartitionKey) -> Option<handover::ServedBy> {
+        None
+    }
+    /// This instance's id in `__mirror_state`.
+    fn instance_id(&self) -> Option<String> {
+        None
+    }
     /// Persists a mirror's source topology (record type 8).
     fn persist_topology(
         &self,
@@ -225,6 +258,12 @@ pub struct MirrorContext {
     /// Destination partitions whose producer state is known to be complete
     /// up to what the fetcher asks for (after a replay if needed).
     warm: std::sync::Mutex<std::collections::HashSet<PartitionKey>>,
+    /// Destination partitions this instance serves (its serving record is
+    /// the latest; see [`handover`]).
+    owned: std::sync::Mutex<std::collections::HashSet<PartitionKey>>,
+    /// Per owned partition, the last fetch offset past its state's next
+    /// offset (a gap) for which `__mirror_state` was read again.
+    gap_checked: std::sync::Mutex<std::collections::HashMap<PartitionKey, i64>>,
     /// Source bootstrap servers (replays try the known nodes, then these).
     source_bootstrap: Vec<(String, u16)>,
     /// The listener's source nodes (set when the listener is built).

@@ -33,6 +33,27 @@ pub enum Pending {
     /// Producers seen for the first time in a partition: their claims
     /// (mapped PID → origin) are made durable before their batches leave.
     Claims(Vec<(PartitionHandle, Vec<(i64, Origin)>)>),
+    /// Partitions this instance does not serve yet (or another instance
+    /// served since): taken over before anything of them is forwarded
+    /// ([`super::handover`]).
+    TakeOver(Vec<handover::TakeOver>),
+    /// Partitions this instance serves whose fetcher is past their state
+    /// (a gap): `__mirror_state` is read again first, in case another
+    /// instance served them within the last tail round.
+    Recheck(Vec<handover::TakeOver>),
+}
+
+/// The offset of the first entry of a partition's records, if any.
+fn first_offset(body: &[u8], records: std::ops::Range<usize>) -> Option<i64> {
+    body.get(records).and_then(|r| match walk(r).next() {
+        Some(Ok(Entry::V2(h))) => Some(h.base_offset),
+        // A legacy entry starts with its offset too.
+        Some(Ok(Entry::Legacy { range, .. })) => r
+            .get(range.start..range.start + 8)
+            .and_then(|b| b.try_into().ok())
+            .map(i64::from_be_bytes),
+        _ => None,
+    })
 }
 
 /// One partition of a Fetch response, as the rewriter needs it.
@@ -143,27 +164,67 @@ pub fn rewrite_fetch_body_holding(
 
     let now = now_ms();
 
-    // Phase 0: a partition seen for the first time since start-up must have
-    // its producer state complete up to where the fetcher is before any of
-    // its batches is mapped: replay the source range the state has not seen.
+    // Phase 0: a partition this instance does not serve yet (its first
+    // fetch here, or another instance served it since) is taken over first:
+    // the state is read to its end and the serving record persisted.
+    if fetcher {
+        let mut take_overs = Vec::new();
+        let mut rechecks = Vec::new();
+        for slice in &slices {
+            let handle = &slice.handle;
+            let owned = mirror.is_owned(&slice.key);
+            if owned && !mirror.salts.shared() {
+                continue;
+            }
+            let Some(first) = first_offset(body, slice.records.clone()) else {
+                continue;
+            };
+            if owned {
+                // A fetcher ahead of the state it was served from here: the
+                // partition may have been served elsewhere in between (a
+                // move away and back within one tail round), or the source
+                // has a gap (compaction). Reading the state settles it.
+                if mirror.is_warm(&slice.key)
+                    && first > handle.with(|s| s.next_offset())
+                    && !mirror.gap_checked(&slice.key, first)
+                {
+                    rechecks.push(handover::TakeOver {
+                        key: slice.key.clone(),
+                        from_offset: first,
+                    });
+                }
+                continue;
+            }
+            if mirror.salts.shared() {
+                take_overs.push(handover::TakeOver {
+                    key: slice.key.clone(),
+                    from_offset: first,
+                });
+            } else {
+                // No shared state: no other instance to hand over from.
+                mirror.mark_owned(&slice.key);
+            }
+        }
+        if !take_overs.is_empty() {
+            return Ok(Some(Pending::TakeOver(take_overs)));
+        }
+        if !rechecks.is_empty() {
+            return Ok(Some(Pending::Recheck(rechecks)));
+        }
+    }
+    // Then a partition seen for the first time since start-up (or since it
+    // was taken over) must have its producer state complete up to where the
+    // fetcher is before any of its batches is mapped: replay the source
+    // range the state has not seen.
     let mut replays = Vec::new();
     for slice in &slices {
         let handle = &slice.handle;
         if !fetcher || mirror.is_warm(&slice.key) {
             continue;
         }
-        let first = body
-            .get(slice.records.clone())
-            .and_then(|r| match walk(r).next() {
-                Some(Ok(Entry::V2(h))) => Some(h.base_offset),
-                // A legacy entry starts with its offset too.
-                Some(Ok(Entry::Legacy { range, .. })) => r
-                    .get(range.start..range.start + 8)
-                    .and_then(|b| b.try_into().ok())
-                    .map(i64::from_be_bytes),
-                _ => None,
-            });
-        let Some(first) = first else { continue };
+        let Some(first) = first_offset(body, slice.records.clone()) else {
+            continue;
+        };
         let next = handle.with(|s| s.next_offset());
         match mirror.source_topic(&slice.key.topic) {
             Some(source_topic) if next < first => replays.push(replay::ReplayJob {

@@ -307,7 +307,10 @@ class MirrorFetcher:
     def drop_next(self, count: int = 1, mode: str = "drop") -> dict:
         """Loses the next `count` responses: 'drop' reads and discards them, 'timeout' waits
         out the request timeout without reading; either way the connection is closed and
-        FetchSessionHandler.handleError runs, so the next request is a full re-fetch."""
+        FetchSessionHandler.handleError runs, so the next request is a full re-fetch.
+        'lose_leadership' loses the next response that carries records and stops the
+        fetcher (a broker that lost the partition's leadership with the response in hand;
+        start another fetcher to take over from the log end)."""
         return self.dest.call("drop_next", name=self.name, count=count, mode=mode)["fetcher"]
 
     def stop(self) -> dict:

@@ -240,6 +240,32 @@ pub(super) fn decide_all(
             answers.push(serve_reader(&entry, c.fetch_offset));
             continue;
         }
+        // Taking the cut here when another instance served the partition
+        // (or nobody here did yet): take it over first, as the fetch path
+        // does, so its producer state is brought up to date below.
+        if entry.state == State::Stopping
+            && entry.cut.is_none()
+            && !mirror.is_owned(&c.key)
+            && mirror.salts.shared()
+        {
+            let job = crate::mirror::handover::TakeOver {
+                key: c.key.clone(),
+                from_offset: c.fetch_offset,
+            };
+            let mirror = mirror.clone();
+            return Err(Rewritten::Blocked {
+                frame: None,
+                wait: Box::pin(async move {
+                    crate::mirror::handover::take_over(mirror, vec![job])
+                        .await
+                        .map_err(|e| RewriteError {
+                            api: "Fetch",
+                            version,
+                            message: format!("partition not taken over for its seal: {e}"),
+                        })
+                }),
+            });
+        }
         // Taking the cut needs the open transactions: after a restart the
         // producer state may lag the fetcher; replay the source first.
         if entry.state == State::Stopping && entry.cut.is_none() && !mirror.is_warm(&c.key) {

@@ -128,6 +128,7 @@
 
 mod closings;
 mod records;
+pub mod serving;
 
 pub use closings::*;
 pub use records::*;

@@ -4,6 +4,7 @@
 //! collision salts, partition states, claims and source topologies.
 
 use super::*;
+use crate::state_store::schema::serving::PARTITION_SERVING_TYPE;
 
 impl StateSync {
     /// Reads the whole topic and applies it; returns the records applied.
@@ -96,6 +97,10 @@ impl StateSync {
     pub(super) fn apply_record(&self, r: &StoredRecord, start_up: bool) -> bool {
         if r.key.get(..2) == Some(&crate::mirror::offline::SOURCE_TOPOLOGY_TYPE.to_be_bytes()) {
             self.apply_topology(r);
+            return false;
+        }
+        if r.key.get(..2) == Some(&PARTITION_SERVING_TYPE.to_be_bytes()) {
+            self.apply_serving(r, start_up);
             return false;
         }
         let Ok(rec) = decode(&r.key, r.value.as_deref()) else {

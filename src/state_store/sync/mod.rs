@@ -23,6 +23,7 @@ use std::time::Duration;
 use crate::lifecycle::seal::OpenTxn;
 use crate::lifecycle::{Entry, Lifecycle, State as LifecycleState, TransitionStore};
 use crate::metrics::{KindLabels, Metrics};
+use crate::mirror::handover::ServedBy;
 use crate::mirror::{map_with_salt, MirrorContext, PendingSalt, SaltStore};
 use crate::pid::{self, Layout};
 use crate::producer_state::{self as ps, Origin, PartitionKey, ProducerStateRegistry, SaltRecord};
@@ -39,6 +40,7 @@ mod chunks;
 mod error;
 mod load;
 mod persist;
+mod serving;
 mod snapshots;
 mod topics;
 
@@ -140,6 +142,19 @@ pub struct StateSync {
     /// latest snapshot in `snapshots`, as a type-5 record would be (a seal
     /// with too many open transactions for one record is written in chunks).
     open_chunks: std::sync::Mutex<std::collections::HashMap<SnapshotKey, OpenChunks>>,
+    /// This instance's id in serving records (type 9).
+    instance_id: std::sync::OnceLock<String>,
+    /// The latest serving record (type 9) per partition.
+    serving: std::sync::Mutex<std::collections::HashMap<PartitionKey, ServedBy>>,
+    /// Partitions another instance took over since this one started (read
+    /// by the tail) and this one has not taken back: their state here is
+    /// stale, so they are not snapshotted from here.
+    stale: std::sync::Mutex<std::collections::HashSet<PartitionKey>>,
+    /// The latest type-5 snapshot another instance wrote per partition,
+    /// read by the tail: restored when this instance takes the partition
+    /// over and its own state is older.
+    others_snapshots:
+        std::sync::Mutex<std::collections::HashMap<SnapshotKey, MirrorProducerSnapshotValue>>,
 }
 
 /// The open transactions of one chunk generation being read back.
@@ -249,6 +264,10 @@ impl StateSync {
             loaded_chunks: Default::default(),
             type5_restored_at: Default::default(),
             open_chunks: Default::default(),
+            instance_id: Default::default(),
+            serving: Default::default(),
+            stale: Default::default(),
+            others_snapshots: Default::default(),
             missing_since: Default::default(),
             dest_refresh_rounds: std::sync::atomic::AtomicU64::new(10),
         })

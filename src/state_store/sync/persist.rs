@@ -329,6 +329,43 @@ impl SaltStore for StateSync {
         self.destination_topic_id(topic)
     }
 
+    fn shared(&self) -> bool {
+        true
+    }
+
+    fn take_over(
+        &self,
+        mirror: &str,
+        jobs: Vec<crate::mirror::handover::TakeOver>,
+    ) -> crate::BoxFuture<
+        'static,
+        Result<Vec<Option<crate::mirror::handover::ServedBy>>, PersistError>,
+    > {
+        let me = self.me.upgrade();
+        let mirror = mirror.to_string();
+        Box::pin(async move {
+            let me = me.ok_or(SyncError::ShuttingDown)?;
+            Ok(me.take_over_partitions(mirror, jobs).await?)
+        })
+    }
+
+    fn read_state(&self) -> crate::BoxFuture<'static, Result<(), PersistError>> {
+        let me = self.me.upgrade();
+        Box::pin(async move {
+            let me = me.ok_or(SyncError::ShuttingDown)?;
+            me.catch_up(None).await.map_err(SyncError::Read)?;
+            Ok(())
+        })
+    }
+
+    fn served_by(&self, key: &PartitionKey) -> Option<crate::mirror::handover::ServedBy> {
+        self.serving_of(key)
+    }
+
+    fn instance_id(&self) -> Option<String> {
+        self.instance_id.get().cloned()
+    }
+
     fn persist_topology(
         &self,
         mirror: &str,

@@ -104,6 +104,12 @@ impl StateSync {
             .unwrap_or_else(|p| p.into_inner())
             .insert((key.topic_id, key.partition), open);
         if !start_up {
+            // Another instance's view (ours are skipped by the tail): kept
+            // for a take-over of the partition by this instance.
+            self.others_snapshots
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert((key.topic_id, key.partition), value);
             return;
         }
         if self.loading.load(std::sync::atomic::Ordering::SeqCst) {
@@ -207,6 +213,10 @@ impl StateSync {
                 break;
             }
             visited += 1;
+            if self.stale_here(&key) {
+                // Another instance took it over: its snapshots are newer.
+                continue;
+            }
             if let Some(lc) = self.lifecycle.get() {
                 // A sealing or sealed partition keeps the seal's snapshot.
                 if lc

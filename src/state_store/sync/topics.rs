@@ -44,6 +44,10 @@ impl StateSync {
                 missing.remove(name);
                 if let Some(id) = t.by_name.remove(name) {
                     t.by_id.remove(&id);
+                    self.others_snapshots
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .retain(|(topic_id, _), _| *topic_id != id);
                 }
             }
             for (name, id, _partitions) in view.topics {
@@ -93,6 +97,8 @@ impl StateSync {
             snapshotted.remove(k);
             chunked.remove(k);
         }
+        drop((snapshotted, chunked));
+        self.forget_serving(keys);
     }
 
     /// Applies the kept records of topic ids that are known now.

@@ -208,8 +208,8 @@ final class Fetcher {
     }
 
     synchronized void dropNext(int count, String mode) {
-        if (!mode.equals("drop") && !mode.equals("timeout")) {
-            throw new IllegalArgumentException("mode must be drop or timeout");
+        if (!mode.equals("drop") && !mode.equals("timeout") && !mode.equals("lose_leadership")) {
+            throw new IllegalArgumentException("mode must be drop, timeout or lose_leadership");
         }
         dropCount += count;
         dropMode = mode;
@@ -303,6 +303,18 @@ final class Fetcher {
             }
         }
         nodes = null;
+    }
+
+    /** Whether any partition of `resp` carries record bytes. */
+    static boolean carriesRecords(FetchResponse resp) {
+        for (var t : resp.data().responses()) {
+            for (var p : t.partitions()) {
+                if (p.records() != null && p.records().sizeInBytes() > 0) {
+                    return true;
+                }
+            }
+        }
+        return false;
     }
 
     static void sleepQuietly(long ms) {
@@ -442,6 +454,24 @@ final class Fetcher {
                 throw new IOException("response dropped on purpose");
             }
             resp = (FetchResponse) AbstractResponse.parseResponse(raw, header);
+            // 'lose_leadership': the next response that carries records is never appended and
+            // the fetcher stops, as a broker that lost the partition's leadership with the
+            // response in hand (another broker's fetcher takes over from the log end).
+            boolean lose = false;
+            synchronized (this) {
+                if (dropCount > 0 && dropMode.equals("lose_leadership") && carriesRecords(resp)) {
+                    dropCount--;
+                    dropped++;
+                    running = false;
+                    lose = true;
+                    lastError = "leadership lost with a response in hand (on purpose)";
+                }
+            }
+            if (lose) {
+                ns.handler.handleError(new IOException("leadership lost"));
+                ns.close();
+                return true;
+            }
         } catch (IOException e) {
             synchronized (this) {
                 if (e instanceof SocketTimeoutException) {
