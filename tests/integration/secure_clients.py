@@ -106,13 +106,14 @@ def sasl_authenticate(conn: rawkafka.Connection, user: str, password: str,
 class SaslStandIn(StandInFetcher):
     """The stand-in destination fetcher, authenticating every connection it opens."""
 
-    def __init__(self, *a, user: str = "fetcher", password: str = FETCHER_PW, **kw):
+    def __init__(self, *a, user: str = "fetcher", password: str = FETCHER_PW,
+                 mechanism: str = "SCRAM-SHA-256", **kw):
         super().__init__(*a, **kw)
-        self.user, self.password = user, password
+        self.user, self.password, self.mechanism = user, password, mechanism
 
     def _conn(self, host: str, port: int, timeout: float) -> rawkafka.Connection:
         c = rawkafka.Connection(host, port, timeout=timeout)
-        sasl_authenticate(c, self.user, self.password)
+        sasl_authenticate(c, self.user, self.password, self.mechanism)
         return c
 
     def connect(self, bootstrap: str, rebase: bool = False, source_offset: int = 0) -> "SaslStandIn":

@@ -203,7 +203,8 @@ def test_seal_over_sasl_ssl_with_source_killed(ksaslssl, pki, kafka_factory, mir
         f"tls = {pki.server_tls(client_ca=False)}",
         f"source_tls = {server_ca_only(pki)}",
         f"source_sasl = {upstream_sasl('mg', 'SCRAM-SHA-512', password_file=src_pw)}",
-        f'listener_sasl = {{ credentials_file = "{creds}" }}',
+        # PLAIN is checked against the SCRAM credential; the README allows it over TLS only.
+        f'listener_sasl = {{ credentials_file = "{creds}", mechanisms = ["SCRAM-SHA-512", "PLAIN"] }}',
     ]))
     mg = mirror_factory(ksaslssl.sasl_ssl_bootstrap, [spec], extra_config="\n".join([
         "[state.tls]", f'ca = "{pki.ca}"',
@@ -223,12 +224,18 @@ def test_seal_over_sasl_ssl_with_source_killed(ksaslssl, pki, kafka_factory, mir
         got = harness.consume_assign(spec.bootstrap, topic, count=4,
                                      **sasl_ssl_conf(pki, "SCRAM-SHA-512", user="fetcher", password=FETCHER_PW))
         assert [m.value() for m in got] == [b"i-%d" % i for i in range(4)]
-        e = auth_error(spec.bootstrap, sasl_ssl_conf(pki, "SCRAM-SHA-256", user="fetcher", password="wrong"))
+        got = harness.consume_assign(spec.bootstrap, topic, count=4,
+                                     **sasl_ssl_conf(pki, "PLAIN", user="fetcher", password=FETCHER_PW))
+        assert [m.value() for m in got] == [b"i-%d" % i for i in range(4)]
+        e = auth_error(spec.bootstrap, sasl_ssl_conf(pki, "PLAIN", user="fetcher", password="wrong"))
         assert e.code() == KafkaError._AUTHENTICATION and "invalid credentials" in e.str(), e.str()
+        # SCRAM-SHA-256 is not in this listener's list: refused with the enabled ones.
+        e = auth_error(spec.bootstrap, sasl_ssl_conf(pki, "SCRAM-SHA-256", user="fetcher", password=FETCHER_PW))
+        assert e.code() == KafkaError._AUTHENTICATION and "SCRAM-SHA-256" in e.str(), e.str()
 
         # The stand-in fetcher: TLS, then SCRAM on every connection it opens.
         with tls_rawkafka(pki.context()):
-            f = SaslStandIn(topic, version=13).connect(spec.bootstrap)
+            f = SaslStandIn(topic, version=13, mechanism="SCRAM-SHA-512").connect(spec.bootstrap)
         f.catch_up(hw)
         data = [b for b in f.log if b.kind == "data"]
         assert len({b.producer_id for b in data}) == 2, data
