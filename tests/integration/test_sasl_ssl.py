@@ -14,7 +14,7 @@ SASL_SSL (TLS with the test CA, then SCRAM).
   listener's ``listener_sasl`` credential file; records from an idempotent and a
   transactional producer (one transaction left open) are mirrored, the source is killed
   (SIGKILL) and the partition is sealed through the admin API: ABORT for the open
-  transaction, then the barrier.
+  transaction, then the barrier; abort-open then reaches the destination over SASL_SSL.
 - Kafka's Java client (tests/clients/java, a transactional producer and a read_committed
   consumer) with SCRAM over TLS through the plain listener. The installed build is used when
   it takes ``--config``; an older one is rebuilt from source in the test's temporary
@@ -257,6 +257,11 @@ def test_seal_over_sasl_ssl_with_source_killed(ksaslssl, pki, kafka_factory, mir
         assert [b.kind for b in tail] == ["abort", "barrier"]
         assert tail[0].producer_id == open_pid and tail[0].base_offset == hw
         f.close()
+        # The destination calls (Metadata, DescribeProducers) go over SASL_SSL too: the
+        # destination is the state cluster, so [state].tls and [state.sasl] apply.
+        status, body = mg.post("abort-open", "a-to-b", topic, [0])
+        assert status == 200, body
+        assert [r["aborted"] for r in body["partitions"]] == [[]], body
         # The seal's records reached the state cluster over SASL_SSL.
         assert mg.metrics().sum("mirrorguard_state_store_ops_total", kind="append") >= 1
         log = mg.log_text()
