@@ -26,7 +26,9 @@ tests only). The PLAINTEXT listener stays (readiness checks, inter-broker traffi
 keystore and truststore (``ssl.keystore.type=PEM``) made by ``CertAuthority`` with ``openssl`` at
 test time (no private key is committed); ``ssl_client_auth="required"`` (the default with
 ``ssl``) makes it a mutual-TLS listener. PLAINTEXT stays for the inter-broker traffic and the
-readiness checks.
+readiness checks. With both ``sasl=`` and ``ssl=`` a node also gets a ``SASL_SSL`` listener
+(``node.sasl_ssl_port``, ``cluster.sasl_ssl_bootstrap``): the same certificates and the same
+SASL mechanisms and users, TLS without a client certificate required (SASL authenticates).
 
 Use it from pytest (``conftest.py``: session-scoped ``kafka_cluster`` fixtures),
 from the demo and from the benchmark (``python3 tests/integration/kafka_broker.py
@@ -128,8 +130,10 @@ class KafkaNode:
     """One KRaft node in combined mode (broker + controller)."""
 
     def __init__(self, cluster: "KafkaCluster", node_id: int, port: int, controller_port: int,
-                 sasl_port: int | None = None, ssl_port: int | None = None):
+                 sasl_port: int | None = None, ssl_port: int | None = None,
+                 sasl_ssl_port: int | None = None):
         self.cluster = cluster
+        self.sasl_ssl_port = sasl_ssl_port
         self.sasl_port = sasl_port
         self.node_id = node_id
         self.port = port
@@ -154,6 +158,10 @@ class KafkaNode:
     @property
     def ssl_bootstrap(self) -> str:
         return f"{HOST}:{self.ssl_port}"
+
+    @property
+    def sasl_ssl_bootstrap(self) -> str:
+        return f"{HOST}:{self.sasl_ssl_port}"
 
     def write_config(self) -> None:
         c = self.cluster
@@ -202,16 +210,23 @@ class KafkaNode:
             props["advertised.listeners"] += f",SASL_PLAINTEXT://{HOST}:{self.sasl_port}"
             props["listener.security.protocol.map"] += ",SASL_PLAINTEXT:SASL_PLAINTEXT"
             props["sasl.enabled.mechanisms"] = "SCRAM-SHA-256,SCRAM-SHA-512,PLAIN,OAUTHBEARER"
-            lst = "listener.name.sasl_plaintext"
-            scram = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
-            props[f"{lst}.scram-sha-256.sasl.jaas.config"] = scram
-            props[f"{lst}.scram-sha-512.sasl.jaas.config"] = scram
-            plain_users = " ".join(f'user_{u}="{p}"' for u, p in c.sasl.items())
-            props[f"{lst}.plain.sasl.jaas.config"] = (
-                f"org.apache.kafka.common.security.plain.PlainLoginModule required {plain_users};")
-            props[f"{lst}.oauthbearer.sasl.jaas.config"] = (
-                "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required "
-                'unsecuredLoginStringClaim_sub="admin";')
+            sasl_listeners = ["sasl_plaintext"]
+            if c.ssl is not None:
+                props["listeners"] += f",SASL_SSL://{HOST}:{self.sasl_ssl_port}"
+                props["advertised.listeners"] += f",SASL_SSL://{HOST}:{self.sasl_ssl_port}"
+                props["listener.security.protocol.map"] += ",SASL_SSL:SASL_SSL"
+                sasl_listeners.append("sasl_ssl")
+            for name in sasl_listeners:
+                lst = f"listener.name.{name}"
+                scram = "org.apache.kafka.common.security.scram.ScramLoginModule required;"
+                props[f"{lst}.scram-sha-256.sasl.jaas.config"] = scram
+                props[f"{lst}.scram-sha-512.sasl.jaas.config"] = scram
+                plain_users = " ".join(f'user_{u}="{p}"' for u, p in c.sasl.items())
+                props[f"{lst}.plain.sasl.jaas.config"] = (
+                    f"org.apache.kafka.common.security.plain.PlainLoginModule required {plain_users};")
+                props[f"{lst}.oauthbearer.sasl.jaas.config"] = (
+                    "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required "
+                    'unsecuredLoginStringClaim_sub="admin";')
         if c.ssl is not None:
             props["listeners"] += f",SSL://{HOST}:{self.ssl_port}"
             props["advertised.listeners"] += f",SSL://{HOST}:{self.ssl_port}"
@@ -224,6 +239,10 @@ class KafkaNode:
                 "ssl.client.auth": c.ssl_client_auth,
             }
             props.update({f"listener.name.ssl.{k}": v for k, v in ssl_props.items()})
+            if c.sasl is not None:
+                # SASL_SSL: the same keystore; SASL, not a client certificate, authenticates.
+                ssl_props["ssl.client.auth"] = "none"
+                props.update({f"listener.name.sasl_ssl.{k}": v for k, v in ssl_props.items()})
         props.update(c.overrides)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.config_path.write_text(
@@ -339,9 +358,13 @@ class KafkaCluster:
         sasl_ports: list[int | None] = [None] * nodes
         if self.sasl is not None:
             sasl_ports = [p for p in _free_ports(nodes + len(ports)) if p not in ports][:nodes]
+        sasl_ssl_ports: list[int | None] = [None] * nodes
+        if self.sasl is not None and ssl is not None:
+            taken = set(ports) | set(sasl_ports)
+            sasl_ssl_ports = [p for p in _free_ports(nodes + len(taken)) if p not in taken][:nodes]
         for i in range(nodes):
             self.nodes.append(KafkaNode(self, first_node_id + i, ports[2 * i], ports[2 * i + 1],
-                                        sasl_ports[i], ssl_ports[i]))
+                                        sasl_ports[i], ssl_ports[i], sasl_ssl_ports[i]))
 
     # -- the interface shared with harness.TansuBroker ----------------------------
     @property
@@ -357,6 +380,11 @@ class KafkaCluster:
     def ssl_bootstrap(self) -> str:
         """The nodes' SSL listeners (with ``ssl=``)."""
         return ",".join(n.ssl_bootstrap for n in self.nodes)
+
+    @property
+    def sasl_ssl_bootstrap(self) -> str:
+        """The nodes' SASL_SSL listeners (with both ``sasl=`` and ``ssl=``)."""
+        return ",".join(n.sasl_ssl_bootstrap for n in self.nodes)
 
     @property
     def port(self) -> int:

@@ -17,9 +17,6 @@ Every cluster also keeps its PLAINTEXT listener: the tests read high watermarks 
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
 import json
 import os
 import subprocess
@@ -39,9 +36,17 @@ from mirror_harness import (  # noqa: F401 - mirror_factory is a fixture
     mirror_factory,
     read_state_records,
 )
+from secure_clients import (
+    FETCHER_PW,
+    USERS,
+    SaslStandIn,
+    auth_error,
+    credential_file,
+    roundtrip,
+    sasl_conf,
+    upstream_sasl,
+)
 
-USERS = {"alice": "alice-secret", "mg": "mg-secret"}
-FETCHER_PW = "fetcher-secret"
 JAVA_SRC = harness.ROOT / "tests" / "integration" / "java" / "SaslClient.java"
 KAFKA_LIBS = harness.ROOT / ".tools" / "kafka" / "libs"
 SASL_AUTHENTICATION_FAILED = 58
@@ -58,19 +63,6 @@ def sasl_kafka(tmp_path_factory):
     c.stop()
 
 
-def sasl_conf(mechanism: str, user: str = "alice", password: str | None = None) -> dict:
-    if mechanism == "OAUTHBEARER":
-        return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": mechanism,
-                "enable.sasl.oauthbearer.unsecure.jwt": True, "sasl.oauthbearer.config": f"principal={user}"}
-    return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": mechanism, "sasl.username": user,
-            "sasl.password": USERS.get(user, "") if password is None else password}
-
-
-def upstream_sasl(user: str, mechanism: str, password_file=None, password_env=None) -> str:
-    secret = f'password_file = "{password_file}"' if password_file else f'password_env = "{password_env}"'
-    return f'{{ mechanism = "{mechanism}", username = "{user}", {secret} }}'
-
-
 def start_proxy(tmp_path, cluster: KafkaCluster, name: str = "mgsasl") -> Proxy:
     """A plain listener in front of the SASL listener; its own Metadata refresh
     authenticates as `mg` (password from a file)."""
@@ -80,88 +72,6 @@ def start_proxy(tmp_path, cluster: KafkaCluster, name: str = "mgsasl") -> Proxy:
     with open(p.config_path, "a") as f:
         f.write(f"upstream_sasl = {upstream_sasl('mg', 'SCRAM-SHA-512', password_file=pw)}\n")
     return p.start()
-
-
-def roundtrip(bootstrap: str, topic: str, conf: dict, n: int = 3) -> list[bytes]:
-    """Idempotent produce of n records, then read them back (assign, no group)."""
-    harness.produce(bootstrap, topic, [(None, b"%s-%d" % (topic.encode(), i)) for i in range(n)],
-                    **{"enable.idempotence": True, **conf})
-    return [m.value() for m in harness.consume_assign(bootstrap, topic, count=n, **conf)]
-
-
-def auth_error(bootstrap: str, conf: dict, timeout: float = 15.0) -> KafkaError:
-    """The first error a librdkafka client reports while connecting."""
-    errors: list[KafkaError] = []
-    p = Producer({"bootstrap.servers": bootstrap, "error_cb": errors.append, **conf})
-    deadline = time.monotonic() + timeout
-    while not errors and time.monotonic() < deadline:
-        p.poll(0.2)
-    assert errors, "no error reported"
-    return errors[0]
-
-
-# ---------------------------------------------------------------- a Python SCRAM client
-
-class AuthFailed(Exception):
-    pass
-
-
-def sasl_authenticate(conn: rawkafka.Connection, user: str, password: str,
-                      mechanism: str = "SCRAM-SHA-256") -> None:
-    """SaslHandshake v1 + SaslAuthenticate v1 rounds, written apart from mirrorguard's
-    Rust implementation (hashlib/hmac) so that each checks the other."""
-    r = rawkafka.Reader(conn.request(17, 1, rawkafka.string(mechanism)))
-    code = r.i16()
-    if code:
-        raise AuthFailed(f"SaslHandshake error {code}")
-
-    def step(token: bytes) -> bytes:
-        r = rawkafka.Reader(conn.request(36, 1, rawkafka.i32(len(token)) + token))
-        code, message, data = r.i16(), r.string(), r.nbytes()
-        r.i64()
-        if code:
-            raise AuthFailed(f"{code}: {message}")
-        return data or b""
-
-    h = hashlib.sha256 if mechanism.endswith("256") else hashlib.sha512
-    bare = f"n={user},r={base64.b64encode(os.urandom(18)).decode()}"
-    server_first = step(f"n,,{bare}".encode()).decode()
-    attrs = dict(kv.split("=", 1) for kv in server_first.split(","))
-    salted = hashlib.pbkdf2_hmac(h().name, password.encode(), base64.b64decode(attrs["s"]), int(attrs["i"]))
-    client_key = hmac.new(salted, b"Client Key", h).digest()
-    without_proof = f"c=biws,r={attrs['r']}"
-    message = f"{bare},{server_first},{without_proof}".encode()
-    signature = hmac.new(h(client_key).digest(), message, h).digest()
-    proof = base64.b64encode(bytes(a ^ b for a, b in zip(client_key, signature))).decode()
-    server_final = step(f"{without_proof},p={proof}".encode()).decode()
-    server_key = hmac.new(salted, b"Server Key", h).digest()
-    assert server_final == "v=" + base64.b64encode(hmac.new(server_key, message, h).digest()).decode()
-
-
-class SaslStandIn(StandInFetcher):
-    """The stand-in destination fetcher, authenticating every connection it opens."""
-
-    def __init__(self, *a, user: str = "fetcher", password: str = FETCHER_PW, **kw):
-        super().__init__(*a, **kw)
-        self.user, self.password = user, password
-
-    def _conn(self, host: str, port: int, timeout: float) -> rawkafka.Connection:
-        c = rawkafka.Connection(host, port, timeout=timeout)
-        sasl_authenticate(c, self.user, self.password)
-        return c
-
-    def connect(self, bootstrap: str, rebase: bool = False, source_offset: int = 0) -> "SaslStandIn":
-        self.close()
-        host, port = bootstrap.rsplit(":", 1)
-        with self._conn(host, int(port), 5) as c:
-            md = rawkafka.metadata_v1(c, [self.topic])
-            lhost, lport = md.brokers[md.topics[self.topic][self.partition]]
-            if self.version >= 13:
-                ids, _ = rawkafka.topic_ids_v12(c, [self.topic])
-                self.topic_id = ids[self.topic]
-        self.conn = self._conn(lhost, lport, 10)
-        self.source_offset = None
-        return self
 
 
 # ---------------------------------------------------------------- passthrough
@@ -269,17 +179,6 @@ def test_reauthentication_through_the_proxy(kafka_factory, tmp_path):
 
 
 # ---------------------------------------------------------------- mirror termination
-
-def credential_file(path) -> None:
-    lines = []
-    for mech in ("SCRAM-SHA-256", "SCRAM-SHA-512"):
-        r = subprocess.run([harness.MIRRORGUARD_BIN, "sasl-credential", "--user", "fetcher",
-                            "--mechanism", mech], input=FETCHER_PW + "\n", capture_output=True,
-                           text=True, timeout=30, check=True)
-        assert FETCHER_PW not in r.stdout
-        lines.append(r.stdout.strip())
-    path.write_text("# mirror listener clients\n" + "\n".join(lines) + "\n")
-
 
 def test_mirror_terminates_sasl_and_seals_with_the_source_killed(sasl_kafka, kafka_factory, mirror_factory,
                                                                   java_classes, tmp_path, monkeypatch):

@@ -23,7 +23,6 @@ certificate; everything mirrorguard does upstream goes to the SSL one.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
@@ -43,7 +42,7 @@ import kafka_dest
 import mirror_harness
 import rawkafka
 from harness import HOST, create_topics, topic_name, wait_until
-from kafka_broker import JAVA, CertAuthority, KafkaCluster, kafka_available
+from kafka_broker import JAVA, KafkaCluster, kafka_available
 from kafka_dest import kafka_dest_factory  # noqa: F401 - fixture
 from mirror_harness import (  # noqa: F401 - mirror_factory is a fixture
     MirrorSpec,
@@ -51,44 +50,12 @@ from mirror_harness import (  # noqa: F401 - mirror_factory is a fixture
     high_watermark,
     mirror_factory,
 )
+from secure_clients import OPEN_TXN, Pki, rawkafka_tls, tls_rawkafka
 
 pytestmark = pytest.mark.skipif(not kafka_available() or not shutil.which("openssl"),
                                 reason="needs Apache Kafka 4.4 (.tools/kafka) and openssl")
 
 POLICY_VIOLATION = 44
-
-
-class Pki:
-    """The test's certificates (paths)."""
-
-    def __init__(self, root):
-        self.ca_dir = CertAuthority(root / "ca")
-        self.ca = self.ca_dir.ca
-        self.server = self.ca_dir.issue("mirrorguard")           # mirrorguard's listeners
-        self.upstream = self.ca_dir.issue("mirrorguard-client")  # mirrorguard towards Kafka
-        self.app = self.ca_dir.issue("app")                      # a Kafka client
-        self.foreign = CertAuthority(root / "foreign", name="foreign-ca").issue("intruder")
-
-    def server_tls(self, client_ca: bool = True, timeout_ms: int = 10000) -> str:
-        cert, key = self.server
-        ca = f'client_ca = "{self.ca}", ' if client_ca else ""
-        return f'{{ cert = "{cert}", key = "{key}", {ca}handshake_timeout_ms = {timeout_ms} }}'
-
-    def client_tls(self) -> str:
-        cert, key = self.upstream
-        return f'{{ ca = "{self.ca}", cert = "{cert}", key = "{key}" }}'
-
-    def rdkafka(self, cert=None) -> dict:
-        cert, key = cert or self.app
-        return {"security.protocol": "SSL", "ssl.ca.location": str(self.ca),
-                "ssl.certificate.location": str(cert), "ssl.key.location": str(key),
-                "ssl.endpoint.identification.algorithm": "https"}
-
-    def context(self, cert=None) -> ssl.SSLContext:
-        ctx = ssl.create_default_context(cafile=str(self.ca))
-        cert, key = cert or self.app
-        ctx.load_cert_chain(str(cert), str(key))
-        return ctx
 
 
 @pytest.fixture(scope="module")
@@ -261,31 +228,6 @@ def test_hostile_input_on_tls_port(tls_proxy, kssl, pki):
     assert "TLS handshake failed" in log and "plaintext" in log and "unknown_ca" in log
 
 
-def rawkafka_tls(ctx: ssl.SSLContext, host: str, port: int, timeout: float = 5.0) -> rawkafka.Connection:
-    c = rawkafka.Connection(host, port, timeout=timeout)
-    c.sock = ctx.wrap_socket(c.sock, server_hostname=host)
-    return c
-
-
-@contextlib.contextmanager
-def _tls_rawkafka(ctx: ssl.SSLContext):
-    """rawkafka connections made inside (the stand-in fetcher's) speak TLS with `ctx`."""
-    plain = rawkafka.Connection
-
-    class Tls(plain):
-        def __init__(self, host, port, timeout=10.0, client_id="rawkafka"):
-            super().__init__(host, port, timeout=timeout, client_id=client_id)
-            self.sock = ctx.wrap_socket(self.sock, server_hostname=host)
-
-    rawkafka.Connection = Tls
-    mirror_harness.rawkafka.Connection = Tls
-    try:
-        yield
-    finally:
-        rawkafka.Connection = plain
-        mirror_harness.rawkafka.Connection = plain
-
-
 def _peer_cert(pki, port: int) -> bytes:
     with socket.create_connection((HOST, port), timeout=5) as s:
         with pki.context().wrap_socket(s, server_hostname=HOST) as t:
@@ -352,7 +294,7 @@ def test_guard_and_mirror_over_tls_with_state_over_tls(kssl, pki, mirror_factory
     got = harness.consume_assign(spec.bootstrap, mirrored, count=5, **conf)
     assert [m.value() for m in got] == [b"m%d" % i for i in range(5)]
     # The stand-in fetcher over TLS: PIDs rewritten into the source's region.
-    with _tls_rawkafka(pki.context()):
+    with tls_rawkafka(pki.context()):
         f = StandInFetcher(mirrored, version=12).connect(spec.bootstrap)
     f.catch_up(5)
     src_pid = [b for b in mirror_harness.direct_batches(kssl.bootstrap, mirrored)][0].producer_id
@@ -373,26 +315,6 @@ def test_guard_and_mirror_over_tls_with_state_over_tls(kssl, pki, mirror_factory
     assert mg.metrics().sum("mirrorguard_state_store_ops_total", kind="append") >= 1
 
 
-_OPEN_TXN = r"""
-import sys
-from confluent_kafka import Producer
-bootstrap, topic = sys.argv[1], sys.argv[2]
-p = Producer({"bootstrap.servers": bootstrap, "transactional.id": f"txn-{topic}",
-              "transaction.timeout.ms": 120000, "message.timeout.ms": 20000})
-p.init_transactions(20)
-p.begin_transaction()
-for i in range(3):
-    p.produce(topic, value=b"c-%d" % i, partition=0)
-p.commit_transaction(20)
-p.begin_transaction()
-for i in range(2):
-    p.produce(topic, value=b"open-%d" % i, partition=0)
-assert p.flush(20) == 0
-print("open", flush=True)
-sys.stdin.read()
-"""
-
-
 def test_seal_over_tls_with_source_killed(tmp_path, kssl, pki, mirror_factory):
     """The disaster seal with TLS everywhere: the source is an SSL cluster of its own
     (killed), the state/destination cluster is reached over mTLS, the fetcher reaches
@@ -409,11 +331,11 @@ def test_seal_over_tls_with_source_killed(tmp_path, kssl, pki, mirror_factory):
         mg = mirror_factory(kssl.ssl_bootstrap, [spec],
                             extra_config=f"[state.tls]\nca = \"{pki.ca}\"\ncert = \"{pki.upstream[0]}\"\n"
                                          f"key = \"{pki.upstream[1]}\"\n")
-        child = subprocess.Popen([sys.executable, "-c", _OPEN_TXN, src.bootstrap, topic],
+        child = subprocess.Popen([sys.executable, "-c", OPEN_TXN, src.bootstrap, topic],
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert child.stdout.readline().strip() == "open"
         hw = high_watermark(src.bootstrap, topic)
-        with _tls_rawkafka(pki.context()):
+        with tls_rawkafka(pki.context()):
             f = StandInFetcher(topic, version=13).connect(spec.bootstrap)
         f.catch_up(hw)
         open_pid = [b for b in f.log if b.kind == "data"][-1].producer_id
@@ -424,7 +346,7 @@ def test_seal_over_tls_with_source_killed(tmp_path, kssl, pki, mirror_factory):
         src.nodes[0].kill()
         res, got = f.fetch_once(max_wait_ms=300)
         assert got == [] and res.error_code == 0
-        with _tls_rawkafka(pki.context()):  # a new TLS connection, answered locally
+        with tls_rawkafka(pki.context()):  # a new TLS connection, answered locally
             f.connect(spec.bootstrap)
         status, body = mg.post("stop", "a-to-b", topic, [0])
         assert status == 200, body
