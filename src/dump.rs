@@ -14,7 +14,8 @@
 //!   (shaped like Kafka's ` SnapshotHeader {json}` lines), or the fallback
 //!   ` controlType: NAME(id)`, e.g. `UNKNOWN(9)`;
 //! - `__mirror_state` records (type 3 of SPEC 2.2; types 4 to 7 as laid out
-//!   in `state_store::schema`) get ` key: {json} payload: {json}`
+//!   in `state_store::schema`, type 8 in `mirror::offline`, type 9 in
+//!   `state_store::schema::serving`) get ` key: {json} payload: {json}`
 //!   in the shape of Kafka's `--offsets-decoder`, when the file's directory
 //!   is `__mirror_state-N` (with `--deep-iteration`) or `--mirror-state` is
 //!   given (which implies `--deep-iteration`, as `--offsets-decoder` implies
@@ -49,6 +50,9 @@ use crate::records::batch::{increment_sequence, BatchHeader, Compression, Entry}
 use crate::records::control::{self, ControlValue};
 use crate::records::record::{records, Record};
 use crate::records::{self as rec, BatchError};
+use crate::state_store::schema::serving::{
+    MirrorPartitionServingKey, MirrorPartitionServingValue, PARTITION_SERVING_TYPE,
+};
 use crate::state_store::schema::{self, MirrorPartitionState, SchemaError, StateKey, StateRecord};
 use crate::wire::{Reader, WireError};
 
@@ -474,7 +478,8 @@ fn record_json(h: &BatchHeader, r: &Record<'_>, opts: DumpOptions) -> Value {
 // __mirror_state records (SPEC 2.2): key = int16 record type + fields,
 // value = int16 version + fields. Types 3 to 7 are decoded by
 // `state_store::schema` (the decoder the state store itself uses), type 8 by
-// `mirror::offline`, which owns it; this part only renders them.
+// `mirror::offline` and type 9 by `state_store::schema::serving`, which own
+// theirs; this part only renders them.
 
 /// A decoded `__mirror_state` record.
 enum MirrorState {
@@ -517,7 +522,7 @@ fn uuid_b64(id: &[u8; 16]) -> String {
     pid::ClusterId(*id).to_base64()
 }
 
-/// `topicId`, `partition`: the first two fields of every key of types 4-7.
+/// `topicId`, `partition`: the first two fields of every key of types 4-7 and 9.
 fn topic_partition(topic_id: &[u8; 16], partition: i32) -> Vec<(&'static str, Value)> {
     vec![
         ("topicId", json!(uuid_b64(topic_id))),
@@ -667,6 +672,9 @@ enum StateDecodeError {
     /// A type-8 value written by a newer mirrorguard.
     #[error("source topology value version newer than this code")]
     NewerTopology,
+    /// A type-9 value written by a newer mirrorguard.
+    #[error("serving value version newer than this code")]
+    NewerServing,
     /// A known record the dump has no field list for.
     #[error("undecodable record")]
     Undecodable,
@@ -732,6 +740,45 @@ fn source_topology(key: &[u8], value: Option<&[u8]>) -> Result<MirrorState, Stat
     })
 }
 
+/// Type 9 (decoded by `state_store::schema::serving`, which owns the
+/// schema): which instance serves a destination partition.
+fn partition_serving(key: &[u8], value: Option<&[u8]>) -> Result<MirrorState, StateDecodeError> {
+    let k = MirrorPartitionServingKey::decode(key).map_err(SchemaError::from)?;
+    // The key is fixed-size; anything after the partition is not ours.
+    if key.len() != k.encode().len() {
+        return Err(StateDecodeError::TrailingKeyBytes);
+    }
+    let key = Fields(topic_partition(&k.topic_id, k.partition));
+    let Some(value) = value else {
+        return Ok(MirrorState::Known {
+            record_type: PARTITION_SERVING_TYPE,
+            key,
+            value: None,
+        });
+    };
+    let version = Reader::new(value)
+        .read_i16("MirrorStateValue.version")
+        .map_err(|_| StateDecodeError::ShortValue)?;
+    if version < 0 {
+        return Err(StateDecodeError::InvalidVersion(version));
+    }
+    let v = MirrorPartitionServingValue::decode(value)
+        .map_err(SchemaError::from)?
+        .ok_or(StateDecodeError::NewerServing)?;
+    let data = Fields(vec![
+        ("instanceId", json!(v.instance_id)),
+        ("mirror", json!(v.mirror)),
+        ("topicName", json!(v.topic_name)),
+        ("fromOffset", json!(v.from_offset)),
+        ("timestampMs", json!(v.timestamp_ms)),
+    ]);
+    Ok(MirrorState::Known {
+        record_type: PARTITION_SERVING_TYPE,
+        key,
+        value: Some((version, data)),
+    })
+}
+
 fn decode_mirror_state(
     key: Option<&[u8]>,
     value: Option<&[u8]>,
@@ -739,6 +786,9 @@ fn decode_mirror_state(
     let key = key.ok_or(StateDecodeError::MissingKey)?;
     if key.get(..2) == Some(&SOURCE_TOPOLOGY_TYPE.to_be_bytes()[..]) {
         return source_topology(key, value);
+    }
+    if key.get(..2) == Some(&PARTITION_SERVING_TYPE.to_be_bytes()[..]) {
+        return partition_serving(key, value);
     }
     let rec = schema::decode_for_display(key, value)?;
     if let StateRecord::Unknown { record_type } = rec {

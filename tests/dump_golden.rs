@@ -242,7 +242,8 @@ fn mirror_state_records() {
     let topic: [u8; 16] = std::array::from_fn(|i| i as u8 + 1);
     let key = collision_key(3, topic, 7, CLUSTER, 5);
     let value = collision_value(1, "AAAAAAAAAAAAAAAAAAAAAA", 1_700_000_000_000);
-    let unknown = collision_key(9, topic, 7, CLUSTER, 5);
+    // Type 9 is the serving record; 99 is unassigned.
+    let unknown = collision_key(99, topic, 7, CLUSTER, 5);
     let short = &key[..20];
     let batch = build_batch(
         &BatchSpec {
@@ -278,7 +279,7 @@ fn mirror_state_records() {
     let want_records = [
         format!("| offset: 42 CreateTime: 0 keySize: {kl} valueSize: {vl} sequence: -1 headerKeys: [] key: {{\"type\":\"3\",\"data\":{{\"topicId\":\"AQIDBAUGBwgJCgsMDQ4PEA\",\"partition\":7,\"sourceClusterId\":\"{CLUSTER}\",\"originalPid\":5}}}} payload: {{\"version\":\"0\",\"data\":{{\"salt\":1,\"collidingClusterId\":\"AAAAAAAAAAAAAAAAAAAAAA\",\"timestampMs\":1700000000000}}}}"),
         format!("| offset: 43 CreateTime: 0 keySize: {kl} valueSize: -1 sequence: -1 headerKeys: [] key: {{\"type\":\"3\",\"data\":{{\"topicId\":\"AQIDBAUGBwgJCgsMDQ4PEA\",\"partition\":7,\"sourceClusterId\":\"{CLUSTER}\",\"originalPid\":5}}}} payload: <DELETE>"),
-        format!("| offset: 44 CreateTime: 0 keySize: {kl} valueSize: {vl} sequence: -1 headerKeys: [] key: Unknown record type 9 at offset 44, skipping."),
+        format!("| offset: 44 CreateTime: 0 keySize: {kl} valueSize: {vl} sequence: -1 headerKeys: [] key: Unknown record type 99 at offset 44, skipping."),
         format!("| offset: 45 CreateTime: 0 keySize: 20 valueSize: {vl} sequence: -1 headerKeys: [] key: Error at offset 45, skipping. truncated Partition"),
     ];
 

@@ -340,3 +340,106 @@ const ALL_TYPES_TEXT: &str = r#"| offset: 0 CreateTime: 0 keySize: 30 valueSize:
 | offset: 10 CreateTime: 0 keySize: 1 valueSize: 35 sequence: -1 headerKeys: [] key: Error at offset 10, skipping. key shorter than its record type
 | offset: 11 CreateTime: 0 keySize: -1 valueSize: 35 sequence: -1 headerKeys: [] key: Error at offset 11, skipping. missing key
 | offset: 12 CreateTime: 0 keySize: 22 valueSize: 1 sequence: -1 headerKeys: [] key: Error at offset 12, skipping. value shorter than its version"#;
+
+/// Type 9 (which instance serves a partition), encoded by the state store's
+/// own codec: a value, a tombstone, a value version newer than this code,
+/// and malformed records, in text and JSON output.
+#[test]
+fn partition_serving_records_decode_in_dump() {
+    use mirrorguard::state_store::schema::serving::{
+        MirrorPartitionServingKey, MirrorPartitionServingValue,
+    };
+    let topic: [u8; 16] = std::array::from_fn(|i| i as u8 + 1);
+    let k9 = MirrorPartitionServingKey {
+        topic_id: topic,
+        partition: 3,
+    }
+    .encode();
+    let v9 = MirrorPartitionServingValue {
+        instance_id: "mg-1/127.0.0.1:9000".into(),
+        mirror: "east".into(),
+        topic_name: "orders".into(),
+        from_offset: 1234,
+        timestamp_ms: 1_700_000_000_005,
+    }
+    .encode()
+    .unwrap();
+    let mut v9_newer = v9.clone();
+    v9_newer[..2].copy_from_slice(&1i16.to_be_bytes());
+    let mut v9_negative = v9.clone();
+    v9_negative[..2].copy_from_slice(&(-1i16).to_be_bytes());
+    let v9_truncated = &v9[..v9.len() - 9];
+    let mut k9_long = k9.clone();
+    k9_long.push(0);
+    let k9_short = &k9[..20];
+    type KeyValue<'a> = (&'a [u8], Option<&'a [u8]>);
+    let records: Vec<KeyValue<'_>> = vec![
+        (&k9, Some(&v9)),
+        (&k9, None),
+        (&k9, Some(&v9_newer)),
+        (&k9, Some(&v9_negative)),
+        (&k9, Some(v9_truncated)),
+        (&k9_long, Some(&v9)),
+        (k9_short, Some(&v9)),
+    ];
+    let specs: Vec<RecordSpec<'_>> = records
+        .iter()
+        .enumerate()
+        .map(|(i, (k, v))| RecordSpec {
+            offset_delta: i as i32,
+            key: Some(k),
+            value: *v,
+            ..RecordSpec::default()
+        })
+        .collect();
+    let batch = build_batch(&BatchSpec::default(), &specs);
+
+    let mut out = Vec::new();
+    let opts = DumpOptions {
+        deep_iteration: true,
+        mirror_state: true,
+        ..DumpOptions::default()
+    };
+    dump_bytes(
+        Path::new("__mirror_state-0/00000000000000000000.log"),
+        &batch,
+        opts,
+        &mut out,
+    )
+    .unwrap();
+    let text = String::from_utf8(out).unwrap();
+    let got: Vec<&str> = text.lines().skip(3).collect();
+    let want: Vec<&str> = SERVING_TEXT.lines().collect();
+    assert_eq!(got, want);
+
+    let mut out = Vec::new();
+    let opts = DumpOptions { json: true, ..opts };
+    dump_bytes(
+        Path::new("00000000000000000000.log"),
+        &batch,
+        opts,
+        &mut out,
+    )
+    .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+    assert_eq!(
+        v["records"][0]["mirrorState"],
+        json!({"key": {"type": "9", "data": {"topicId": "AQIDBAUGBwgJCgsMDQ4PEA", "partition": 3}},
+               "payload": {"version": "0", "data": {"instanceId": "mg-1/127.0.0.1:9000",
+                   "mirror": "east", "topicName": "orders", "fromOffset": 1234,
+                   "timestampMs": 1_700_000_000_005i64}}})
+    );
+    assert_eq!(
+        v["records"][1]["mirrorState"],
+        json!({"key": {"type": "9", "data": {"topicId": "AQIDBAUGBwgJCgsMDQ4PEA", "partition": 3}},
+               "payload": null})
+    );
+}
+
+const SERVING_TEXT: &str = r#"| offset: 0 CreateTime: 0 keySize: 22 valueSize: 51 sequence: -1 headerKeys: [] key: {"type":"9","data":{"topicId":"AQIDBAUGBwgJCgsMDQ4PEA","partition":3}} payload: {"version":"0","data":{"instanceId":"mg-1/127.0.0.1:9000","mirror":"east","topicName":"orders","fromOffset":1234,"timestampMs":1700000000005}}
+| offset: 1 CreateTime: 0 keySize: 22 valueSize: -1 sequence: -1 headerKeys: [] key: {"type":"9","data":{"topicId":"AQIDBAUGBwgJCgsMDQ4PEA","partition":3}} payload: <DELETE>
+| offset: 2 CreateTime: 0 keySize: 22 valueSize: 51 sequence: -1 headerKeys: [] key: Error at offset 2, skipping. serving value version newer than this code
+| offset: 3 CreateTime: 0 keySize: 22 valueSize: 51 sequence: -1 headerKeys: [] key: Error at offset 3, skipping. invalid value version -1
+| offset: 4 CreateTime: 0 keySize: 22 valueSize: 42 sequence: -1 headerKeys: [] key: Error at offset 4, skipping. truncated TimestampMs
+| offset: 5 CreateTime: 0 keySize: 23 valueSize: 51 sequence: -1 headerKeys: [] key: Error at offset 5, skipping. unexpected bytes after the key
+| offset: 6 CreateTime: 0 keySize: 20 valueSize: 51 sequence: -1 headerKeys: [] key: Error at offset 6, skipping. truncated Partition"#;
