@@ -69,6 +69,13 @@ pub struct MirrorKindLabels {
     pub kind: &'static str,
 }
 
+/// Labels of per-mirror gauges.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MirrorLabels {
+    /// Mirror name.
+    pub mirror: String,
+}
+
 /// Labels of `mirrorguard_tls_reloads_total`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ResultLabels {
@@ -110,6 +117,9 @@ pub struct Metrics {
     pub upstream_nodes: Family<ListenerLabels, Gauge>,
     /// Fetch-path events per mirror (see the help text for the kinds).
     pub mirror_events: Family<MirrorKindLabels, Counter>,
+    /// Destination partitions this instance serves, per mirror (its
+    /// serving record is the latest; one instance per destination broker).
+    pub partitions_served: Family<MirrorLabels, Gauge>,
     /// Producer-state anomalies per mirror and kind.
     pub anomalies: Family<MirrorKindLabels, Counter>,
     /// Producers tracked in the shadow producer state, all partitions.
@@ -179,6 +189,13 @@ impl Metrics {
             tls_reloads.clone(),
         );
         let mirror_events = Family::<MirrorKindLabels, Counter>::default();
+        let partitions_served = Family::<MirrorLabels, Gauge>::default();
+        registry.register(
+            "mirrorguard_partitions_served",
+            "Destination partitions this instance serves (took over, or served since start-up \
+             without shared state), per mirror",
+            partitions_served.clone(),
+        );
         let anomalies = Family::<MirrorKindLabels, Counter>::default();
         let producer_state_producers = Gauge::default();
         let producer_state_bytes = Gauge::default();
@@ -206,7 +223,9 @@ impl Metrics {
             "mirrorguard_mirror_events",
             "Fetch-path events per mirror: batch_seen, batch_rewritten (PID rewritten, CRC \
              recomputed), aborted_txn_rewritten, barrier_seen, collision, salt_persisted, \
-             oversized_source_pid, corrupt_records, state_limit",
+             oversized_source_pid, corrupt_records, state_limit, take_over (a partition taken \
+             over from another instance or at its first fetch here), stale_dropped (another \
+             instance took a partition served here over)",
             mirror_events.clone(),
         );
         registry.register(
@@ -301,6 +320,7 @@ impl Metrics {
             rewrite_errors,
             upstream_nodes,
             mirror_events,
+            partitions_served,
             anomalies,
             producer_state_producers,
             producer_state_bytes,

@@ -63,19 +63,22 @@ impl SaltStore for Shared {
 }
 
 fn mirror(store: Arc<Shared>) -> Arc<MirrorContext> {
+    mirror_with(store, &Metrics::new())
+}
+
+fn mirror_with(store: Arc<Shared>, metrics: &Arc<Metrics>) -> Arc<MirrorContext> {
     let cfg: MirrorConfig = toml::from_str(&format!(
         "name = \"m\"\nbootstrap = \"127.0.0.1:1\"\nadvertised_host = \"127.0.0.1\"\n\
          node_port_base = 20000\nsource_bootstrap = [\"127.0.0.1:2\"]\n\
          source_cluster_id = \"{SOURCE}\"\n"
     ))
     .unwrap();
-    let metrics = Metrics::new();
     MirrorContext::new(
         &cfg,
         Arc::new(ProducerStateRegistry::new(RegistryConfig::default())),
         store,
         Lifecycle::new(metrics.clone()),
-        &metrics,
+        metrics,
     )
     .unwrap()
 }
@@ -199,4 +202,69 @@ async fn a_fetcher_past_the_state_of_an_owned_partition_reads_the_state_again_on
         other => panic!("expected a replay of [1, 5), got {other:?}"),
     }
     assert_eq!(*store.reads.lock().unwrap(), 1, "the gap is read once");
+}
+
+/// The value of one exported sample, by its full name and labels.
+fn sample(metrics: &Metrics, series: &str) -> Option<f64> {
+    metrics.encode().lines().find_map(|l| {
+        l.strip_prefix(series)
+            .and_then(|rest| rest.strip_prefix(' '))
+            .and_then(|v| v.parse().ok())
+    })
+}
+
+#[tokio::test]
+async fn take_overs_stale_drops_and_partitions_served_are_exported() {
+    let metrics = Metrics::new();
+    let store = Arc::new(Shared::default());
+    let m = mirror_with(store, &metrics);
+    let take_overs = r#"mirrorguard_mirror_events_total{mirror="m",kind="take_over"}"#;
+    let stale = r#"mirrorguard_mirror_events_total{mirror="m",kind="stale_dropped"}"#;
+    let served = r#"mirrorguard_partitions_served{mirror="m"}"#;
+    // Registered at start-up, before any event, so alerts see a zero.
+    assert_eq!(sample(&metrics, take_overs), Some(0.0));
+    assert_eq!(sample(&metrics, stale), Some(0.0));
+    assert_eq!(sample(&metrics, served), Some(0.0));
+
+    let other = PartitionKey::new([0; 16], "t", 1);
+    take_over(
+        m.clone(),
+        vec![
+            TakeOver {
+                key: key(),
+                from_offset: 0,
+            },
+            TakeOver {
+                key: other.clone(),
+                from_offset: 0,
+            },
+        ],
+    )
+    .await
+    .unwrap();
+    assert_eq!(sample(&metrics, take_overs), Some(2.0));
+    assert_eq!(sample(&metrics, served), Some(2.0));
+
+    // Another instance's serving record: dropped as stale once.
+    assert!(m.disown_stale(&key()));
+    assert!(!m.disown_stale(&key()));
+    assert_eq!(sample(&metrics, stale), Some(1.0));
+    assert_eq!(sample(&metrics, served), Some(1.0));
+    // A deleted destination topic is not a stale drop.
+    m.forget_partition(&other);
+    assert_eq!(sample(&metrics, stale), Some(1.0));
+    assert_eq!(sample(&metrics, served), Some(0.0));
+
+    // Taken back: counted again.
+    take_over(
+        m.clone(),
+        vec![TakeOver {
+            key: key(),
+            from_offset: 5,
+        }],
+    )
+    .await
+    .unwrap();
+    assert_eq!(sample(&metrics, take_overs), Some(3.0));
+    assert_eq!(sample(&metrics, served), Some(1.0));
 }

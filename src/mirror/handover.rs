@@ -54,11 +54,12 @@ impl MirrorContext {
             .contains(key)
     }
 
+    /// Marks `key` served here. Called once per partition and take-over,
+    /// never per batch, so the gauge is set here under the set's lock.
     pub(crate) fn mark_owned(&self, key: &PartitionKey) {
-        self.owned
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .insert(key.clone());
+        let mut owned = self.owned.lock().unwrap_or_else(|p| p.into_inner());
+        owned.insert(key.clone());
+        self.metrics.served.set(owned.len() as i64);
     }
 
     /// Another instance serves `key` now: this instance's shadow state of
@@ -69,10 +70,20 @@ impl MirrorContext {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(key);
-        self.owned
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(key)
+        let mut owned = self.owned.lock().unwrap_or_else(|p| p.into_inner());
+        let was = owned.remove(key);
+        self.metrics.served.set(owned.len() as i64);
+        was
+    }
+
+    /// [`Self::disown`] because another instance's serving record for
+    /// `key` was read; counted as `stale_dropped` if it was served here.
+    pub fn disown_stale(&self, key: &PartitionKey) -> bool {
+        let was = self.disown(key);
+        if was {
+            self.metrics.stale_dropped.inc();
+        }
+        was
     }
 
     /// Forgets `key` (its destination topic was deleted): a partition of a
@@ -120,6 +131,7 @@ pub async fn take_over(mirror: Arc<MirrorContext>, jobs: Vec<TakeOver>) -> Resul
             .unwrap_or_else(|p| p.into_inner())
             .remove(&job.key);
         mirror.mark_owned(&job.key);
+        mirror.metrics.take_overs.inc();
     }
     Ok(())
 }

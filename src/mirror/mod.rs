@@ -71,6 +71,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use bytes::BytesMut;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 
 pub use error::{MirrorError, PersistError};
 
@@ -204,6 +205,12 @@ pub struct MirrorMetrics {
     /// Partitions answered with no records while their destination topic
     /// id is looked up.
     held: Counter,
+    /// Partitions taken over (`handover::take_over`).
+    take_overs: Counter,
+    /// Owned partitions dropped because another instance serves them now.
+    stale_dropped: Counter,
+    /// Partitions owned here (`mirrorguard_partitions_served`).
+    served: Gauge,
     anomalies: Family<MirrorKindLabels, Counter>,
     mirror: String,
     /// Verify the CRC-32C of one batch in this many (0: never; see
@@ -232,6 +239,14 @@ impl MirrorMetrics {
             corrupt: m("corrupt_records"),
             state_limit: m("state_limit"),
             held: m("held_unknown_topic"),
+            take_overs: m("take_over"),
+            stale_dropped: m("stale_dropped"),
+            served: metrics
+                .partitions_served
+                .get_or_create(&crate::metrics::MirrorLabels {
+                    mirror: mirror.to_string(),
+                })
+                .clone(),
             anomalies: metrics.anomalies.clone(),
             mirror: mirror.to_string(),
             crc_verify_every,

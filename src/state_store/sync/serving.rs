@@ -78,7 +78,7 @@ impl StateSync {
             .insert(pk.clone());
         let mirrors = self.mirrors.read().unwrap_or_else(|p| p.into_inner());
         for m in mirrors.iter() {
-            if m.disown(&pk) {
+            if m.disown_stale(&pk) {
                 tracing::info!(mirror = %m.name, partition = %pk, instance = %value.instance_id,
                     from_offset = value.from_offset,
                     "another instance serves the partition now; the state here is stale until a \
