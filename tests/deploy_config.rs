@@ -1,0 +1,88 @@
+//! The mirrorguard configuration shipped in deploy/kubernetes/ is one
+//! mirrorguard accepts: the multi-broker StatefulSet's template, rendered
+//! for each pod the way its init container does (`@POD_NAME@` replaced by
+//! the pod name), parses and validates, and gives every pod a distinct
+//! `[state] instance_id` and its own guard address, with one shared state
+//! topic and the broker's fetcher on its own sidecar.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+
+use mirrorguard::config::Config;
+
+const MANIFEST: &str = "deploy/kubernetes/statefulset-multi-broker.yaml";
+const TOKEN_PATH: &str = "/etc/mirrorguard/token/admin.token";
+
+/// The YAML block scalar under `key: |` (its lines, indentation removed).
+fn block_scalar(yaml: &str, key: &str) -> String {
+    let mut lines = yaml.lines().skip_while(|l| l.trim() != format!("{key}: |"));
+    let header = lines
+        .next()
+        .unwrap_or_else(|| panic!("no `{key}: |` block"));
+    let header_indent = header.len() - header.trim_start().len();
+    let mut indent = None;
+    let mut out = String::new();
+    for l in lines {
+        if l.trim().is_empty() {
+            out.push('\n');
+            continue;
+        }
+        let this = l.len() - l.trim_start().len();
+        if this <= header_indent {
+            break;
+        }
+        let i = *indent.get_or_insert(this);
+        out.push_str(&l[i..]);
+        out.push('\n');
+    }
+    out
+}
+
+/// `replicas: N` of the StatefulSet.
+fn replicas(yaml: &str) -> usize {
+    yaml.lines()
+        .find_map(|l| l.trim().strip_prefix("replicas: "))
+        .expect("replicas")
+        .parse()
+        .expect("replicas is a number")
+}
+
+#[test]
+fn multi_broker_statefulset_config_renders_to_one_valid_config_per_pod() {
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    let yaml = std::fs::read_to_string(root.join(MANIFEST)).unwrap();
+    let template = block_scalar(&yaml, "proxy.toml.template");
+    assert!(template.contains("@POD_NAME@"), "{template}");
+    assert!(template.contains(TOKEN_PATH), "{template}");
+    let dir = tempfile::tempdir().unwrap();
+    let token = dir.path().join("admin.token");
+    std::fs::write(&token, "t0ken\n").unwrap();
+
+    let pods = replicas(&yaml);
+    assert!(pods >= 2, "a multi-broker example");
+    let (mut ids, mut guards, mut topics) = (HashSet::new(), HashSet::new(), HashSet::new());
+    for ordinal in 0..pods {
+        let pod = format!("kafka-dr-{ordinal}");
+        // What the init container's sed does, plus the token at a test path.
+        let text = template
+            .replace("@POD_NAME@", &pod)
+            .replace(TOKEN_PATH, token.to_str().unwrap());
+        let cfg = Config::parse(&text, Path::new(MANIFEST))
+            .unwrap_or_else(|e| panic!("{pod}: {e}\n{text}"));
+        let state = cfg.state.as_ref().expect("[state]");
+        let id = state.instance_id(&cfg.admin.listen);
+        assert_eq!(id, pod, "instance id from the pod name");
+        ids.insert(id);
+        topics.insert(state.topic.clone());
+        guards.extend(cfg.guards.iter().map(|g| g.advertised_host.clone()));
+        assert_eq!(cfg.mirrors.len(), 1);
+        assert_eq!(
+            cfg.mirrors[0].fetcher_bootstrap.as_deref(),
+            Some("127.0.0.1:19192"),
+            "the local broker's fetcher uses its own sidecar"
+        );
+    }
+    assert_eq!(ids.len(), pods, "distinct instance ids: {ids:?}");
+    assert_eq!(guards.len(), pods, "one guard address per pod: {guards:?}");
+    assert_eq!(topics.len(), 1, "one shared __mirror_state: {topics:?}");
+}
