@@ -186,6 +186,16 @@ def test_partitions_follow_leadership_moves_between_instances(kafka1, kafka_dest
             assert v["served_here"] is here and v["served_by"], (mg.name, v)
             assert 0 < v["snapshot_offset"] <= hws[v["partition"]], (mg.name, v)
         assert views[0]["served_by"] == views[1]["served_by"], views
+    # The moves as metrics: A took partition 0 over (twice) and 1, and dropped 0 as stale
+    # once when B took it; B, restarted, serves nothing (a restart drops nothing as stale).
+    for mg, take_overs, stale, served in ((mg_a, 3, 1, 2), (mg_b, 0, 0, 0)):
+        m = mg.metrics()
+        got = {kind: m.select("mirrorguard_mirror_events_total", mirror=MIRROR, kind=kind)
+               for kind in ("take_over", "stale_dropped")}
+        got["served"] = m.select("mirrorguard_partitions_served", mirror=MIRROR)
+        assert all(len(v) == 1 for v in got.values()), (mg.name, got)
+        assert [got[k][0][1] for k in ("take_over", "stale_dropped", "served")] == \
+            [take_overs, stale, served], (mg.name, got)
     tp.abort_transaction(20)
     tp2.abort_transaction(20)
 
