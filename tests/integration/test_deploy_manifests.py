@@ -9,7 +9,9 @@
   fetched at test time), the multi-broker StatefulSet among them (its
   mirrorguard config is parsed per pod by tests/deploy_config.rs);
 - the multi-instance alerts: `promtool test rules` on made-up series (they
-  fire on lasting churn, not on a single restart).
+  fire on lasting churn, not on a single restart);
+- deploy/grafana/mirrorguard.json: every panel query parses (as a promtool
+  recording rule).
 
 Each check is also run on a broken copy made here, so a check that accepts
 anything fails the test. promtool and kubernetes-validate are installed
@@ -18,6 +20,7 @@ anything fails the test. promtool and kubernetes-validate are installed
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -30,6 +33,7 @@ KUBE_VALIDATE = ROOT / ".tools" / "deploycheck" / "bin" / "kubernetes-validate"
 ALERTS = DEPLOY / "prometheus" / "alerts.yml"
 SCRAPE = DEPLOY / "prometheus" / "scrape.yml"
 KUBE_MANIFESTS = sorted((DEPLOY / "kubernetes").glob("*.yaml"))
+DASHBOARD = DEPLOY / "grafana" / "mirrorguard.json"
 
 
 def run(argv: list) -> subprocess.CompletedProcess:
@@ -205,4 +209,31 @@ def test_a_multi_instance_alert_that_never_fires_fails_its_rule_test(tmp_path):
     tests = tmp_path / "multi_instance_test.yml"
     tests.write_text(MULTI_INSTANCE_RULE_TESTS.format(alerts=bad))
     r = run([PROMTOOL, "test", "rules", tests])
+    assert r.returncode != 0, explain(r)
+
+
+def dashboard_rules(dashboard: Path, work: Path) -> Path:
+    """The dashboard's queries as recording rules, so promtool parses each one."""
+    panels = json.loads(dashboard.read_text())["panels"]
+    exprs = [t["expr"] for p in panels for t in p.get("targets", [])]
+    assert exprs, "a dashboard without queries"
+    rules = work / "dashboard_rules.yml"
+    rules.write_text("groups:\n  - name: dashboard\n    rules:\n" + "".join(
+        f"      - record: dashboard:query{i}\n        expr: {json.dumps(e)}\n"
+        for i, e in enumerate(exprs)))
+    return rules
+
+
+def test_dashboard_queries_parse(tmp_path):
+    r = check_rules(dashboard_rules(DASHBOARD, tmp_path))
+    assert r.returncode == 0, explain(r)
+    assert "SUCCESS" in r.stdout, explain(r)
+    names = DASHBOARD.read_text()
+    for metric in ("mirrorguard_partitions_served", "take_over|stale_dropped"):
+        assert metric in names, metric
+
+
+def test_a_broken_dashboard_query_is_refused(tmp_path):
+    bad = broken(tmp_path, DASHBOARD, "sum by (instance,mirror) (", "sum by (instance,mirror) ((")
+    r = check_rules(dashboard_rules(bad, tmp_path))
     assert r.returncode != 0, explain(r)
