@@ -8,18 +8,25 @@ reports the mirrorguard process's peak resident memory (VmHWM in
 fresh mirrorguard process, so one peak cannot hide another. Requests are
 Produce v3 and Fetch v4 (tests/integration/rawkafka.py), one at a time on one
 connection; every Produce must be acknowledged and every Fetch must return the
-whole batch, else the run fails.
+whole batch, else the run fails. The "consume" rows read the same batches with a
+librdkafka consumer (confluent-kafka), which negotiates its Fetch version through
+the listener's ApiVersions (Fetch v15 through mirrorguard since the clamp: v16+
+responses carry KIP-951 NodeEndpoints and are held whole); the row's "fetch
+version" column is the highest FetchRequest version librdkafka logged.
 
     .tools/venv/bin/python bench/rss.py                   # target/debug/mirrorguard
     .tools/venv/bin/python bench/rss.py --binary /tmp/mg-main --mib 50 --rounds 3
+    .tools/venv/bin/python bench/rss.py --directions consume --kinds plain
 
-Bounded: one broker, 2 x 2 mirrorguard runs, `rounds` frames each (about a
+Bounded: one broker, at most 2 x 3 mirrorguard runs, `rounds` frames each (about a
 minute with the defaults).
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
+import re
 import shutil
 import sys
 import tempfile
@@ -90,11 +97,53 @@ upstream_bootstrap = ["{upstream}"]
     return p, port
 
 
+def consume(port: int, topic: str, rounds: int, mib: int) -> int:
+    """Reads `rounds` records of about `mib` MiB from partition 0 with librdkafka
+    through `port`; returns the highest FetchRequest version it sent."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    lines: list[str] = []
+
+    class Lines(logging.Handler):
+        def emit(self, record):
+            lines.append(record.getMessage())
+
+    log = logging.getLogger(f"rss-rdkafka-{port}")
+    log.setLevel(logging.DEBUG)
+    log.propagate = False
+    log.addHandler(Lines())
+    c = Consumer({"bootstrap.servers": f"{HOST}:{port}", "group.id": f"rss-{port}",
+                  "enable.auto.commit": False, "debug": "protocol", "logger": log,
+                  "broker.address.family": "v4", "fetch.max.bytes": (mib + 4) << 20,
+                  "max.partition.fetch.bytes": (mib + 4) << 20,
+                  "receive.message.max.bytes": (mib + 8) << 20, "fetch.wait.max.ms": 100})
+    got = 0
+    deadline = time.monotonic() + 120
+    try:
+        c.assign([TopicPartition(topic, 0, 0)])
+        while got < rounds and time.monotonic() < deadline:
+            m = c.poll(1)
+            if m is None:
+                continue
+            assert not m.error(), m.error()
+            assert len(m.value()) >= (mib - 1) << 20, f"record of {len(m.value())} bytes"
+            got += 1
+    finally:
+        c.close()
+    assert got == rounds, f"librdkafka consumed {got} of {rounds} records"
+    versions = [int(v) for line in lines for v in re.findall(r"Sent FetchRequest \(v(\d+)", line)]
+    assert versions, "no FetchRequest in librdkafka's protocol log"
+    return max(versions)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--binary", type=Path, default=ROOT / "target" / "debug" / "mirrorguard")
     ap.add_argument("--mib", type=int, default=50, help="size of each frame")
     ap.add_argument("--rounds", type=int, default=3, help="frames per (listener, direction)")
+    ap.add_argument("--kinds", default="plain,guard", help="listeners, comma-separated")
+    ap.add_argument("--directions", default="produce,fetch,consume",
+                    help="produce, fetch (raw Fetch v4), consume (librdkafka), comma-separated")
     args = ap.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="mg-rss-"))
@@ -118,35 +167,40 @@ def main() -> int:
             for _ in range(args.rounds):
                 err, _ = rawkafka.produce_v3(c, topic, 0, records, acks=-1, timeout_ms=30000)
                 assert err == 0, f"direct produce failed: error {err}"
-        for kind in ("plain", "guard"):
-            for direction in ("produce", "fetch"):
+        for kind in args.kinds.split(","):
+            for direction in args.directions.split(","):
                 p, port = start_proxy(work, args.binary, cluster.bootstrap, cluster.node_ids, kind)
                 try:
                     pid = p.proc.pid
                     before = status_kib(pid, "VmHWM")
                     started = time.monotonic()
-                    with rawkafka.Connection(HOST, port, timeout=60) as c:
-                        for i in range(args.rounds):
-                            if direction == "produce":
-                                err, _ = rawkafka.produce_v3(c, topic, 0, records, acks=-1, timeout_ms=30000)
-                                assert err == 0, f"produce through {kind}: error {err}"
-                            else:
-                                f = rawkafka.fetch_v4(c, topic, 0, i, max_bytes=(args.mib + 4) << 20)
-                                assert f.error_code == 0 and f.records and len(f.records) >= len(records), (
-                                    f"fetch through {kind}: error {f.error_code}, "
-                                    f"{len(f.records or b'')} bytes")
+                    version = "v3" if direction == "produce" else "v4"
+                    if direction == "consume":
+                        version = f"v{consume(port, topic, args.rounds, args.mib)}"
+                    else:
+                        with rawkafka.Connection(HOST, port, timeout=60) as c:
+                            for i in range(args.rounds):
+                                if direction == "produce":
+                                    err, _ = rawkafka.produce_v3(c, topic, 0, records, acks=-1, timeout_ms=30000)
+                                    assert err == 0, f"produce through {kind}: error {err}"
+                                else:
+                                    f = rawkafka.fetch_v4(c, topic, 0, i, max_bytes=(args.mib + 4) << 20)
+                                    assert f.error_code == 0 and f.records and len(f.records) >= len(records), (
+                                        f"fetch through {kind}: error {f.error_code}, "
+                                        f"{len(f.records or b'')} bytes")
                     elapsed = time.monotonic() - started
                     after = status_kib(pid, "VmHWM")
-                    rows.append((kind, direction, before, after, elapsed))
+                    rows.append((kind, direction, version, before, after, elapsed))
                 finally:
                     p.terminate()
     finally:
         cluster.stop()
         shutil.rmtree(work, ignore_errors=True)
-    print(f"binary: {args.binary}; {args.rounds} x {args.mib} MiB frames per row, one connection")
-    print(f"{'listener':<8} {'direction':<9} {'VmHWM before':>13} {'VmHWM after':>12} {'growth':>9} {'seconds':>8}")
-    for kind, direction, before, after, elapsed in rows:
-        print(f"{kind:<8} {direction:<9} {before / 1024:>10.1f} MiB {after / 1024:>9.1f} MiB "
+    print(f"binary: {args.binary}; {args.rounds} x {args.mib} MiB frames per row; raw rows on one connection")
+    print(f"{'listener':<8} {'direction':<9} {'version':>7} {'VmHWM before':>13} {'VmHWM after':>12} "
+          f"{'growth':>9} {'seconds':>8}")
+    for kind, direction, version, before, after, elapsed in rows:
+        print(f"{kind:<8} {direction:<9} {version:>7} {before / 1024:>10.1f} MiB {after / 1024:>9.1f} MiB "
               f"{(after - before) / 1024:>6.1f} MiB {elapsed:>8.2f}")
     return 0
 

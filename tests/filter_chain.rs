@@ -63,8 +63,14 @@ fn nodes() -> Arc<NodeRegistry> {
 
 /// The advertised `(key, min, max)` after the chain.
 fn advertised_through(chain: &Chain) -> Vec<(i16, i16, i16)> {
+    advertised_through_with(chain, &ADVERTISED)
+}
+
+/// The `(key, min, max)` a broker advertising `entries` has advertised
+/// through the chain.
+fn advertised_through_with(chain: &Chain, entries: &[(i16, i16, i16)]) -> Vec<(i16, i16, i16)> {
     let h = header(api::API_VERSIONS, 3);
-    let frame = response_frame(42, 0, &enc(&versions(&ADVERTISED), 3));
+    let frame = response_frame(42, 0, &enc(&versions(entries), 3));
     let Rewritten::Ready(out) = chain.on_response(&h, &mut None, frame, &mut 0).unwrap() else {
         panic!("the clamp never blocks");
     };
@@ -80,6 +86,8 @@ fn guard() -> ProduceGuard {
     ProduceGuard::new("g", Lifecycle::new(metrics.clone()), Vec::new(), metrics)
 }
 
+/// Everything to what the address rewrite decodes, and Fetch to v15, the
+/// newest whose responses carry no NodeEndpoints, so they stream.
 #[test]
 fn plain_chain_clamps_what_the_address_rewrite_decodes() {
     let chain = Chain::new(vec![Box::new(AddressRewrite::new(nodes()))]);
@@ -87,7 +95,7 @@ fn plain_chain_clamps_what_the_address_rewrite_decodes() {
         advertised_through(&chain),
         vec![
             (0, 3, 13),
-            (1, 4, 18),
+            (1, 4, 15),
             (3, 0, 13),
             (18, 0, 5),
             (19, 2, 7),
@@ -104,6 +112,63 @@ fn guard_chain_also_clamps_produce_to_what_the_guard_parses() {
         Box::new(AddressRewrite::new(nodes())),
     ]);
     assert_eq!(advertised_through(&chain)[0], (0, 3, 12));
+    assert_eq!(advertised_through(&chain)[1], (1, 4, 15));
+}
+
+/// Fetch v15 responses pass a plain chain untouched (they stream); a client
+/// that ignores the advertisement and sends v16+ is still rewritten: the
+/// chain handles those versions and decodes them up to v18.
+#[test]
+fn fetch_above_the_clamp_is_still_rewritten() {
+    let chain = Chain::new(vec![Box::new(AddressRewrite::new(nodes()))]);
+    assert!(!chain.wants(&header(api::FETCH, 15)));
+    for v in 16..=18 {
+        assert!(chain.wants(&header(api::FETCH, v)), "v{v}");
+    }
+    assert!(chain.decode_set().contains(&(api::FETCH, 4..=18)));
+}
+
+/// A broker whose oldest Fetch is v16 keeps its entry as advertised: the
+/// v15 preference never removes an API clients need.
+#[test]
+fn fetch_preference_never_removes_the_entry() {
+    let chain = Chain::new(vec![Box::new(AddressRewrite::new(nodes()))]);
+    let got = advertised_through_with(&chain, &[(1, 16, 19), (18, 0, 4)]);
+    assert_eq!(got, vec![(1, 16, 18), (18, 0, 4)]);
+}
+
+/// A filter that holds every Fetch response (as the mirror listener's PID
+/// rewrite does) and decodes what the handlers decode.
+struct HoldsFetch(Vec<(i16, RangeInclusive<i16>)>);
+
+impl Filter for HoldsFetch {
+    fn decodes(&self) -> &[(i16, RangeInclusive<i16>)] {
+        &self.0
+    }
+
+    fn handles(&self, api_key: i16, _api_version: i16) -> bool {
+        api_key == api::FETCH
+    }
+
+    fn on_response(
+        &self,
+        _h: &RequestHeader,
+        _state: Option<&mut RequestState>,
+        frame: BytesMut,
+    ) -> Result<Rewritten, RewriteError> {
+        Ok(Rewritten::Ready(frame))
+    }
+}
+
+/// Where another filter holds Fetch responses anyway (mirror listeners),
+/// lowering Fetch would lose the KIP-951 leader hints for nothing: the
+/// broker's maximum (within what is decoded) stays.
+#[test]
+fn fetch_is_not_lowered_where_responses_are_held_anyway() {
+    let chain = Chain::new(vec![
+        Box::new(HoldsFetch(vec![(api::FETCH, 4..=18)])),
+        Box::new(AddressRewrite::new(nodes())),
+    ]);
     assert_eq!(advertised_through(&chain)[1], (1, 4, 18));
 }
 

@@ -154,6 +154,34 @@ fn api_versions_entry_unusable_through_proxy_is_removed() {
     }
 }
 
+/// A preferred maximum (Fetch v15 so responses stream) lowers the max but
+/// never removes an entry whose minimum is above it, and leaves every other
+/// byte (tags, throttle time) as it came.
+#[test]
+fn api_versions_preference_lowers_but_never_removes() {
+    use mirrorguard::handlers::api_versions::prefer_api_versions_response;
+    for v in 0..=4 {
+        let body = enc(&build(v, &ADVERTISED), v);
+        let out = prefer_api_versions_response(v, &body, &[(1, 15), (19, 1)])
+            .unwrap()
+            .unwrap();
+        let mut expect = ADVERTISED.to_vec();
+        let fetch = expect.iter_mut().find(|e| e.0 == 1).unwrap();
+        fetch.2 = 15;
+        // Key 19's minimum (2) is above 1: kept as advertised.
+        assert_eq!(
+            dec::<ApiVersionsResponse>(&out, v),
+            build(v, &expect),
+            "v{v}"
+        );
+        // Already at or below the preference: nothing changes.
+        let low = enc(&build(v, &[(1, 4, 15), (19, 2, 7)]), v);
+        assert!(prefer_api_versions_response(v, &low, &[(1, 15), (19, 1)])
+            .unwrap()
+            .is_none());
+    }
+}
+
 #[test]
 fn api_versions_falls_back_to_v0_on_unsupported_version() {
     // A broker answering a too-new request sends a v0 body with error 35.

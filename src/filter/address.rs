@@ -34,12 +34,32 @@ pub fn carries_address(api_key: i16, api_version: i16) -> bool {
     match api_key {
         api::METADATA | api::FIND_COORDINATOR | api::DESCRIBE_CLUSTER => true,
         api::PRODUCE => api_version >= 10,
-        api::FETCH => api_version >= 16,
+        api::FETCH => api_version > FETCH_WITHOUT_ADDRESSES,
         _ => false,
     }
 }
 
+/// The highest Fetch version whose response carries no broker address.
+/// Fetch v16 (KIP-951) adds NodeEndpoints: the new leaders' addresses, sent
+/// with NOT_LEADER_OR_FOLLOWER and FENCED_LEADER_EPOCH so a client can move
+/// without a Metadata round trip.
+pub const FETCH_WITHOUT_ADDRESSES: i16 = 15;
+
 /// Rewrites broker addresses to the listener's proxy ports.
+///
+/// Fetch is the one address-carrying API whose responses are large: a v16+
+/// response must be held whole (NodeEndpoints sit after the records and
+/// change length when rewritten), while up to v15 it streams through a
+/// listener that has no other Fetch filter (plain and guard listeners). So
+/// this filter asks the ApiVersions clamp to advertise at most Fetch v15
+/// ([`Filter::streams_at_most`]). The trade-off: clients lose the KIP-951
+/// leader hints through the proxy and, as before v16, find a moved leader
+/// by a Metadata request after the NOT_LEADER_OR_FOLLOWER error (one round
+/// trip, on leader changes only), in exchange for memory that does not grow
+/// with the Fetch size and no store-and-forward delay on every response.
+/// A client that ignores ApiVersions and sends v16+ anyway is still
+/// rewritten, held whole. Mirror listeners keep the broker's maximum: their
+/// Fetch responses are held for the PID rewrite in any case.
 pub struct AddressRewrite {
     nodes: Arc<NodeRegistry>,
     decodes: Vec<(i16, RangeInclusive<i16>)>,
@@ -62,6 +82,12 @@ impl Filter for AddressRewrite {
 
     fn handles(&self, api_key: i16, api_version: i16) -> bool {
         carries_address(api_key, api_version)
+    }
+
+    /// Fetch: the newest version without NodeEndpoints, so responses stream
+    /// (see [`AddressRewrite`]).
+    fn streams_at_most(&self, api_key: i16) -> Option<i16> {
+        (api_key == api::FETCH).then_some(FETCH_WITHOUT_ADDRESSES)
     }
 
     /// Only responses carry addresses: requests stream past this filter.

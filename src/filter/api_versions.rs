@@ -8,6 +8,11 @@
 //! filter of the chain declares for that API. APIs no filter decodes are
 //! advertised as the broker sent them, except SaslHandshake, advertised as
 //! v1 only (v0 is followed by raw SASL tokens no frame reader can follow).
+//! A filter may ask for less than it decodes
+//! ([`Filter::streams_at_most`](super::Filter::streams_at_most): the
+//! address rewrite for Fetch, whose v16+ responses it must hold whole):
+//! the maximum is lowered to that version too, unless another filter of
+//! the chain handles responses of that version anyway.
 //! [`Chain::new`](super::Chain::new)
 //! appends this filter to every chain, computed from the others.
 
@@ -31,6 +36,10 @@ pub struct ApiVersionsClamp {
     decodes: Vec<(i16, RangeInclusive<i16>)>,
     /// `(api_key, max_version)` of every API some filter decodes.
     table: Vec<(i16, i16)>,
+    /// `(api_key, max_version)` whose responses stream
+    /// ([`Filter::streams_at_most`]): lowered to unless the broker's
+    /// minimum is above it.
+    prefer: Vec<(i16, i16)>,
 }
 
 impl ApiVersionsClamp {
@@ -41,6 +50,24 @@ impl ApiVersionsClamp {
             .into_iter()
             .map(|(k, r)| (k, *r.end()))
             .collect();
+        // Versions whose responses would stream: only worth asking for when
+        // no filter of the chain holds such responses anyway.
+        let mut prefer: Vec<(i16, i16)> = Vec::new();
+        for f in filters {
+            for (key, _) in &table {
+                let Some(v) = f.streams_at_most(*key) else {
+                    continue;
+                };
+                if filters.iter().any(|g| g.handles(*key, v)) {
+                    continue;
+                }
+                match prefer.iter_mut().find(|(k, _)| k == key) {
+                    Some((_, max)) => *max = (*max).min(v),
+                    None => prefer.push((*key, v)),
+                }
+            }
+        }
+        prefer.sort_by_key(|(k, _)| *k);
         for (key, r) in &decodes {
             match table.iter_mut().find(|(k, _)| k == key) {
                 Some((_, max)) => *max = (*max).min(*r.end()),
@@ -48,12 +75,22 @@ impl ApiVersionsClamp {
             }
         }
         table.sort_by_key(|(k, _)| *k);
-        Self { decodes, table }
+        Self {
+            decodes,
+            table,
+            prefer,
+        }
     }
 
     /// The `(api_key, max_version)` table responses are clamped to.
     pub fn table(&self) -> &[(i16, i16)] {
         &self.table
+    }
+
+    /// The `(api_key, max_version)` preferred so responses stream
+    /// ([`Filter::streams_at_most`]).
+    pub fn preferred(&self) -> &[(i16, i16)] {
+        &self.prefer
     }
 }
 
@@ -77,6 +114,16 @@ impl Filter for ApiVersionsClamp {
             handlers::clamp_api_versions_response(h.api_version, &frame[body_at..], &self.table)
                 .map_err(|e| RewriteError::new(h, e.to_string()))?;
         let frame = match clamped {
+            None => frame,
+            Some(body) => with_body(&frame, body_at, &body),
+        };
+        let preferred = handlers::api_versions::prefer_api_versions_response(
+            h.api_version,
+            &frame[body_at..],
+            &self.prefer,
+        )
+        .map_err(|e| RewriteError::new(h, e.to_string()))?;
+        let frame = match preferred {
             None => frame,
             Some(body) => with_body(&frame, body_at, &body),
         };

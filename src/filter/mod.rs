@@ -70,6 +70,21 @@ pub trait Filter: Send + Sync {
     /// through this filter.
     fn handles(&self, api_key: i16, api_version: i16) -> bool;
 
+    /// The highest version of `api_key` whose responses this filter leaves
+    /// untouched, when it must rewrite newer ones with a length change
+    /// (which holds them whole instead of streaming them); `None` (the
+    /// default) when it has no such preference. The chain's ApiVersions
+    /// clamp advertises at most this version, unless another filter of the
+    /// chain handles responses of that version anyway (then lowering it
+    /// would give up the newer version's fields for nothing): clients then
+    /// negotiate a version whose responses stream. It lowers only what is
+    /// advertised: [`handles`](Self::handles) and [`decodes`](Self::decodes)
+    /// still cover the newer versions, so a client that ignores ApiVersions
+    /// and sends one is rewritten as before.
+    fn streams_at_most(&self, _api_key: i16) -> Option<i16> {
+        None
+    }
+
     /// Whether [`on_request`](Self::on_request) reads the body of a request
     /// of `api_key` at `api_version`. When no filter of a chain does, the
     /// connection streams the request upstream as it arrives instead of

@@ -103,6 +103,29 @@ pub fn clamp_api_versions_response<M: MaxVersion>(
     body: &[u8],
     table: &[(i16, M)],
 ) -> WireResult<Option<Vec<u8>>> {
+    clamp(version, body, table, true)
+}
+
+/// Like [`clamp_api_versions_response`], for preferred rather than required
+/// maxima: an entry whose `min_version` is above the preferred maximum is
+/// left as advertised (a client must still be able to use the API; it then
+/// uses a version the proxy handles the slow way), never removed.
+pub fn prefer_api_versions_response(
+    version: i16,
+    body: &[u8],
+    table: &[(i16, i16)],
+) -> WireResult<Option<Vec<u8>>> {
+    clamp(version, body, table, false)
+}
+
+/// The clamp; `remove_unusable`: whether an entry whose `min_version` is
+/// above the limit is removed (else it is kept unchanged).
+fn clamp<M: MaxVersion>(
+    version: i16,
+    body: &[u8],
+    table: &[(i16, M)],
+    remove_unusable: bool,
+) -> WireResult<Option<Vec<u8>>> {
     check_version("ApiVersionsResponse", version, 0..=5)?;
     let limit = |key: i16| {
         table
@@ -116,7 +139,7 @@ pub fn clamp_api_versions_response<M: MaxVersion>(
         let (mut count, mut removed) = (0usize, 0usize);
         let (error_code, _) = parse(v, body, |e: Entry| {
             count += 1;
-            if limit(e.api_key).is_some_and(|m| e.min > m) {
+            if remove_unusable && limit(e.api_key).is_some_and(|m| e.min > m) {
                 removed += 1;
             }
         })?;
@@ -138,7 +161,11 @@ pub fn clamp_api_versions_response<M: MaxVersion>(
     let (_, len_range) = parse(version, body, |e| {
         let Some(m) = limit(e.api_key) else { return };
         let res = if e.min > m {
-            sp.replace(e.start, e.end, &[])
+            if remove_unusable {
+                sp.replace(e.start, e.end, &[])
+            } else {
+                Ok(())
+            }
         } else if e.max > m {
             // max_version sits 4 bytes into the entry.
             sp.replace(e.start + 4, e.start + 6, &m.to_be_bytes())

@@ -3,16 +3,22 @@ forwards large Produce requests and Fetch responses as they arrive, so mirrorgua
 peak memory does not grow with the frame size, and the bytes are unchanged; a client
 that abandons a large request mid-frame has had part of it forwarded, and the broker
 must never act on it (mirrorguard closes the upstream connection with the client's).
-Raw sockets (tests/integration/rawkafka.py: Produce v3, Fetch v4) as clients.
+Raw sockets (tests/integration/rawkafka.py: Produce v3, Fetch v4) as clients, and a
+librdkafka consumer, which negotiates Fetch through ApiVersions: the plain listener
+offers at most Fetch v15 (v16+ responses carry KIP-951 NodeEndpoints that would be
+rewritten and held whole), so its large Fetch responses stream too.
 """
 
 from __future__ import annotations
 
+import logging
+import re
 import socket
 import struct
 import time
 from pathlib import Path
 
+from confluent_kafka import TopicPartition
 from kafka.record.default_records import DefaultRecordBatchBuilder
 
 import harness
@@ -73,6 +79,62 @@ def test_large_frames_stream_with_flat_memory(kafka1, proxy_factory):
     sent = m.sum("mirrorguard_bytes_total", api="Produce", direction="client_to_upstream")
     got = m.sum("mirrorguard_bytes_total", api="Fetch", direction="upstream_to_client")
     assert sent >= len(records) and got >= len(records), (sent, got)
+
+
+class _Lines(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+def test_librdkafka_consumer_fetches_stream(kafka1, proxy_factory):
+    """A librdkafka consumer through a plain listener negotiates Fetch <= v15, and its
+    24 MiB Fetch responses cut through: the proxy's peak RSS does not grow with them."""
+    topic = harness.topic_name("stream-rdk")
+    harness.create_topics(kafka1.bootstrap, [topic], config={"max.message.bytes": str(40 * MIB)})
+    records = _batch(FRAME_MIB * MIB)
+    host, kport = kafka1.bootstrap.split(",")[0].rsplit(":", 1)
+    with rawkafka.Connection(host, int(kport), timeout=60) as c:
+        for _ in range(2):
+            err, _ = rawkafka.produce_v3(c, topic, 0, records, acks=-1, timeout_ms=30000)
+            assert err == 0, f"direct produce: error {err}"
+    proxy = proxy_factory([kafka1.bootstrap], node_ids=kafka1.node_ids)
+    pid = proxy.proc.pid
+    before = _vm_hwm_kib(pid)
+    log = logging.getLogger(f"rdkafka-{topic}")
+    log.setLevel(logging.DEBUG)
+    log.propagate = False
+    lines = _Lines()
+    log.addHandler(lines)
+    consumer = harness.new_consumer(
+        proxy.bootstrap, **{"group.id": topic, "enable.auto.commit": False, "debug": "protocol",
+                            "logger": log, "fetch.max.bytes": 32 * MIB,
+                            "max.partition.fetch.bytes": 32 * MIB, "receive.message.max.bytes": 40 * MIB,
+                            "fetch.wait.max.ms": 100})
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    got = 0
+    deadline = time.monotonic() + 60
+    try:
+        while got < 2 and time.monotonic() < deadline:
+            m = consumer.poll(1)
+            if m is None:
+                continue
+            assert not m.error(), m.error()
+            # The record as produced (the value _batch wrote), byte for byte.
+            assert m.value() == bytes(range(256)) * (FRAME_MIB * MIB // 256), f"record {got} differs"
+            got += 1
+    finally:
+        consumer.close()
+    assert got == 2, f"consumed {got} of 2 records of {FRAME_MIB} MiB"
+    versions = {int(v) for line in lines.lines for v in re.findall(r"Sent FetchRequest \(v(\d+)", line)}
+    assert versions, "no FetchRequest in librdkafka's protocol debug log"
+    assert max(versions) <= 15, f"librdkafka negotiated Fetch {sorted(versions)} through the plain listener"
+    grown = (_vm_hwm_kib(pid) - before) / 1024
+    # Held whole, one 24 MiB Fetch response would add >= 24 MiB.
+    assert grown < 8, f"peak RSS grew by {grown:.1f} MiB relaying {FRAME_MIB} MiB Fetch responses"
 
 
 def test_abandoned_streamed_request_is_never_acted_on(kafka1, proxy_factory):
