@@ -486,8 +486,16 @@ def main(argv: list[str]) -> int:
     cluster.start()
     print(f"bootstrap={cluster.bootstrap} cluster_id={cluster.cluster_id} dir={work} "
           f"started_in={cluster.start_seconds:.1f}s", flush=True)
+    # Wait for SIGINT or SIGTERM with both blocked (sigwait needs them blocked)
+    # and at their default action: a background job of a non-interactive shell
+    # starts with SIGINT ignored, and an ignored signal is discarded, never
+    # waited for (the caller's SIGINT would then hang it).
+    stop = {signal.SIGINT, signal.SIGTERM}
+    signal.pthread_sigmask(signal.SIG_BLOCK, stop)
+    for s in stop:
+        signal.signal(s, signal.SIG_DFL)
     try:
-        signal.sigwait({signal.SIGINT, signal.SIGTERM})
+        signal.sigwait(stop)
     finally:
         cluster.stop()
     return 0
