@@ -86,6 +86,35 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
+def _pick_ports(n: int, taken: set[int]) -> list[int]:
+    """`n` free loopback ports, distinct from one another and from `taken` (which grows by
+    them): the OS may hand a port it gave an earlier call out again once that socket closed."""
+    got: list[int] = []
+    for _ in range(100):
+        for p in _free_ports(n - len(got)):
+            if p not in taken:
+                taken.add(p)
+                got.append(p)
+        if len(got) == n:
+            return got
+    raise HarnessError(f"no {n} distinct free ports outside {sorted(taken)}")
+
+
+def listener_ports(nodes: int, port: int | None = None, sasl: bool = False,
+                   ssl: bool = False) -> list[tuple[int, int, int | None, int | None, int | None]]:
+    """Each node's (client, controller, SASL_PLAINTEXT, SSL, SASL_SSL) ports, every one of
+    every node distinct; `port` is the first node's client port (chosen by the caller), the
+    listeners a cluster does not have are None."""
+    taken: set[int] = set() if port is None else {port}
+    client = ([port] + _pick_ports(nodes - 1, taken)) if port is not None else _pick_ports(nodes, taken)
+    controller = _pick_ports(nodes, taken)
+    none: list[int | None] = [None] * nodes
+    sasl_ports = _pick_ports(nodes, taken) if sasl else none
+    ssl_ports = _pick_ports(nodes, taken) if ssl else none
+    sasl_ssl_ports = _pick_ports(nodes, taken) if sasl and ssl else none
+    return list(zip(client, controller, sasl_ports, ssl_ports, sasl_ssl_ports))
+
+
 class CertAuthority:
     """A throwaway CA and the certificates it signs, made with ``openssl`` in ``dir`` at test
     time. ``issue(name)`` returns ``(cert, key)`` paths (RSA 2048, PKCS#8 key, SAN
@@ -348,23 +377,10 @@ class KafkaCluster:
         self.sasl = dict(sasl) if sasl is not None else None
         self.ssl = ssl
         self.ssl_client_auth = ssl_client_auth
-        ports = _free_ports(3 * nodes if ssl is not None else 2 * nodes)
-        ssl_ports = ports[2 * nodes:] if ssl is not None else [None] * nodes
-        if port is not None:  # the first node's client port, chosen by the caller
-            while port in ports:
-                ports = _free_ports(2 * nodes)
-            ports[0] = port
         self.nodes: list[KafkaNode] = []
-        sasl_ports: list[int | None] = [None] * nodes
-        if self.sasl is not None:
-            sasl_ports = [p for p in _free_ports(nodes + len(ports)) if p not in ports][:nodes]
-        sasl_ssl_ports: list[int | None] = [None] * nodes
-        if self.sasl is not None and ssl is not None:
-            taken = set(ports) | set(sasl_ports)
-            sasl_ssl_ports = [p for p in _free_ports(nodes + len(taken)) if p not in taken][:nodes]
-        for i in range(nodes):
-            self.nodes.append(KafkaNode(self, first_node_id + i, ports[2 * i], ports[2 * i + 1],
-                                        sasl_ports[i], ssl_ports[i], sasl_ssl_ports[i]))
+        for i, node_ports in enumerate(listener_ports(nodes, port=port, sasl=sasl is not None,
+                                                      ssl=ssl is not None)):
+            self.nodes.append(KafkaNode(self, first_node_id + i, *node_ports))
 
     # -- the interface shared with harness.TansuBroker ----------------------------
     @property
