@@ -153,7 +153,6 @@ class Pki:
         self.upstream = self.ca_dir.issue("mirrorguard-client")  # mirrorguard towards Kafka
         self.app = self.ca_dir.issue("app")                      # a Kafka client
         self.foreign = CertAuthority(root / "foreign", name="foreign-ca").issue("intruder")
-
     def server_tls(self, client_ca: bool = True, timeout_ms: int = 10000) -> str:
         cert, key = self.server
         ca = f'client_ca = "{self.ca}", ' if client_ca else ""
@@ -184,14 +183,18 @@ def rawkafka_tls(ctx: ssl.SSLContext, host: str, port: int, timeout: float = 5.0
 
 
 @contextlib.contextmanager
-def tls_rawkafka(ctx: ssl.SSLContext):
-    """rawkafka connections made inside (the stand-in fetcher's) speak TLS with `ctx`."""
+def tls_rawkafka(ctx: ssl.SSLContext, sasl: tuple[str, str, str] | None = None):
+    """rawkafka connections made inside (the stand-in fetcher's) speak TLS with `ctx`; with
+    `sasl` = (user, password, mechanism) each then authenticates with SCRAM."""
     plain = rawkafka.Connection
 
     class Tls(plain):
         def __init__(self, host, port, timeout=10.0, client_id="rawkafka"):
             super().__init__(host, port, timeout=timeout, client_id=client_id)
             self.sock = ctx.wrap_socket(self.sock, server_hostname=host)
+            if sasl:
+                user, password, mechanism = sasl
+                sasl_authenticate(self, user, password, mechanism)
 
     rawkafka.Connection = Tls
     mirror_harness.rawkafka.Connection = Tls
