@@ -138,14 +138,32 @@ class CertAuthority:
         if r.returncode != 0:
             raise HarnessError(f"openssl {args[0]} failed: {r.stderr}")
 
-    def issue(self, name: str, sans: str = "IP:127.0.0.1,DNS:localhost") -> tuple[Path, Path]:
+    def issue(self, name: str, sans: str = "IP:127.0.0.1,DNS:localhost",
+              expired: bool = False) -> tuple[Path, Path]:
+        """``expired``: valid from two days ago until yesterday (``openssl ca``, since
+        OpenSSL 3.0's ``x509 -req`` cannot backdate)."""
         cert, key, csr = (self.dir / f"{name}.pem", self.dir / f"{name}.key", self.dir / f"{name}.csr")
         ext = self.dir / f"{name}.ext"
         ext.write_text(f"subjectAltName={sans}\nextendedKeyUsage=serverAuth,clientAuth\n"
                        "basicConstraints=CA:FALSE\n")
         self._run(["req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", csr, "-subj", f"/CN={name}"])
-        self._run(["x509", "-req", "-in", csr, "-CA", self.ca, "-CAkey", self.ca_key, "-CAcreateserial",
-                   "-out", cert, "-days", "2", "-extfile", ext])
+        if not expired:
+            self._run(["x509", "-req", "-in", csr, "-CA", self.ca, "-CAkey", self.ca_key, "-CAcreateserial",
+                       "-out", cert, "-days", "2", "-extfile", ext])
+            return cert, key
+        db = self.dir / f"{name}.ca-db"
+        db.mkdir(exist_ok=True)
+        (db / "index.txt").write_text("")
+        (db / "serial").write_text(os.urandom(8).hex() + "\n")
+        cfg = db / "ca.cnf"
+        cfg.write_text(f"[ca]\ndefault_ca = tca\n[tca]\ndatabase = {db}/index.txt\nnew_certs_dir = {db}\n"
+                       f"serial = {db}/serial\ndefault_md = sha256\npolicy = any\nunique_subject = no\n"
+                       "[any]\ncommonName = supplied\n")
+        day = 86400
+        stamp = lambda t: time.strftime("%Y%m%d%H%M%SZ", time.gmtime(t))  # noqa: E731
+        self._run(["ca", "-batch", "-config", cfg, "-cert", self.ca, "-keyfile", self.ca_key, "-in", csr,
+                   "-out", cert, "-notext", "-extfile", ext, "-startdate", stamp(time.time() - 2 * day),
+                   "-enddate", stamp(time.time() - day)])
         return cert, key
 
     def keystore(self, name: str) -> Path:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import hashlib
 import hmac
 import os
@@ -153,6 +154,12 @@ class Pki:
         self.upstream = self.ca_dir.issue("mirrorguard-client")  # mirrorguard towards Kafka
         self.app = self.ca_dir.issue("app")                      # a Kafka client
         self.foreign = CertAuthority(root / "foreign", name="foreign-ca").issue("intruder")
+
+    @functools.cached_property
+    def expired(self):
+        """A client certificate of the test CA that expired yesterday (made on first use)."""
+        return self.ca_dir.issue("app-expired", expired=True)
+
     def server_tls(self, client_ca: bool = True, timeout_ms: int = 10000) -> str:
         cert, key = self.server
         ca = f'client_ca = "{self.ca}", ' if client_ca else ""
