@@ -236,8 +236,9 @@ def test_guard_passthrough_sasl_over_tls(ksaslssl, pki, java_client, kafka1, mir
         else:
             assert txp.flush(20) == 0
             txp.abort_transaction(20)
-    # 4 idempotent, 3 committed + COMMIT marker, 3 aborted + ABORT marker.
-    assert high_watermark(ksaslssl.bootstrap, topic) == 12
+    # 4 idempotent, 3 committed + COMMIT marker, 3 aborted + ABORT marker (the coordinator
+    # writes the markers after EndTxn has answered).
+    harness.wait_until(lambda: high_watermark(ksaslssl.bootstrap, topic) == 12, 10, what="ABORT marker written")
     got = harness.consume_assign(g, topic, count=7, **{**conf, "isolation.level": "read_committed"})
     assert [(m.key(), m.value()) for m in got] == idem + [(b"t", b"commit-%d" % i) for i in range(3)]
     assert got[0].headers() == [("h", b"\x00\xff")]
