@@ -86,6 +86,35 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
+def _pick_ports(n: int, taken: set[int]) -> list[int]:
+    """`n` free loopback ports, distinct from one another and from `taken` (which grows by
+    them): the OS may hand a port it gave an earlier call out again once that socket closed."""
+    got: list[int] = []
+    for _ in range(100):
+        for p in _free_ports(n - len(got)):
+            if p not in taken:
+                taken.add(p)
+                got.append(p)
+        if len(got) == n:
+            return got
+    raise HarnessError(f"no {n} distinct free ports outside {sorted(taken)}")
+
+
+def listener_ports(nodes: int, port: int | None = None, sasl: bool = False,
+                   ssl: bool = False) -> list[tuple[int, int, int | None, int | None, int | None]]:
+    """Each node's (client, controller, SASL_PLAINTEXT, SSL, SASL_SSL) ports, every one of
+    every node distinct; `port` is the first node's client port (chosen by the caller), the
+    listeners a cluster does not have are None."""
+    taken: set[int] = set() if port is None else {port}
+    client = ([port] + _pick_ports(nodes - 1, taken)) if port is not None else _pick_ports(nodes, taken)
+    controller = _pick_ports(nodes, taken)
+    none: list[int | None] = [None] * nodes
+    sasl_ports = _pick_ports(nodes, taken) if sasl else none
+    ssl_ports = _pick_ports(nodes, taken) if ssl else none
+    sasl_ssl_ports = _pick_ports(nodes, taken) if sasl and ssl else none
+    return list(zip(client, controller, sasl_ports, ssl_ports, sasl_ssl_ports))
+
+
 class CertAuthority:
     """A throwaway CA and the certificates it signs, made with ``openssl`` in ``dir`` at test
     time. ``issue(name)`` returns ``(cert, key)`` paths (RSA 2048, PKCS#8 key, SAN
@@ -109,14 +138,32 @@ class CertAuthority:
         if r.returncode != 0:
             raise HarnessError(f"openssl {args[0]} failed: {r.stderr}")
 
-    def issue(self, name: str, sans: str = "IP:127.0.0.1,DNS:localhost") -> tuple[Path, Path]:
+    def issue(self, name: str, sans: str = "IP:127.0.0.1,DNS:localhost",
+              expired: bool = False) -> tuple[Path, Path]:
+        """``expired``: valid from two days ago until yesterday (``openssl ca``, since
+        OpenSSL 3.0's ``x509 -req`` cannot backdate)."""
         cert, key, csr = (self.dir / f"{name}.pem", self.dir / f"{name}.key", self.dir / f"{name}.csr")
         ext = self.dir / f"{name}.ext"
         ext.write_text(f"subjectAltName={sans}\nextendedKeyUsage=serverAuth,clientAuth\n"
                        "basicConstraints=CA:FALSE\n")
         self._run(["req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", csr, "-subj", f"/CN={name}"])
-        self._run(["x509", "-req", "-in", csr, "-CA", self.ca, "-CAkey", self.ca_key, "-CAcreateserial",
-                   "-out", cert, "-days", "2", "-extfile", ext])
+        if not expired:
+            self._run(["x509", "-req", "-in", csr, "-CA", self.ca, "-CAkey", self.ca_key, "-CAcreateserial",
+                       "-out", cert, "-days", "2", "-extfile", ext])
+            return cert, key
+        db = self.dir / f"{name}.ca-db"
+        db.mkdir(exist_ok=True)
+        (db / "index.txt").write_text("")
+        (db / "serial").write_text(os.urandom(8).hex() + "\n")
+        cfg = db / "ca.cnf"
+        cfg.write_text(f"[ca]\ndefault_ca = tca\n[tca]\ndatabase = {db}/index.txt\nnew_certs_dir = {db}\n"
+                       f"serial = {db}/serial\ndefault_md = sha256\npolicy = any\nunique_subject = no\n"
+                       "[any]\ncommonName = supplied\n")
+        day = 86400
+        stamp = lambda t: time.strftime("%Y%m%d%H%M%SZ", time.gmtime(t))  # noqa: E731
+        self._run(["ca", "-batch", "-config", cfg, "-cert", self.ca, "-keyfile", self.ca_key, "-in", csr,
+                   "-out", cert, "-notext", "-extfile", ext, "-startdate", stamp(time.time() - 2 * day),
+                   "-enddate", stamp(time.time() - day)])
         return cert, key
 
     def keystore(self, name: str) -> Path:
@@ -348,23 +395,10 @@ class KafkaCluster:
         self.sasl = dict(sasl) if sasl is not None else None
         self.ssl = ssl
         self.ssl_client_auth = ssl_client_auth
-        ports = _free_ports(3 * nodes if ssl is not None else 2 * nodes)
-        ssl_ports = ports[2 * nodes:] if ssl is not None else [None] * nodes
-        if port is not None:  # the first node's client port, chosen by the caller
-            while port in ports:
-                ports = _free_ports(2 * nodes)
-            ports[0] = port
         self.nodes: list[KafkaNode] = []
-        sasl_ports: list[int | None] = [None] * nodes
-        if self.sasl is not None:
-            sasl_ports = [p for p in _free_ports(nodes + len(ports)) if p not in ports][:nodes]
-        sasl_ssl_ports: list[int | None] = [None] * nodes
-        if self.sasl is not None and ssl is not None:
-            taken = set(ports) | set(sasl_ports)
-            sasl_ssl_ports = [p for p in _free_ports(nodes + len(taken)) if p not in taken][:nodes]
-        for i in range(nodes):
-            self.nodes.append(KafkaNode(self, first_node_id + i, ports[2 * i], ports[2 * i + 1],
-                                        sasl_ports[i], ssl_ports[i], sasl_ssl_ports[i]))
+        for i, node_ports in enumerate(listener_ports(nodes, port=port, sasl=sasl is not None,
+                                                      ssl=ssl is not None)):
+            self.nodes.append(KafkaNode(self, first_node_id + i, *node_ports))
 
     # -- the interface shared with harness.TansuBroker ----------------------------
     @property

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import functools
 import hashlib
 import hmac
 import os
@@ -154,6 +155,11 @@ class Pki:
         self.app = self.ca_dir.issue("app")                      # a Kafka client
         self.foreign = CertAuthority(root / "foreign", name="foreign-ca").issue("intruder")
 
+    @functools.cached_property
+    def expired(self):
+        """A client certificate of the test CA that expired yesterday (made on first use)."""
+        return self.ca_dir.issue("app-expired", expired=True)
+
     def server_tls(self, client_ca: bool = True, timeout_ms: int = 10000) -> str:
         cert, key = self.server
         ca = f'client_ca = "{self.ca}", ' if client_ca else ""
@@ -184,14 +190,18 @@ def rawkafka_tls(ctx: ssl.SSLContext, host: str, port: int, timeout: float = 5.0
 
 
 @contextlib.contextmanager
-def tls_rawkafka(ctx: ssl.SSLContext):
-    """rawkafka connections made inside (the stand-in fetcher's) speak TLS with `ctx`."""
+def tls_rawkafka(ctx: ssl.SSLContext, sasl: tuple[str, str, str] | None = None):
+    """rawkafka connections made inside (the stand-in fetcher's) speak TLS with `ctx`; with
+    `sasl` = (user, password, mechanism) each then authenticates with SCRAM."""
     plain = rawkafka.Connection
 
     class Tls(plain):
         def __init__(self, host, port, timeout=10.0, client_id="rawkafka"):
             super().__init__(host, port, timeout=timeout, client_id=client_id)
             self.sock = ctx.wrap_socket(self.sock, server_hostname=host)
+            if sasl:
+                user, password, mechanism = sasl
+                sasl_authenticate(self, user, password, mechanism)
 
     rawkafka.Connection = Tls
     mirror_harness.rawkafka.Connection = Tls

@@ -8,6 +8,10 @@ SASL_SSL (TLS with the test CA, then SCRAM).
   speaks TLS to Kafka's SASL_SSL listener and relays the SASL exchange; its own Metadata
   refresh authenticates as ``mg`` over the same TLS. A wrong password is the broker's
   authentication error at the client.
+- The same passthrough on a ``[[guard]]`` listener: librdkafka produces idempotently and
+  transactionally (committed and aborted) and reads back byte-identical batches, Kafka's
+  Java client runs transactions with read_committed, a mirrored partition is refused and a
+  wrong password is the broker's authentication error (the mirror's source is ``kafka1``).
 - The disaster seal over SASL_SSL everywhere: the source is a SASL_SSL cluster of its own
   (``source_tls`` + ``source_sasl``), the state store is reached with ``[state.tls]`` +
   ``[state.sasl]``, the fetcher authenticates to mirrorguard over TLS against the mirror
@@ -25,15 +29,17 @@ from __future__ import annotations
 
 import os
 import shutil
+import ssl
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from confluent_kafka import KafkaError
+from confluent_kafka import KafkaError, KafkaException
 
 import harness
-from harness import Proxy, create_topics, topic_name
+import rawkafka
+from harness import HOST, Proxy, create_topics, topic_name
 from kafka_broker import JAVA, KafkaCluster, kafka_available
 from mirror_harness import (  # noqa: F401 - mirror_factory is a fixture
     MirrorSpec,
@@ -185,6 +191,87 @@ def test_java_client_sasl_over_tls(ksaslssl, pki, java_client, tmp_path):
         assert m.sum("mirrorguard_requests_total", listener="main", api="SaslAuthenticate") >= 2
     finally:
         assert p.terminate() == 0
+
+
+POLICY_VIOLATION = 44
+
+
+def test_guard_passthrough_sasl_over_tls(ksaslssl, pki, java_client, kafka1, mirror_factory, tmp_path):
+    """A [[guard]] listener with TLS towards its clients, TLS towards Kafka's SASL_SSL
+    listener and SCRAM passed through: librdkafka produces idempotently and transactionally
+    (one committed, one aborted transaction) and reads back byte-identical batches; Kafka's
+    Java client runs transactions with read_committed; a topic the mirror's source also has
+    is refused; a wrong password is the broker's authentication error."""
+    # The mirror's source is the session's plain Kafka node: a topic only on `ksaslssl` is
+    # not mirrored, so the guard forwards its Produce requests.
+    topic, java_topic, mirrored = topic_name("gsaslssl"), topic_name("gsaslssl-java"), topic_name("gsaslssl-m")
+    create_topics(ksaslssl.bootstrap, [topic, java_topic, mirrored])
+    create_topics(kafka1.bootstrap, [mirrored])
+    spec = MirrorSpec("g-src", kafka1.bootstrap, node_ids=kafka1.node_ids)
+    pw = tmp_path / "mg.pw"
+    pw.write_text(USERS["mg"] + "\n")
+    # The lines below follow the [[guard]] table, so they are its keys.
+    mg = mirror_factory(ksaslssl.bootstrap, [spec], state_topic=f"__mirror_state_{os.urandom(4).hex()}",
+                        guard_upstream=ksaslssl.sasl_ssl_bootstrap, guard_node_ids=ksaslssl.node_ids,
+                        extra_config="\n".join([
+                            f"tls = {pki.server_tls(client_ca=False)}",
+                            f"upstream_tls = {server_ca_only(pki)}",
+                            f"upstream_sasl = {upstream_sasl('mg', 'SCRAM-SHA-512', password_file=pw)}",
+                        ]))
+    mg.wait_sources_known()
+    g = mg.guard_bootstrap
+    conf = sasl_ssl_conf(pki, "SCRAM-SHA-256")
+
+    idem = [(b"k%d" % i, b"idem-%d-" % i + bytes(range(256))) for i in range(4)]
+    harness.produce(g, topic, idem, headers=[("h", b"\x00\xff")], **{"enable.idempotence": True, **conf})
+    txp = harness.new_producer(g, **{**sasl_ssl_conf(pki, "SCRAM-SHA-512"), "transactional.id": f"tx-{topic}",
+                                     "message.timeout.ms": 15000})
+    txp.init_transactions(20)
+    for outcome in ("commit", "abort"):
+        txp.begin_transaction()
+        for i in range(3):
+            txp.produce(topic, value=b"%s-%d" % (outcome.encode(), i), key=b"t", partition=0)
+        if outcome == "commit":
+            txp.commit_transaction(20)
+        else:
+            assert txp.flush(20) == 0
+            txp.abort_transaction(20)
+    # 4 idempotent, 3 committed + COMMIT marker, 3 aborted + ABORT marker (the coordinator
+    # writes the markers after EndTxn has answered).
+    harness.wait_until(lambda: high_watermark(ksaslssl.bootstrap, topic) == 12, 10, what="ABORT marker written")
+    got = harness.consume_assign(g, topic, count=7, **{**conf, "isolation.level": "read_committed"})
+    assert [(m.key(), m.value()) for m in got] == idem + [(b"t", b"commit-%d" % i) for i in range(3)]
+    assert got[0].headers() == [("h", b"\x00\xff")]
+    # Every batch (data and markers) read through the guard, over TLS + SCRAM, is the
+    # broker's byte for byte.
+    direct, direct_raw = rawkafka.fetch_all_batches(HOST, ksaslssl.port, topic)
+    with tls_rawkafka(ssl.create_default_context(cafile=str(pki.ca)), sasl=("alice", USERS["alice"], "SCRAM-SHA-256")):
+        host, port = g.rsplit(":", 1)
+        _, via_guard = rawkafka.fetch_all_batches(host, int(port), topic)
+    assert len(direct) == 5 and via_guard == direct_raw
+
+    # A partition the mirror's source also has is refused over the same TLS + SCRAM path.
+    with pytest.raises(KafkaException) as e:
+        harness.produce(g, mirrored, [(None, b"x")], timeout=10, **{**conf, "enable.idempotence": False,
+                                                                    "retries": 0})
+    assert e.value.args[0].code() == POLICY_VIOLATION
+    assert high_watermark(ksaslssl.bootstrap, mirrored) == 0
+
+    e = auth_error(g, sasl_ssl_conf(pki, "SCRAM-SHA-512", password="wrong"))
+    assert e.code() == KafkaError._AUTHENTICATION and "invalid credentials" in e.str(), e.str()
+
+    out = java_sasl_ssl(java_client, pki, tmp_path, g, java_topic, "SCRAM-SHA-512", USERS["alice"],
+                        mode="txn", n="3")
+    assert out["_rc"] == 0, out
+    assert out["consumed"] == [f"java-committed-{i}" for i in range(3)] + [f"java-late-{i}" for i in range(3)]
+
+    m = mg.metrics()
+    assert m.sum("mirrorguard_requests_total", listener="guard", api="SaslAuthenticate") >= 6, m
+    assert m.sum("mirrorguard_requests_total", listener="guard", api="EndTxn") >= 2, m
+    assert (m.sum("mirrorguard_tls_handshake_errors_total")
+            == m.sum("mirrorguard_tls_handshake_errors_total", kind="eof")), m
+    log = mg.log_text()
+    assert USERS["mg"] not in log and USERS["alice"] not in log
 
 
 def test_seal_over_sasl_ssl_with_source_killed(ksaslssl, pki, kafka_factory, mirror_factory, tmp_path,

@@ -10,7 +10,8 @@ certificate; everything mirrorguard does upstream goes to the SSL one.
 - plain listener, TLS + mTLS on both sides: librdkafka and Kafka's Java client produce and
   consume through it;
 - hostile input on the TLS port: plaintext, a stalled handshake, a foreign client
-  certificate, no client certificate: each closed and counted, a good client unaffected;
+  certificate, an expired one (``openssl ca`` backdates it), no client certificate: each
+  closed and counted, a good client unaffected;
 - SIGHUP: a new server certificate is served to new connections; a bad key keeps the old;
 - guard (librdkafka and the Java client refused on a mirrored partition) and mirror listeners
   over TLS, the state store over TLS, and the seal over TLS
@@ -207,8 +208,9 @@ def test_hostile_input_on_tls_port(tls_proxy, kssl, pki):
         assert _closed_by_peer(s, 5) < 2
     wait_until(lambda: _handshake_errors(tls_proxy, "protocol") == before + 1, 5, what="garbage counted")
 
-    # 4. A client certificate from a foreign CA, and none at all (mTLS required).
-    for cert, kind in ((pki.foreign, "unknown_ca"), (None, "no_client_cert")):
+    # 4. A client certificate from a foreign CA, an expired one of the right CA, and none at
+    # all (mTLS required).
+    for cert, kind in ((pki.foreign, "unknown_ca"), (pki.expired, "cert_expired"), (None, "no_client_cert")):
         before = _handshake_errors(tls_proxy, kind)
         ctx = ssl.create_default_context(cafile=str(pki.ca))
         if cert:
@@ -225,7 +227,7 @@ def test_hostile_input_on_tls_port(tls_proxy, kssl, pki):
     assert rawkafka.API_FETCH in rawkafka.api_versions(good)
     good.close()
     log = tls_proxy.log_path.read_text(errors="replace")
-    assert "TLS handshake failed" in log and "plaintext" in log and "unknown_ca" in log
+    assert "TLS handshake failed" in log and "plaintext" in log and "unknown_ca" in log and "cert_expired" in log
 
 
 def _peer_cert(pki, port: int) -> bytes:
