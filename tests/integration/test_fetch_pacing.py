@@ -3,7 +3,10 @@ with nothing to return: every Fetch that carries no records is held for its MaxW
 (at most 30 s), so the number of Fetch requests reaching mirrorguard per second stays
 about 1000 / MaxWaitMs, whatever the answer path (a request of the stopped partition
 alone, with a mirroring partition beside it, from an incremental session, or with the
-source gone). A hot loop here once sent ~4,000 Fetch requests a second.
+source gone). A single fetch from the log end, past it or below the cut that finds
+nothing is held as long. A hot loop here once sent ~1,500-3,300 Fetch requests a second:
+the fetcher's session request, its sealed partition dropped, asked the source for
+nothing, and Kafka answers such a fetch at once.
 
 Apache Kafka is the source; the destination fetcher is the Kafka-engine stand-in of
 kafka_dest.py (Kafka's FetchSessionHandler and fetch request builder).
@@ -17,6 +20,7 @@ import harness
 from kafka_dest import kafka_dest_factory  # noqa: F401 - fixture
 from mirror_harness import (  # noqa: F401 - mirror_factory is a fixture
     MirrorSpec,
+    StandInFetcher,
     high_watermark,
     idempotent_producer,
     mirror_factory,
@@ -113,3 +117,27 @@ def test_stopped_partition_with_source_killed_is_paced(kafka1, kafka_factory, ka
     r = f.report()
     assert rate <= MAX_RATE, f"{rate:.1f} Fetch/s against a STOPPED partition, source killed: {r}"
     f.stop()
+
+
+def test_fetch_past_and_below_the_cut_of_a_stopped_partition(kafka1, kafka_dest_factory,  # noqa: F811
+                                                             mirror_factory):
+    """Single fetches of a STOPPED partition from other offsets: one that finds nothing is
+    held for its MaxWaitMs; one answered with records or an error may come at once (a
+    broker answers errors at once; the fetcher then backs off)."""
+    topic = harness.topic_name("pace5")
+    mg, dest, f = _setup(kafka1, mirror_factory, kafka_dest_factory, [topic])
+    end = stop_and_wait(mg, topic)
+    f.catch_up(topic, end)
+    f.stop()
+    raw = StandInFetcher(topic).connect(mg.mirrors[MIRROR].bootstrap)
+    seen = {}
+    for name, offset in (("at_end", end), ("past_end", end + 5), ("below_cut", 0)):
+        raw.leo = offset
+        t0 = time.monotonic()
+        res, got = raw.fetch_once(max_wait_ms=MAX_WAIT_MS)
+        took = time.monotonic() - t0
+        seen[name] = (res.top_error, res.error_code, len(got), round(took, 2))
+        if res.top_error == 0 and res.error_code == 0 and not got:
+            assert took >= MAX_WAIT_MS / 1000 * 0.8, f"{name}: an empty answer after {took:.2f} s: {seen}"
+    print(f"fetches of a STOPPED partition (top error, partition error, batches, seconds): {seen}")
+    raw.close()
