@@ -99,7 +99,10 @@ pub fn splice_controlled(
     let body = &frame[body_at..];
     // Which controlled partitions the upstream returned (the others are added).
     let mut seen = vec![false; plan.controlled.len()];
+    // Whether the upstream answer carries records or a partition error.
+    let mut carries = false;
     handlers::walk_fetch_response(h.api_version, body, &mut |p| {
+        carries |= p.error_code != 0 || p.records.as_ref().is_some_and(|r| !r.is_empty());
         if let Some(i) = plan
             .controlled
             .iter()
@@ -109,6 +112,22 @@ pub fn splice_controlled(
         }
     })
     .map_err(|e| err(h.api_version, e.to_string()))?;
+    // Nothing to return before MaxWaitMs ran out: the upstream answered at
+    // once because it was asked for nothing (the controlled partitions were
+    // dropped from the request); hold the answer as a broker would, then
+    // decide again. An error is answered at once, as a broker does.
+    if let Some(until) = plan.hold_until {
+        let empty = !carries && answers.iter().all(|a| a.records.is_empty());
+        if empty && std::time::Instant::now() < until {
+            return Ok(Rewritten::Blocked {
+                frame: Some(frame),
+                wait: Box::pin(async move {
+                    tokio::time::sleep_until(until.into()).await;
+                    Ok(())
+                }),
+            });
+        }
+    }
     let mut add: Vec<(FetchTopic<'_>, Vec<FetchPartitionResponse<'_>>)> = Vec::new();
     for (i, c) in plan.controlled.iter().enumerate() {
         if seen[i] {

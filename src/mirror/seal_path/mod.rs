@@ -130,6 +130,14 @@ pub struct FetchPlan {
     max_wait_ms: i32,
     /// Set once the local answer has waited.
     waited: bool,
+    /// When a forwarded request's MaxWaitMs runs out (`None` when the
+    /// request may not be held: MaxWaitMs or MinBytes of 0, or a seal to
+    /// serve at once). The upstream answers at once a request left with no
+    /// partitions (Kafka's `ReplicaManager.fetchMessages` holds only a fetch
+    /// that asks for something), which is what a fetcher of only sealed
+    /// partitions sends once they are dropped or out of its session: an
+    /// answer with no records and no error is held until then.
+    hold_until: Option<std::time::Instant>,
 }
 
 /// The longest a local answer with no records is held (a hostile MaxWaitMs

@@ -107,8 +107,12 @@ pub fn plan_fetch(
     let mut forget: Vec<(TopicRef, Vec<i32>)> = Vec::new();
     let mut forgotten_keys: Vec<PartitionKey> = Vec::new();
     let mut force_full_fetch = false;
+    // Whether the upstream session leaves out sealed partitions of this
+    // fetcher: it may then hold nothing to wait on.
+    let mut session_has_out = false;
     if incremental {
         let known_out = mirror.sessions.out_of(req.session_id);
+        session_has_out = !known_out.is_empty();
         // A partition forgotten earlier that mirrors again (resumed): the
         // fetcher still counts it in its session and would never list it
         // again; a full fetch puts it back.
@@ -164,12 +168,17 @@ pub fn plan_fetch(
             fetcher,
             max_wait_ms: req.max_wait_ms,
             waited: false,
+            hold_until: None,
         });
         return Ok(Some(RequestAction::Answer(plan)));
     }
-    if controlled.is_empty() && forget.is_empty() && below_cut.is_empty() {
+    if controlled.is_empty() && forget.is_empty() && below_cut.is_empty() && !session_has_out {
         return Ok(None);
     }
+    let hold_until = (!serving && req.max_wait_ms > 0 && req.min_bytes > 0).then(|| {
+        let ms = req.max_wait_ms.min(MAX_LOCAL_WAIT_MS) as u64;
+        std::time::Instant::now() + std::time::Duration::from_millis(ms)
+    });
     let all_controlled = controlled.len() == total;
     let mut out_of_session: Vec<PartitionKey> = controlled.iter().map(|c| c.key.clone()).collect();
     out_of_session.extend(forgotten_keys);
@@ -184,6 +193,7 @@ pub fn plan_fetch(
         fetcher,
         max_wait_ms: req.max_wait_ms,
         waited: false,
+        hold_until,
     };
     // Without a session nothing upstream needs to see the request.
     if all_controlled && !has_session {

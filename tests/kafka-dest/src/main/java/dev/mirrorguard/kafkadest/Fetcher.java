@@ -511,6 +511,10 @@ final class Fetcher {
             return true;
         }
         boolean refresh = false;
+        // A partition answered with an error: AbstractFetcherThread delays it by
+        // replica.fetch.backoff.ms (delayPartitions) rather than asking again at once, since
+        // a broker answers partition errors without waiting MaxWaitMs.
+        boolean partitionError = false;
         Map<TopicPartition, FetchResponseData.PartitionData> data =
                 resp.responseData(ns.handler.sessionTopicNames(), v);
         for (Map.Entry<TopicPartition, FetchResponseData.PartitionData> e : data.entrySet()) {
@@ -525,6 +529,7 @@ final class Fetcher {
             l.sourceLastStableOffset = pd.lastStableOffset();
             if (pe != Errors.NONE) {
                 count(pe.name());
+                partitionError = true;
                 switch (pe) {
                     case NOT_LEADER_OR_FOLLOWER, UNKNOWN_TOPIC_OR_PARTITION, UNKNOWN_TOPIC_ID, FENCED_LEADER_EPOCH,
                          UNKNOWN_LEADER_EPOCH, INCONSISTENT_TOPIC_ID, LEADER_NOT_AVAILABLE -> refresh = true;
@@ -574,6 +579,8 @@ final class Fetcher {
                 lastError = "partition errors: refreshing metadata";
             }
             closeAll(new IOException("metadata refresh"));
+            Thread.sleep(100);
+        } else if (partitionError) {
             Thread.sleep(100);
         }
         return true;
