@@ -83,6 +83,15 @@ pub struct ResultLabels {
     pub result: &'static str,
 }
 
+/// Labels of per-listener results.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerResultLabels {
+    /// Listener name.
+    pub listener: String,
+    /// `ok` or `error`.
+    pub result: &'static str,
+}
+
 /// Labels of per-state gauges.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabels {
@@ -143,6 +152,9 @@ pub struct Metrics {
     pub tls_handshake_errors: Family<KindLabels, Counter>,
     /// TLS configurations re-read on SIGHUP, by result (`ok`, `error`).
     pub tls_reloads: Family<ResultLabels, Counter>,
+    /// Re-authentications (KIP-368) of mirror listeners' upstream
+    /// connections, by listener and result (`ok`, `error`).
+    reauthentications: Family<ListenerResultLabels, Counter>,
 }
 
 /// Cached handles for one (listener, API) pair.
@@ -187,6 +199,14 @@ impl Metrics {
             "TLS configurations re-read from their files on SIGHUP, by result (ok, error: the old \
              configuration stays)",
             tls_reloads.clone(),
+        );
+        let reauthentications = Family::<ListenerResultLabels, Counter>::default();
+        registry.register(
+            "mirrorguard_reauthentications",
+            "Re-authentications (KIP-368) of mirror listeners' upstream connections before their \
+             session expires, by listener and result (ok, error: the connection is answered \
+             locally, then closed)",
+            reauthentications.clone(),
         );
         let mirror_events = Family::<MirrorKindLabels, Counter>::default();
         let partitions_served = Family::<MirrorLabels, Gauge>::default();
@@ -331,6 +351,7 @@ impl Metrics {
             produce_refused,
             tls_handshake_errors,
             tls_reloads,
+            reauthentications,
         })
     }
 
@@ -374,6 +395,16 @@ impl Metrics {
                 listener: listener.to_string(),
                 side,
                 cause,
+            })
+            .inc();
+    }
+
+    /// Counts one re-authentication of an upstream connection.
+    pub fn count_reauthentication(&self, listener: &str, result: &'static str) {
+        self.reauthentications
+            .get_or_create(&ListenerResultLabels {
+                listener: listener.to_string(),
+                result,
             })
             .inc();
     }

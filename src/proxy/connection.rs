@@ -41,6 +41,19 @@
 //! middle of a streamed response likewise ends the connection: the client
 //! sees a closed socket, never a short frame followed by another.
 //!
+//! A mirror listener's upstream connection is authenticated with
+//! mirrorguard's own credentials; when the source gives the session a
+//! lifetime (`connections.max.reauth.ms`, KIP-368) the relay
+//! re-authenticates it in place before it expires ([`Reauth`]): the request
+//! pump stops taking client frames, queues a barrier and waits until the
+//! response pump has delivered every answer owed (the SASL rounds then
+//! cannot be mistaken for, or interleave with, client responses), and runs
+//! the SaslHandshake/SaslAuthenticate rounds itself: each round queues an
+//! explicit internal entry, so the response pump hands the broker's answer
+//! back to the request pump instead of forwarding it. Client frames resume
+//! afterwards. A failed re-authentication is an upstream failure: the
+//! connection goes offline (answered locally) as on any other.
+//!
 //! (Over 600 lines on purpose: the two pumps, their shared `Mode` and the
 //! in-flight queue are one state machine, easier to check read in one place.)
 
@@ -48,11 +61,11 @@ use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::codec::api;
 use crate::codec::frame::READ_CHUNK;
@@ -62,6 +75,8 @@ use crate::codec::header::{
 use crate::codec::{CopyError, FrameError, FrameReader};
 use crate::filter::{Chain, Decision, RequestState, RewriteError, Rewritten};
 use crate::metrics::{ApiMetrics, Metrics};
+use crate::sasl::client::{reauth_delay, SaslRoundTrip};
+use crate::sasl::{ClientCredentials, SaslError};
 
 /// Most requests one client may have outstanding before the proxy stops
 /// reading from it (librdkafka's default max.in.flight is 1,000,000 per
@@ -78,6 +93,43 @@ pub const STREAM_ABOVE: usize = READ_CHUNK;
 /// id are at most 32 KiB each. A request whose header does not fit is held
 /// whole.
 const MAX_REQUEST_HEAD: usize = 96 * 1024;
+
+/// Longest a re-authentication waits for the answers owed to the client
+/// before it starts (kept requests have their own, shorter, deadlines).
+const MAX_REAUTH_DRAIN: Duration = Duration::from_secs(30);
+
+/// Re-authentication (KIP-368) of the upstream connection with
+/// mirrorguard's own credentials (mirror listeners with `source_sasl`).
+pub struct Reauth {
+    /// The credentials the connection authenticated with.
+    pub creds: Arc<ClientCredentials>,
+    /// The session lifetime the broker gave (ms, 0 = unlimited).
+    pub lifetime_ms: i64,
+    /// When that authentication ended.
+    pub authenticated_at: Instant,
+    /// Bound on the SASL rounds of one re-authentication.
+    pub limit: Duration,
+}
+
+impl Reauth {
+    /// When a session of `lifetime_ms` that began at `at` is re-authenticated.
+    fn due(lifetime_ms: i64, at: Instant) -> Option<Instant> {
+        reauth_delay(lifetime_ms, crate::sasl::client::jitter()).map(|d| at + d)
+    }
+}
+
+/// An entry of the in-flight queue, in upstream order. (Nearly every entry
+/// is a client request: boxing it would cost an allocation per request.)
+#[allow(clippy::large_enum_variant)]
+enum Entry {
+    /// A client request.
+    Client(InFlight),
+    /// Re-authentication: signalled once every earlier answer is delivered.
+    Barrier(oneshot::Sender<()>),
+    /// Re-authentication: the next upstream frame (without its size) is a
+    /// SASL response for the request pump, not for the client.
+    Sasl(oneshot::Sender<Result<Vec<u8>, String>>),
+}
 
 /// A request whose response is owed to the client, in request order.
 pub struct InFlight {
@@ -225,7 +277,34 @@ where
     C: AsyncRead + AsyncWrite + Unpin + Send,
     U: AsyncRead + AsyncWrite + Unpin + Send,
 {
-    relay_with(client, upstream, peer, ctx, shutdown, false, STREAM_ABOVE).await
+    relay_reauth(client, upstream, peer, ctx, shutdown, None).await
+}
+
+/// [`relay`] re-authenticating the upstream connection before its session
+/// expires (`reauth`).
+pub async fn relay_reauth<C, U>(
+    client: C,
+    upstream: U,
+    peer: SocketAddr,
+    ctx: Arc<ConnectionContext>,
+    shutdown: watch::Receiver<bool>,
+    reauth: Option<Reauth>,
+) -> ConnectionEnd
+where
+    C: AsyncRead + AsyncWrite + Unpin + Send,
+    U: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    relay_inner(
+        client,
+        upstream,
+        peer,
+        ctx,
+        shutdown,
+        false,
+        STREAM_ABOVE,
+        reauth,
+    )
+    .await
 }
 
 /// Serves a client whose upstream could not be reached: every request is
@@ -282,7 +361,7 @@ pub(crate) async fn relay_with<C, U>(
     upstream: U,
     peer: SocketAddr,
     ctx: Arc<ConnectionContext>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
     offline: bool,
     stream_above: usize,
 ) -> ConnectionEnd
@@ -290,9 +369,37 @@ where
     C: AsyncRead + AsyncWrite + Unpin + Send,
     U: AsyncRead + AsyncWrite + Unpin + Send,
 {
+    relay_inner(
+        client,
+        upstream,
+        peer,
+        ctx,
+        shutdown,
+        offline,
+        stream_above,
+        None,
+    )
+    .await
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn relay_inner<C, U>(
+    client: C,
+    upstream: U,
+    peer: SocketAddr,
+    ctx: Arc<ConnectionContext>,
+    mut shutdown: watch::Receiver<bool>,
+    offline: bool,
+    stream_above: usize,
+    reauth: Option<Reauth>,
+) -> ConnectionEnd
+where
+    C: AsyncRead + AsyncWrite + Unpin + Send,
+    U: AsyncRead + AsyncWrite + Unpin + Send,
+{
     let (client_rd, client_wr) = tokio::io::split(client);
     let (upstream_rd, upstream_wr) = tokio::io::split(upstream);
-    let (tx, rx) = mpsc::channel::<InFlight>(MAX_IN_FLIGHT);
+    let (tx, rx) = mpsc::channel::<Entry>(MAX_IN_FLIGHT);
     let mode = Mode {
         offline: AtomicBool::new(false),
         since: AtomicU64::new(0),
@@ -310,6 +417,7 @@ where
         &mut shutdown,
         &mode,
         stream_above,
+        reauth.as_ref(),
     );
     let responses = response_pump(upstream_rd, client_wr, rx, &ctx, peer, &mode, stream_above);
     tokio::pin!(requests, responses);
@@ -389,12 +497,13 @@ async fn stream_head<R: AsyncRead + Unpin>(
 async fn request_pump<R, W>(
     client_rd: R,
     mut upstream_wr: W,
-    tx: mpsc::Sender<InFlight>,
+    tx: mpsc::Sender<Entry>,
     ctx: &ConnectionContext,
     peer: SocketAddr,
     shutdown: &mut watch::Receiver<bool>,
     mode: &Mode,
     stream_above: usize,
+    reauth: Option<&Reauth>,
 ) -> ConnectionEnd
 where
     R: AsyncRead + Unpin,
@@ -403,6 +512,7 @@ where
     let mut reader = FrameReader::new(client_rd, ctx.max_frame);
     let mut api_metrics: HashMap<i16, ApiMetrics> = HashMap::new();
     let keeps = ctx.chain.serves_offline();
+    let mut reauth_at = reauth.and_then(|r| Reauth::due(r.lifetime_ms, r.authenticated_at));
     loop {
         if mode.upstream_back(ctx) {
             // Deliver what is owed, then close: the client reconnects to the
@@ -413,10 +523,24 @@ where
         }
         // The head first (cancellation safe, like the whole-frame read):
         // long frames no filter reads are streamed from there.
+        // An offline connection has no upstream session to keep.
+        let due = reauth_at.filter(|_| !mode.is_offline());
+        // (The re-authentication runs outside the select: the shutdown
+        // signal's guard must not live across its awaits.)
         let peeked = tokio::select! {
             biased;
             _ = shutdown.wait_for(|s| *s) => return ConnectionEnd::Drained,
-            t = reader.peek(8) => t,
+            _ = sleep_until_some(due) => None,
+            t = reader.peek(8) => Some(t),
+        };
+        let Some(peeked) = peeked else {
+            if let Some(r) = reauth {
+                match reauthenticate(&mut upstream_wr, &tx, ctx, peer, mode, r).await {
+                    Ok(next) => reauth_at = next,
+                    Err(end) => return end,
+                }
+            }
+            continue;
         };
         let head = match peeked {
             Ok(Some(total)) if total > stream_above => stream_head(&mut reader, total, &ctx.chain)
@@ -509,7 +633,7 @@ where
                 request,
                 deadline,
             };
-            if tx.send(entry).await.is_err() {
+            if tx.send(Entry::Client(entry)).await.is_err() {
                 // The response pump is gone; its end reason wins the select.
                 return ConnectionEnd::UpstreamClosed("response side closed".into());
             }
@@ -535,6 +659,104 @@ where
     }
 }
 
+/// Sleeps until `at`, or forever without one.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The SASL rounds of a re-authentication, through the pumps: each request
+/// is written upstream by the request pump, its answer read by the
+/// response pump and handed back.
+struct RelayRoundTrip<'a, W> {
+    upstream_wr: &'a mut W,
+    tx: &'a mpsc::Sender<Entry>,
+}
+
+impl<W: AsyncWrite + Unpin> SaslRoundTrip for RelayRoundTrip<'_, W> {
+    async fn round_trip(&mut self, frame: Vec<u8>) -> Result<Vec<u8>, SaslError> {
+        let gone = |_| SaslError::Io("the response side of the connection ended".into());
+        let (answer, answered) = oneshot::channel();
+        // Queued first: the response pump must know the frame is ours
+        // before the broker can answer it.
+        self.tx
+            .send(Entry::Sasl(answer))
+            .await
+            .map_err(|_| SaslError::Io("the response side of the connection ended".into()))?;
+        let io = |e: std::io::Error| SaslError::Io(format!("write to upstream: {e}"));
+        self.upstream_wr.write_all(&frame).await.map_err(io)?;
+        self.upstream_wr.flush().await.map_err(io)?;
+        answered.await.map_err(gone)?.map_err(SaslError::Io)
+    }
+}
+
+/// Re-authenticates the upstream connection (the request pump is not
+/// taking client frames meanwhile): waits until every answer owed is
+/// delivered, then runs the SASL rounds. Returns when the next one is due;
+/// a failure is an upstream failure (offline, or the end of a connection
+/// that cannot serve offline).
+async fn reauthenticate<W: AsyncWrite + Unpin>(
+    upstream_wr: &mut W,
+    tx: &mpsc::Sender<Entry>,
+    ctx: &ConnectionContext,
+    peer: SocketAddr,
+    mode: &Mode,
+    r: &Reauth,
+) -> Result<Option<Instant>, ConnectionEnd> {
+    let drained = async {
+        let (done, drained) = oneshot::channel();
+        if tx.send(Entry::Barrier(done)).await.is_err() || drained.await.is_err() {
+            return Err(SaslError::Io(
+                "the response side of the connection ended".into(),
+            ));
+        }
+        Ok(())
+    };
+    let res = match tokio::time::timeout(MAX_REAUTH_DRAIN, drained).await {
+        Err(_) => Err(SaslError::Io(format!(
+            "answers owed to the client not delivered within {MAX_REAUTH_DRAIN:?}"
+        ))),
+        Ok(Err(e)) => Err(e),
+        Ok(Ok(())) => {
+            let mut rt = RelayRoundTrip { upstream_wr, tx };
+            let rounds = crate::sasl::client::reauthenticate(&mut rt, &r.creds);
+            match tokio::time::timeout(r.limit, rounds).await {
+                Ok(res) => res,
+                Err(_) => Err(SaslError::Io(format!(
+                    "no answer within {:?} while re-authenticating",
+                    r.limit
+                ))),
+            }
+        }
+    };
+    match res {
+        Ok(session) => {
+            ctx.metrics.count_reauthentication(&ctx.listener, "ok");
+            tracing::debug!(listener = %ctx.listener, %peer, lifetime_ms = session.lifetime_ms,
+                "upstream connection re-authenticated");
+            Ok(Reauth::due(session.lifetime_ms, Instant::now()))
+        }
+        Err(e) => {
+            ctx.metrics.count_reauthentication(&ctx.listener, "error");
+            Metrics::count(
+                &ctx.metrics.upstream_errors,
+                &ctx.listener,
+                "authentication",
+            );
+            let why = format!("re-authentication to the upstream failed: {e}");
+            if ctx.chain.serves_offline() {
+                mode.go_offline(ctx, peer, &why);
+                return Ok(None);
+            }
+            tracing::warn!(listener = %ctx.listener, %peer, error = %e,
+                "re-authentication to the upstream failed");
+            Err(ConnectionEnd::UpstreamClosed(why))
+        }
+    }
+}
+
 /// Relays one request cut-through: notes it in flight, then copies it
 /// upstream piece by piece (or discards it while offline). `Err` ends the
 /// connection.
@@ -542,7 +764,7 @@ where
 async fn stream_request<R, W>(
     reader: &mut FrameReader<R>,
     upstream_wr: &mut W,
-    tx: &mpsc::Sender<InFlight>,
+    tx: &mpsc::Sender<Entry>,
     ctx: &ConnectionContext,
     peer: SocketAddr,
     mode: &Mode,
@@ -583,7 +805,7 @@ where
         request: None,
         deadline,
     };
-    if tx.send(entry).await.is_err() {
+    if tx.send(Entry::Client(entry)).await.is_err() {
         return Err(ConnectionEnd::UpstreamClosed("response side closed".into()));
     }
     if keeps && mode.is_offline() {
@@ -744,7 +966,7 @@ fn expects_response(header: &RequestHeader, frame: &[u8]) -> bool {
 async fn response_pump<R, W>(
     upstream_rd: R,
     mut client_wr: W,
-    mut rx: mpsc::Receiver<InFlight>,
+    mut rx: mpsc::Receiver<Entry>,
     ctx: &ConnectionContext,
     peer: SocketAddr,
     mode: &Mode,
@@ -759,7 +981,33 @@ where
     let mut unanswered: std::collections::VecDeque<i32> = std::collections::VecDeque::new();
     // Waiting on the queue first means an idle connection does not read
     // upstream; a closed queue with nothing owed means "drained".
-    while let Some(mut entry) = rx.recv().await {
+    while let Some(entry) = rx.recv().await {
+        let mut entry = match entry {
+            Entry::Client(e) => e,
+            Entry::Barrier(done) => {
+                // Every earlier answer is delivered (or answered locally).
+                let _ = done.send(());
+                continue;
+            }
+            Entry::Sasl(mut answer) => {
+                let got = if mode.is_offline() {
+                    Err("the upstream connection is offline".to_owned())
+                } else {
+                    tokio::select! {
+                        f = reader.next_frame() => match f {
+                            Ok(Some(f)) => Ok(f.get(4..).unwrap_or_default().to_vec()),
+                            Ok(None) => Err("the upstream closed the connection".to_owned()),
+                            Err(e) => Err(format!("reading upstream: {e}")),
+                        },
+                        // The request pump gave up (its time bound): the
+                        // connection is offline from here on.
+                        _ = answer.closed() => continue,
+                    }
+                };
+                let _ = answer.send(got);
+                continue;
+            }
+        };
         let h = entry.header;
         if entry.unanswered {
             if unanswered.len() >= MAX_IN_FLIGHT {
@@ -925,4 +1173,169 @@ where
     }
     let _ = client_wr.flush().await;
     ConnectionEnd::ClientClosed
+}
+
+#[cfg(test)]
+mod reauth_tests {
+    //! The relay re-authenticating its upstream against a scripted broker
+    //! that enforces KIP-368 like Kafka: a request other than SaslHandshake
+    //! or SaslAuthenticate after the session expired closes the connection.
+
+    use std::time::Duration;
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    use super::*;
+    use crate::filter::address::AddressRewrite;
+    use crate::proxy::nodes::NodeRegistry;
+    use crate::sasl::{Mechanism, Secret};
+
+    const LIFETIME_MS: i64 = 200;
+
+    fn context() -> Arc<ConnectionContext> {
+        let metrics = Metrics::new();
+        let nodes = Arc::new(NodeRegistry::new("t", "127.0.0.1", 0, metrics.clone()));
+        Arc::new(ConnectionContext {
+            listener: "t".into(),
+            max_frame: 1 << 20,
+            metrics,
+            chain: Arc::new(Chain::new(vec![Box::new(AddressRewrite::new(nodes))])),
+            health: Arc::new(UpstreamHealth::default()),
+        })
+    }
+
+    async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> Option<Vec<u8>> {
+        let mut size = [0u8; 4];
+        r.read_exact(&mut size).await.ok()?;
+        let mut body = vec![0u8; i32::from_be_bytes(size) as usize];
+        r.read_exact(&mut body).await.ok()?;
+        Some(body)
+    }
+
+    fn framed(body: &[u8]) -> Vec<u8> {
+        let mut f = (body.len() as i32).to_be_bytes().to_vec();
+        f.extend_from_slice(body);
+        f
+    }
+
+    /// The broker: answers SASL (PLAIN, lifetime [`LIFETIME_MS`]) and any
+    /// other request with its correlation id and `ok`; returns the number of
+    /// authentications, or an error once it had to close.
+    async fn broker(mut up: tokio::io::DuplexStream) -> Result<usize, String> {
+        let mut expires = Instant::now() + Duration::from_millis(LIFETIME_MS as u64);
+        let mut auths = 1; // the first one happened before the relay
+        while let Some(req) = read_frame(&mut up).await {
+            let api_key = i16::from_be_bytes([req[0], req[1]]);
+            let corr = &req[4..8];
+            let mut resp = corr.to_vec();
+            match api_key {
+                17 => {
+                    resp.extend_from_slice(&0i16.to_be_bytes());
+                    resp.extend_from_slice(&1i32.to_be_bytes());
+                    resp.extend_from_slice(&5i16.to_be_bytes());
+                    resp.extend_from_slice(b"PLAIN");
+                }
+                36 => {
+                    resp.extend_from_slice(&0i16.to_be_bytes());
+                    resp.extend_from_slice(&(-1i16).to_be_bytes());
+                    resp.extend_from_slice(&0i32.to_be_bytes());
+                    resp.extend_from_slice(&LIFETIME_MS.to_be_bytes());
+                    expires = Instant::now() + Duration::from_millis(LIFETIME_MS as u64);
+                    auths += 1;
+                }
+                _ => {
+                    if Instant::now() >= expires {
+                        return Err(format!("request {api_key} after the session expired"));
+                    }
+                    resp.extend_from_slice(b"ok");
+                }
+            }
+            if up.write_all(&framed(&resp)).await.is_err() {
+                break;
+            }
+        }
+        Ok(auths)
+    }
+
+    #[tokio::test]
+    async fn upstream_session_renewed_in_place() {
+        let ctx = context();
+        let (client, mut app) = tokio::io::duplex(1 << 16);
+        let (upstream, broker_end) = tokio::io::duplex(1 << 16);
+        let broker = tokio::spawn(broker(broker_end));
+        let (_stop, shutdown) = watch::channel(false);
+        let reauth = Reauth {
+            creds: Arc::new(ClientCredentials {
+                mechanism: Mechanism::Plain,
+                username: "mg".into(),
+                password: Secret::new("pw"),
+            }),
+            lifetime_ms: LIFETIME_MS,
+            authenticated_at: Instant::now(),
+            limit: Duration::from_secs(5),
+        };
+        let peer: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let relay = tokio::spawn(relay_reauth(
+            client,
+            upstream,
+            peer,
+            ctx.clone(),
+            shutdown,
+            Some(reauth),
+        ));
+        // ListOffsets v1 (no filter reads it) for about five lifetimes,
+        // with pauses both shorter and longer than the re-auth window.
+        let end = Instant::now() + Duration::from_millis(5 * LIFETIME_MS as u64);
+        let mut corr = 0i32;
+        while Instant::now() < end {
+            corr += 1;
+            let mut req = Vec::new();
+            req.extend_from_slice(&2i16.to_be_bytes());
+            req.extend_from_slice(&1i16.to_be_bytes());
+            req.extend_from_slice(&corr.to_be_bytes());
+            req.extend_from_slice(&(-1i16).to_be_bytes());
+            req.extend_from_slice(b"body");
+            app.write_all(&framed(&req)).await.unwrap();
+            let resp = tokio::time::timeout(Duration::from_secs(5), read_frame(&mut app))
+                .await
+                .expect("answer in time")
+                .expect("connection open");
+            let mut want = corr.to_be_bytes().to_vec();
+            want.extend_from_slice(b"ok");
+            assert_eq!(resp, want, "only the client's own answers reach it");
+            tokio::time::sleep(Duration::from_millis(if corr % 3 == 0 { 120 } else { 15 })).await;
+        }
+        drop(app);
+        let end = relay.await.unwrap();
+        assert!(matches!(end, ConnectionEnd::ClientClosed), "{end:?}");
+        let auths = broker.await.unwrap().expect("no request after expiry");
+        assert!(auths >= 5, "authentications: {auths}");
+        let text = ctx.metrics.encode();
+        let line = format!(
+            "mirrorguard_reauthentications_total{{listener=\"t\",result=\"ok\"}} {}",
+            auths - 1
+        );
+        assert!(text.contains(&line), "{line} in\n{text}");
+    }
+
+    #[test]
+    fn reauth_window_is_85_to_95_percent() {
+        use crate::sasl::client::reauth_delay;
+        assert_eq!(reauth_delay(0, 0.5), None);
+        assert_eq!(reauth_delay(-1, 0.5), None);
+        assert_eq!(
+            reauth_delay(10_000, 0.0),
+            Some(Duration::from_millis(8_500))
+        );
+        assert_eq!(
+            reauth_delay(10_000, 1.0),
+            Some(Duration::from_millis(9_500))
+        );
+        assert_eq!(
+            reauth_delay(10_000, 7.0),
+            Some(Duration::from_millis(9_500))
+        );
+        let j = crate::sasl::client::jitter();
+        assert!((0.0..=1.0).contains(&j));
+    }
 }

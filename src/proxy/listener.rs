@@ -30,7 +30,7 @@ use crate::filter::Chain;
 use crate::kafka_client::TransportConnector;
 use crate::metrics::{ListenerLabels, Metrics};
 use crate::proxy::connection::{
-    relay, serve_offline, ConnectionContext, ConnectionEnd, UpstreamHealth,
+    relay_reauth, serve_offline, ConnectionContext, ConnectionEnd, Reauth, UpstreamHealth,
 };
 use crate::proxy::nodes::{NodeBinder, NodeRegistry};
 use crate::proxy::refresh::{RefreshHook, RefreshTarget};
@@ -297,19 +297,20 @@ impl Listener {
                 None
             }
         };
-        let Some(upstream) = self.authenticate(&mut client, upstream, peer).await else {
+        let Some((upstream, reauth)) = self.authenticate(&mut client, upstream, peer).await else {
             open.dec();
             return;
         };
         tracing::debug!(listener = %self.config.name, %peer, ?target, "connection opened");
         let end = match upstream {
             Some(upstream) => {
-                relay(
+                relay_reauth(
                     client,
                     upstream,
                     peer,
                     self.ctx.clone(),
                     self.shutdown.clone(),
+                    reauth,
                 )
                 .await
             }
@@ -344,46 +345,57 @@ impl Listener {
     /// upstream connection authenticates with mirrorguard's source
     /// credentials (failing that it is dropped, and the connection is
     /// served offline), then the client authenticates to mirrorguard
-    /// ([`ServerAuth::accept`]). `None`: close the client.
+    /// ([`ServerAuth::accept`]). `None`: close the client. With the
+    /// upstream comes its re-authentication schedule, when the source gave
+    /// the session a lifetime.
     async fn authenticate<C, U>(
         &self,
         client: &mut C,
         mut upstream: Option<U>,
         peer: SocketAddr,
-    ) -> Option<Option<U>>
+    ) -> Option<(Option<U>, Option<Reauth>)>
     where
         C: AsyncRead + AsyncWrite + Unpin,
         U: AsyncRead + AsyncWrite + Unpin,
     {
         if !self.config.terminates_sasl {
-            return Some(upstream);
+            return Some((upstream, None));
         }
         let (identity, server) = self.sasl.get().cloned().unwrap_or_default();
+        let mut reauth = None;
         if let (Some(creds), Some(u)) = (&identity, upstream.as_mut()) {
-            if let Err(e) =
-                crate::sasl::client::authenticate(u, creds, self.connect_timeout()).await
-            {
-                Metrics::count(
-                    &self.metrics.upstream_errors,
-                    &self.config.name,
-                    "authentication",
-                );
-                tracing::warn!(listener = %self.config.name, %peer, error = %e,
-                    "mirrorguard's own authentication to the upstream failed");
-                if !self.ctx.chain.serves_offline() {
-                    return None;
+            match crate::sasl::client::authenticate(u, creds, self.connect_timeout()).await {
+                Ok(session) => {
+                    reauth = (session.lifetime_ms > 0).then(|| Reauth {
+                        creds: creds.clone(),
+                        lifetime_ms: session.lifetime_ms,
+                        authenticated_at: std::time::Instant::now(),
+                        limit: self.connect_timeout(),
+                    });
                 }
-                upstream = None;
+                Err(e) => {
+                    Metrics::count(
+                        &self.metrics.upstream_errors,
+                        &self.config.name,
+                        "authentication",
+                    );
+                    tracing::warn!(listener = %self.config.name, %peer, error = %e,
+                    "mirrorguard's own authentication to the upstream failed");
+                    if !self.ctx.chain.serves_offline() {
+                        return None;
+                    }
+                    upstream = None;
+                }
             }
         }
         let Some(server) = server else {
-            return Some(upstream);
+            return Some((upstream, reauth));
         };
         match server
             .accept(client, upstream.as_mut(), &self.ctx, peer)
             .await
         {
-            Ok(_user) => Some(upstream),
+            Ok(_user) => Some((upstream, reauth)),
             Err(e) => {
                 self.metrics
                     .connection_end(&self.config.name, "client", "authentication");

@@ -8,10 +8,16 @@
 //! past the last SASL response is consumed and the stream can be handed on
 //! as it is.
 //!
-//! mirrorguard does not re-authenticate (KIP-368) its own connections: a
-//! broker with `connections.max.reauth.ms` closes one whose session expired
-//! at its next request, and every owner of such a connection already
-//! reconnects on a closed connection.
+//! The same exchange re-authenticates (KIP-368) a connection already in
+//! use: [`reauthenticate`] runs it over a [`SaslRoundTrip`] the owner of the
+//! connection provides (the relay of a mirror listener routes the frames
+//! between its pumps), and [`reauth_delay`] says when, as Kafka's Java
+//! client does (`SaslClientAuthenticator.ReauthInfo`): after 85% to 95% of
+//! the session lifetime the broker gave, the jitter keeping many
+//! connections from re-authenticating at once. Owners that do not
+//! re-authenticate (Metadata refreshes, the state store's short-lived
+//! connections) reconnect when a broker with `connections.max.reauth.ms`
+//! closes a connection whose session expired.
 
 use std::time::Duration;
 
@@ -51,8 +57,69 @@ pub async fn authenticate<S: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
+/// One request frame out, its response frame (without the size prefix)
+/// back: how [`reauthenticate`] reaches the broker on a connection someone
+/// else owns.
+pub(crate) trait SaslRoundTrip {
+    /// Sends `frame` (size prefix included) and returns the next response
+    /// frame of the connection, without its size prefix.
+    async fn round_trip(&mut self, frame: Vec<u8>) -> Result<Vec<u8>, SaslError>;
+}
+
+/// A stream nothing else uses: frames written and read directly.
+struct Direct<'a, S>(&'a mut S);
+
+impl<S: AsyncRead + AsyncWrite + Unpin> SaslRoundTrip for Direct<'_, S> {
+    async fn round_trip(&mut self, frame: Vec<u8>) -> Result<Vec<u8>, SaslError> {
+        let io = |e: std::io::Error| SaslError::Io(e.to_string());
+        self.0.write_all(&frame).await.map_err(io)?;
+        self.0.flush().await.map_err(io)?;
+        read_frame(self.0, MAX_SASL_FRAME).await
+    }
+}
+
+/// Re-authenticates (KIP-368) an authenticated connection through `rt`:
+/// the same SaslHandshake v1 and SaslAuthenticate v1 rounds as the first
+/// time. The caller makes sure nothing else is in flight on it (responses
+/// are read in order) and bounds the time.
+pub(crate) async fn reauthenticate<T: SaslRoundTrip>(
+    rt: &mut T,
+    creds: &ClientCredentials,
+) -> Result<Session, SaslError> {
+    run(rt, creds).await
+}
+
+/// When to re-authenticate a session of `lifetime_ms` (0 or less: it never
+/// expires), measured from the end of the authentication: `fraction`
+/// (0..1, uniformly random) places it between 85% and 95% of the lifetime,
+/// as Kafka's Java client does.
+pub fn reauth_delay(lifetime_ms: i64, fraction: f64) -> Option<Duration> {
+    if lifetime_ms <= 0 {
+        return None;
+    }
+    let pct = 0.85 + 0.10 * fraction.clamp(0.0, 1.0);
+    Some(Duration::from_millis((lifetime_ms as f64 * pct) as u64))
+}
+
+/// A uniformly random fraction in 0..1 for [`reauth_delay`] (0.5 if the
+/// system's random source fails: the jitter only spreads load).
+pub fn jitter() -> f64 {
+    let mut b = [0u8; 4];
+    match getrandom::getrandom(&mut b) {
+        Ok(()) => f64::from(u32::from_be_bytes(b)) / f64::from(u32::MAX),
+        Err(_) => 0.5,
+    }
+}
+
 async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
     stream: &mut S,
+    creds: &ClientCredentials,
+) -> Result<Session, SaslError> {
+    run(&mut Direct(stream), creds).await
+}
+
+async fn run<T: SaslRoundTrip>(
+    stream: &mut T,
     creds: &ClientCredentials,
 ) -> Result<Session, SaslError> {
     let mut corr = 0;
@@ -125,7 +192,7 @@ async fn exchange<S: AsyncRead + AsyncWrite + Unpin>(
 }
 
 /// One SaslAuthenticate v1 round: our token out, the server's back.
-async fn authenticate_round<S: AsyncRead + AsyncWrite + Unpin>(
+async fn authenticate_round<S: SaslRoundTrip>(
     stream: &mut S,
     corr: &mut i32,
     token: &[u8],
@@ -152,7 +219,7 @@ async fn authenticate_round<S: AsyncRead + AsyncWrite + Unpin>(
 }
 
 /// Sends one v1 request of `api` and returns its response body.
-async fn roundtrip<S: AsyncRead + AsyncWrite + Unpin>(
+async fn roundtrip<S: SaslRoundTrip>(
     stream: &mut S,
     corr: &mut i32,
     api: i16,
@@ -160,10 +227,13 @@ async fn roundtrip<S: AsyncRead + AsyncWrite + Unpin>(
 ) -> Result<Vec<u8>, SaslError> {
     *corr += 1;
     let frame = request_frame(api, 1, *corr, CLIENT_ID, body)?;
-    let io = |e: std::io::Error| SaslError::Io(e.to_string());
-    stream.write_all(&frame).await.map_err(io)?;
-    stream.flush().await.map_err(io)?;
-    let resp = read_frame(stream, MAX_SASL_FRAME).await?;
+    let resp = stream.round_trip(frame.to_vec()).await?;
+    if resp.len() > MAX_SASL_FRAME {
+        return Err(SaslError::malformed(format!(
+            "SASL response of {} bytes",
+            resp.len()
+        )));
+    }
     // Both APIs answer v1 with response header v0: correlation id only.
     let got = resp
         .get(..4)
