@@ -9,7 +9,7 @@
 //! advertised as the broker sent them, except SaslHandshake, advertised as
 //! v1 only (v0 is followed by raw SASL tokens no frame reader can follow).
 //! A filter may ask for less than it decodes
-//! ([`Filter::streams_at_most`](super::Filter::streams_at_most): the
+//! ([`Filter::streams_at_most`]: the
 //! address rewrite for Fetch, whose v16+ responses it must hold whole):
 //! the maximum is lowered to that version too, unless another filter of
 //! the chain handles responses of that version anyway.

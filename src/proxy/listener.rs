@@ -3,7 +3,7 @@
 //!
 //! Connections on the bootstrap port go to any upstream bootstrap server;
 //! connections on node N's port go to wherever node N is now (from the
-//! [`NodeRegistry`]). Each accepted connection runs [`relay`] in its own task
+//! [`NodeRegistry`]). Each accepted connection runs [`relay`](crate::proxy::connection::relay) in its own task
 //! and is counted so that shutdown can wait for in-flight requests. On a
 //! mirror listener, SASL authentication (mirrorguard's own toward the
 //! source, then the client's toward mirrorguard) runs between accept and

@@ -9,7 +9,7 @@
 //! as it is.
 //!
 //! The same exchange re-authenticates (KIP-368) a connection already in
-//! use: [`reauthenticate`] runs it over a [`SaslRoundTrip`] the owner of the
+//! use: `reauthenticate` runs it over a `SaslRoundTrip` the owner of the
 //! connection provides (the relay of a mirror listener routes the frames
 //! between its pumps), and [`reauth_delay`] says when, as Kafka's Java
 //! client does (`SaslClientAuthenticator.ReauthInfo`): after 85% to 95% of

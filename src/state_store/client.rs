@@ -229,7 +229,7 @@ impl StateStore {
         rx.await.map_err(|_| StateStoreError::Closed)?
     }
 
-    /// Appends `records` in as few batches as fit [`MAX_APPEND_BYTES`] each
+    /// Appends `records` in as few batches as fit `MAX_APPEND_BYTES` (256 KiB) each
     /// (one Produce request per batch, acks=all, idempotent) and returns
     /// the offset of the last one. A batch the broker refuses as too large
     /// (MESSAGE_TOO_LARGE, RECORD_LIST_TOO_LARGE: a `message.max.bytes` or
