@@ -130,20 +130,8 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
             if let Some(total) = self.complete_frame_len()? {
                 return Ok(Some(self.buf.split_to(total)));
             }
-            let want = self.wanted();
-            if self.buf.capacity() - self.buf.len() < want {
-                self.buf.reserve(want);
-            }
-            let n = self.inner.read_buf(&mut self.buf).await?;
-            if n == 0 {
-                if self.buf.is_empty() {
-                    return Ok(None);
-                }
-                let expected = self.announced().map(|s| s + 4).unwrap_or(4);
-                return Err(FrameError::Truncated {
-                    got: self.buf.len(),
-                    expected,
-                });
+            if !self.fill().await? {
+                return Ok(None);
             }
         }
     }
@@ -151,6 +139,28 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     /// Like [`next_frame`](Self::next_frame) but frozen into `Bytes`.
     pub async fn next_frame_bytes(&mut self) -> Result<Option<Bytes>, FrameError> {
         Ok(self.next_frame().await?.map(BytesMut::freeze))
+    }
+
+    /// Reads more into the buffer (never more than one chunk ahead of the
+    /// current frame, see [`wanted`](Self::wanted)). `Ok(false)`: a clean
+    /// end of stream between frames; an end inside a frame is `Truncated`.
+    /// Cancellation safe (one `read_buf`).
+    async fn fill(&mut self) -> Result<bool, FrameError> {
+        let want = self.wanted();
+        if self.buf.capacity() - self.buf.len() < want {
+            self.buf.reserve(want);
+        }
+        if self.inner.read_buf(&mut self.buf).await? > 0 {
+            return Ok(true);
+        }
+        if self.buf.is_empty() {
+            return Ok(false);
+        }
+        let expected = self.announced().map(|s| s + 4).unwrap_or(4);
+        Err(FrameError::Truncated {
+            got: self.buf.len(),
+            expected,
+        })
     }
 
     /// The announced body size of the frame at the head of the buffer, if the
@@ -192,20 +202,8 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                     return Ok(Some(total));
                 }
             }
-            let want_now = self.wanted();
-            if self.buf.capacity() - self.buf.len() < want_now {
-                self.buf.reserve(want_now);
-            }
-            let n = self.inner.read_buf(&mut self.buf).await?;
-            if n == 0 {
-                if self.buf.is_empty() {
-                    return Ok(None);
-                }
-                let expected = self.announced().map(|s| s + 4).unwrap_or(4);
-                return Err(FrameError::Truncated {
-                    got: self.buf.len(),
-                    expected,
-                });
+            if !self.fill().await? {
+                return Ok(None);
             }
         }
     }
