@@ -128,7 +128,7 @@ enum Entry {
     Barrier(oneshot::Sender<()>),
     /// Re-authentication: the next upstream frame (without its size) is a
     /// SASL response for the request pump, not for the client.
-    Sasl(oneshot::Sender<Result<Vec<u8>, String>>),
+    Sasl(oneshot::Sender<Result<Vec<u8>, SaslError>>),
 }
 
 /// A request whose response is owed to the client, in request order.
@@ -688,7 +688,7 @@ impl<W: AsyncWrite + Unpin> SaslRoundTrip for RelayRoundTrip<'_, W> {
         let io = |e: std::io::Error| SaslError::Io(format!("write to upstream: {e}"));
         self.upstream_wr.write_all(&frame).await.map_err(io)?;
         self.upstream_wr.flush().await.map_err(io)?;
-        answered.await.map_err(gone)?.map_err(SaslError::Io)
+        answered.await.map_err(gone)?
     }
 }
 
@@ -991,13 +991,13 @@ where
             }
             Entry::Sasl(mut answer) => {
                 let got = if mode.is_offline() {
-                    Err("the upstream connection is offline".to_owned())
+                    Err(SaslError::Io("the upstream connection is offline".into()))
                 } else {
                     tokio::select! {
                         f = reader.next_frame() => match f {
                             Ok(Some(f)) => Ok(f.get(4..).unwrap_or_default().to_vec()),
-                            Ok(None) => Err("the upstream closed the connection".to_owned()),
-                            Err(e) => Err(format!("reading upstream: {e}")),
+                            Ok(None) => Err(SaslError::Io("the upstream closed the connection".into())),
+                            Err(e) => Err(SaslError::Io(format!("reading upstream: {e}"))),
                         },
                         // The request pump gave up (its time bound): the
                         // connection is offline from here on.

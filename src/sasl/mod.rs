@@ -141,30 +141,29 @@ impl ClientCredentials {
     /// Resolves `cfg`: reads the password from its file (trailing newline
     /// dropped) or environment variable. `section` names the config section
     /// in errors; the secret never appears in them.
-    pub fn resolve(cfg: &ClientSaslConfig, section: &str) -> Result<Arc<Self>, String> {
-        let mechanism = Mechanism::parse(&cfg.mechanism).ok_or_else(|| {
-            format!(
-                "{section}.mechanism: unknown SASL mechanism {:?} (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512)",
-                cfg.mechanism
-            )
-        })?;
+    pub fn resolve(cfg: &ClientSaslConfig, section: &str) -> Result<Arc<Self>, CredentialsError> {
+        let section = section.to_owned();
+        let mechanism =
+            Mechanism::parse(&cfg.mechanism).ok_or_else(|| CredentialsError::UnknownMechanism {
+                section: section.clone(),
+                name: cfg.mechanism.clone(),
+            })?;
         let password = match (&cfg.password_file, &cfg.password_env) {
             (Some(path), None) => {
-                read_secret_file(path).map_err(|e| format!("{section}.password_file: {e}"))?
+                read_secret_file(path).map_err(|source| CredentialsError::PasswordFile {
+                    section: section.clone(),
+                    path: path.display().to_string(),
+                    source,
+                })?
             }
-            (None, Some(var)) => std::env::var(var).map_err(|_| {
-                format!(
-                    "{section}.password_env: environment variable {var} is not set (or not UTF-8)"
-                )
+            (None, Some(var)) => std::env::var(var).map_err(|_| CredentialsError::PasswordEnv {
+                section: section.clone(),
+                var: var.clone(),
             })?,
-            _ => {
-                return Err(format!(
-                    "{section}: exactly one of password_file and password_env is required"
-                ))
-            }
+            _ => return Err(CredentialsError::PasswordSource { section }),
         };
         if password.is_empty() || cfg.username.is_empty() {
-            return Err(format!("{section}: empty username or password"));
+            return Err(CredentialsError::Empty { section });
         }
         Ok(Arc::new(Self {
             mechanism,
@@ -177,9 +176,53 @@ impl ClientCredentials {
     pub fn resolve_opt(
         cfg: Option<&ClientSaslConfig>,
         section: &str,
-    ) -> Result<Option<Arc<Self>>, String> {
+    ) -> Result<Option<Arc<Self>>, CredentialsError> {
         cfg.map(|c| Self::resolve(c, section)).transpose()
     }
+}
+
+/// Why mirrorguard's own SASL credentials of a config section cannot be
+/// used. The secret never appears in it.
+#[derive(Debug, thiserror::Error)]
+pub enum CredentialsError {
+    /// `mechanism` is none of PLAIN, SCRAM-SHA-256, SCRAM-SHA-512.
+    #[error("{section}.mechanism: unknown SASL mechanism {name:?} (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512)")]
+    UnknownMechanism {
+        /// The config section.
+        section: String,
+        /// The configured name.
+        name: String,
+    },
+    /// `password_file` cannot be read.
+    #[error("{section}.password_file: cannot read {path}: {source}")]
+    PasswordFile {
+        /// The config section.
+        section: String,
+        /// The file.
+        path: String,
+        /// The read error.
+        source: std::io::Error,
+    },
+    /// `password_env` names no (UTF-8) variable.
+    #[error("{section}.password_env: environment variable {var} is not set (or not UTF-8)")]
+    PasswordEnv {
+        /// The config section.
+        section: String,
+        /// The variable.
+        var: String,
+    },
+    /// Neither or both of `password_file` and `password_env`.
+    #[error("{section}: exactly one of password_file and password_env is required")]
+    PasswordSource {
+        /// The config section.
+        section: String,
+    },
+    /// An empty user name or password.
+    #[error("{section}: empty username or password")]
+    Empty {
+        /// The config section.
+        section: String,
+    },
 }
 
 /// mirrorguard's own identity toward one cluster: its credentials, or none
@@ -187,9 +230,8 @@ impl ClientCredentials {
 pub type Identity = Option<Arc<ClientCredentials>>;
 
 /// A secret file's content, without a trailing newline.
-fn read_secret_file(path: &Path) -> Result<String, String> {
-    let s = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+fn read_secret_file(path: &Path) -> std::io::Result<String> {
+    let s = std::fs::read_to_string(path)?;
     Ok(s.strip_suffix('\n')
         .map(|s| s.strip_suffix('\r').unwrap_or(s))
         .unwrap_or(&s)
@@ -233,12 +275,15 @@ mod tests {
         };
         assert!(ClientCredentials::resolve(&bad, "s")
             .unwrap_err()
+            .to_string()
             .contains("GSSAPI"));
         let none = ClientSaslConfig {
             password_env: Some("MG_SASL_TEST_UNSET".into()),
             ..cfg
         };
-        let e = ClientCredentials::resolve(&none, "s").unwrap_err();
+        let e = ClientCredentials::resolve(&none, "s")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("MG_SASL_TEST_UNSET"), "{e}");
     }
 }

@@ -102,14 +102,24 @@ pub struct CredentialStore {
 
 impl CredentialStore {
     /// Reads a credential file (format in the module documentation).
-    pub fn load(path: &Path) -> Result<Self, String> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        Self::parse(&text).map_err(|e| format!("{}: {e}", path.display()))
+    pub fn load(path: &Path) -> Result<Self, CredentialFileError> {
+        let file = path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| CredentialFileError::Read {
+            file: file.clone(),
+            source,
+        })?;
+        Self::parse(&text).map_err(|e| match e {
+            CredentialFileError::Line { line, reason, .. } => CredentialFileError::Line {
+                file: Some(file),
+                line,
+                reason,
+            },
+            other => other,
+        })
     }
 
     /// Parses credential-file text.
-    pub fn parse(text: &str) -> Result<Self, String> {
+    pub fn parse(text: &str) -> Result<Self, CredentialFileError> {
         let mut users = HashMap::new();
         for (i, line) in text.lines().enumerate() {
             let line = line.trim();
@@ -117,7 +127,11 @@ impl CredentialStore {
                 continue;
             }
             let f: Vec<&str> = line.split_whitespace().collect();
-            let bad = |m: &str| format!("line {}: {m}", i + 1);
+            let bad = |m: &str| CredentialFileError::Line {
+                file: None,
+                line: i + 1,
+                reason: m.to_owned(),
+            };
             let [user, mech, iterations, salt, stored, server] = f[..] else {
                 return Err(bad(
                     "expected 6 fields: user mechanism iterations salt stored_key server_key",
@@ -167,24 +181,66 @@ impl CredentialStore {
     }
 }
 
+/// Why a credential file, a credential line or a listener's SASL section
+/// cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum CredentialFileError {
+    /// The file cannot be read.
+    #[error("cannot read {file}: {source}")]
+    Read {
+        /// The file.
+        file: String,
+        /// The read error.
+        source: std::io::Error,
+    },
+    /// A line of the file is malformed.
+    #[error("{}line {line}: {reason}", file.as_deref().map(|f| format!("{f}: ")).unwrap_or_default())]
+    Line {
+        /// The file, when it was read from one.
+        file: Option<String>,
+        /// The line number (1-based).
+        line: usize,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// A mechanism name mirrorguard does not speak.
+    #[error("unknown mechanism {0:?} (SCRAM-SHA-256, SCRAM-SHA-512, PLAIN)")]
+    UnknownMechanism(String),
+    /// `mechanisms` is empty.
+    #[error("no mechanism enabled")]
+    NoMechanism,
+    /// A credential line for PLAIN was asked for.
+    #[error("the file stores SCRAM credentials; PLAIN is checked against them")]
+    PlainNotStored,
+    /// The user name is empty or has whitespace.
+    #[error("the user name must be non-empty, without whitespace")]
+    BadUser,
+    /// The iteration count is outside Kafka's bounds.
+    #[error("iterations must be 4096..=16384")]
+    BadIterations,
+    /// No randomness for the salt.
+    #[error("no random salt: {0}")]
+    Random(getrandom::Error),
+}
+
 /// A credential-file line for `user` (a fresh 16-byte salt).
 pub fn credential_line(
     user: &str,
     m: Mechanism,
     password: &[u8],
     iterations: u32,
-) -> Result<String, String> {
+) -> Result<String, CredentialFileError> {
     if m == Mechanism::Plain {
-        return Err("the file stores SCRAM credentials; PLAIN is checked against them".into());
+        return Err(CredentialFileError::PlainNotStored);
     }
     if user.is_empty() || user.contains(char::is_whitespace) {
-        return Err("the user name must be non-empty, without whitespace".into());
+        return Err(CredentialFileError::BadUser);
     }
     if !(MIN_ITERATIONS..=MAX_ITERATIONS).contains(&iterations) {
-        return Err("iterations must be 4096..=16384".into());
+        return Err(CredentialFileError::BadIterations);
     }
     let mut salt = [0u8; 16];
-    getrandom::getrandom(&mut salt).map_err(|e| e.to_string())?;
+    getrandom::getrandom(&mut salt).map_err(CredentialFileError::Random)?;
     let c = StoredCredential::derive(m, password, &salt, iterations);
     Ok(format!(
         "{user} {} {iterations} {} {} {}",
@@ -218,7 +274,7 @@ pub fn run_credential(args: &CredentialArgs) -> std::process::ExitCode {
     }
     let password = password.trim_end_matches(['\n', '\r']);
     let line = Mechanism::parse(&args.mechanism)
-        .ok_or_else(|| format!("unknown mechanism {:?}", args.mechanism))
+        .ok_or_else(|| CredentialFileError::UnknownMechanism(args.mechanism.clone()))
         .and_then(|m| credential_line(&args.user, m, password.as_bytes(), args.iterations));
     match line {
         Ok(l) if !password.is_empty() => {
@@ -264,18 +320,17 @@ enum Phase {
 
 impl ServerAuth {
     /// From `[[mirror]].listener_sasl`.
-    pub fn new(cfg: &ListenerSaslConfig) -> Result<Self, String> {
+    pub fn new(cfg: &ListenerSaslConfig) -> Result<Self, CredentialFileError> {
         let mut mechanisms = Vec::new();
         for name in &cfg.mechanisms {
-            let m = Mechanism::parse(name).ok_or_else(|| {
-                format!("unknown mechanism {name:?} (SCRAM-SHA-256, SCRAM-SHA-512, PLAIN)")
-            })?;
+            let m = Mechanism::parse(name)
+                .ok_or_else(|| CredentialFileError::UnknownMechanism(name.clone()))?;
             if !mechanisms.contains(&m) {
                 mechanisms.push(m);
             }
         }
         if mechanisms.is_empty() {
-            return Err("no mechanism enabled".into());
+            return Err(CredentialFileError::NoMechanism);
         }
         let store = CredentialStore::load(&cfg.credentials_file)?;
         Ok(Self { mechanisms, store })
@@ -822,6 +877,7 @@ mod tests {
         let dup = format!("{line}\n{line}\n");
         assert!(CredentialStore::parse(&dup)
             .unwrap_err()
+            .to_string()
             .contains("duplicate"));
         assert!(credential_line("a b", Mechanism::ScramSha256, b"p", 4096).is_err());
     }
