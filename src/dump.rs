@@ -703,12 +703,7 @@ fn source_topology(key: &[u8], value: Option<&[u8]>) -> Result<MirrorState, Stat
             value: None,
         });
     };
-    let version = Reader::new(value)
-        .read_i16("MirrorStateValue.version")
-        .map_err(|_| StateDecodeError::ShortValue)?;
-    if version < 0 {
-        return Err(StateDecodeError::InvalidVersion(version));
-    }
+    let version = value_version(value)?;
     let (t, ts) = crate::mirror::offline::Topology::decode_value(value)
         .map_err(|_| StateDecodeError::MalformedTopology)?
         .ok_or(StateDecodeError::NewerTopology)?;
@@ -740,6 +735,18 @@ fn source_topology(key: &[u8], value: Option<&[u8]>) -> Result<MirrorState, Stat
     })
 }
 
+/// The version at the head of a `__mirror_state` value (types 8 and 9
+/// decode it themselves before their schema's decoder).
+fn value_version(value: &[u8]) -> Result<i16, StateDecodeError> {
+    let version = Reader::new(value)
+        .read_i16("MirrorStateValue.version")
+        .map_err(|_| StateDecodeError::ShortValue)?;
+    if version < 0 {
+        return Err(StateDecodeError::InvalidVersion(version));
+    }
+    Ok(version)
+}
+
 /// Type 9 (decoded by `state_store::schema::serving`, which owns the
 /// schema): which instance serves a destination partition.
 fn partition_serving(key: &[u8], value: Option<&[u8]>) -> Result<MirrorState, StateDecodeError> {
@@ -756,12 +763,7 @@ fn partition_serving(key: &[u8], value: Option<&[u8]>) -> Result<MirrorState, St
             value: None,
         });
     };
-    let version = Reader::new(value)
-        .read_i16("MirrorStateValue.version")
-        .map_err(|_| StateDecodeError::ShortValue)?;
-    if version < 0 {
-        return Err(StateDecodeError::InvalidVersion(version));
-    }
+    let version = value_version(value)?;
     let v = MirrorPartitionServingValue::decode(value)
         .map_err(SchemaError::from)?
         .ok_or(StateDecodeError::NewerServing)?;
