@@ -147,20 +147,23 @@ async fn run(gate: Arc<DestinationHw>, mirror: std::sync::Weak<MirrorContext>) {
             gate.wake.notified().await;
         }
         let Some(m) = mirror.upgrade() else { return };
-        let ok = round(&gate, &m).await;
+        let result = round(&gate, &m).await;
         m.seal_metrics.hw_waiting.set(gate.waiting() as i64);
         drop(m);
-        if ok {
-            delay = gate.poll;
-            failing = false;
-        } else {
+        if let Err(error) = result {
             if !failing {
-                tracing::warn!(bootstrap = ?gate.bootstrap,
+                tracing::warn!(bootstrap = ?gate.bootstrap, %error,
                     "cannot read the destination's high watermark: sealed partitions stay STOPPING \
                      (their seal keeps being served) until it can be read");
             }
             failing = true;
             delay = (delay * 2).min(MAX_BACKOFF).max(gate.poll);
+        } else {
+            if failing {
+                tracing::info!(bootstrap = ?gate.bootstrap, "the destination's high watermark is readable again");
+            }
+            delay = gate.poll;
+            failing = false;
         }
         tokio::select! {
             _ = tokio::time::sleep(delay) => {}
@@ -169,8 +172,8 @@ async fn run(gate: Arc<DestinationHw>, mirror: std::sync::Weak<MirrorContext>) {
     }
 }
 
-/// One round over the watched partitions; false when a read failed.
-async fn round(gate: &Arc<DestinationHw>, mirror: &Arc<MirrorContext>) -> bool {
+/// One round over the watched partitions; the first failed read's error.
+async fn round(gate: &Arc<DestinationHw>, mirror: &Arc<MirrorContext>) -> Result<(), String> {
     let watched: Vec<(PartitionKey, i64)> = gate
         .lock()
         .iter()
@@ -192,11 +195,11 @@ async fn round(gate: &Arc<DestinationHw>, mirror: &Arc<MirrorContext>) -> bool {
         }
     }
     if live.is_empty() {
-        return true;
+        return Ok(());
     }
     let read = read_high_watermarks(gate, &live).await;
     let now = crate::lifecycle::now_ms();
-    let mut all_ok = true;
+    let mut first_error = None;
     let mut passed = Vec::new();
     for (key, end) in &live {
         let result = match &read {
@@ -223,7 +226,7 @@ async fn round(gate: &Arc<DestinationHw>, mirror: &Arc<MirrorContext>) -> bool {
                     }
                 }
                 Err(e) => {
-                    all_ok = false;
+                    first_error.get_or_insert_with(|| format!("{key}: {e}"));
                     watch.wait.error = Some(e);
                     mirror.seal_metrics.hw_read_errors.inc();
                 }
@@ -232,21 +235,22 @@ async fn round(gate: &Arc<DestinationHw>, mirror: &Arc<MirrorContext>) -> bool {
         };
         mirror.lifecycle.note_hw_wait(key, Some(wait));
     }
+    let done = first_error.map_or(Ok(()), Err);
     if passed.is_empty() {
-        return all_ok;
+        return done;
     }
     // Another instance may have planned a seal again below the cut: read
     // its record before completing anything.
     if let Err(e) = mirror.salts.read_state().await {
-        tracing::warn!(mirror = %mirror.name, error = %e,
-            "cannot read __mirror_state before completing seals: they stay STOPPING for now");
-        return false;
+        return Err(format!(
+            "cannot read __mirror_state before completing seals (they stay STOPPING): {e}"
+        ));
     }
     for (key, end, hw) in passed {
         complete(mirror, &key, end, hw).await;
         gate.lock().remove(&key);
     }
-    all_ok
+    done
 }
 
 /// Persists STOPPED for `key` if its current seal still ends at `end`.

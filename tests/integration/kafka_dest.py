@@ -324,6 +324,14 @@ class KafkaDest:
         self.stop()
 
 
+def dest_hw_bootstrap(dest: KafkaDest) -> str:
+    """The stand-in's Kafka listener (started on first use): where mirrorguard reads the
+    destination's high watermark (MirrorSpec.destination_hw)."""
+    if not dest.ports:
+        dest.listen()
+    return dest.bootstrap
+
+
 class MirrorFetcher:
     """Handle of one fetcher thread in a KafkaDest."""
 

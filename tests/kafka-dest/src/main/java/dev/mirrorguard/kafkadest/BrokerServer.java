@@ -110,8 +110,11 @@ final class BrokerServer implements AutoCloseable {
                 out.write(all.array());
                 out.flush();
             }
+        } catch (java.io.EOFException e) {
+            // the client went away
         } catch (IOException | RuntimeException e) {
-            // the client went away, or sent what Kafka's classes cannot parse: close it
+            // a broken connection, or what Kafka's classes cannot parse or answer: close it
+            System.err.println("kafka-dest broker " + brokerId + ": closing a connection: " + e);
         } finally {
             synchronized (clients) {
                 clients.remove(s);
@@ -199,7 +202,10 @@ final class BrokerServer implements AutoCloseable {
                             offset = -1;
                             pr.setErrorCode(Errors.UNSUPPORTED_VERSION.code());
                         }
-                        pr.setOffset(offset).setLeaderEpoch(part.leaderEpoch);
+                        pr.setOffset(offset);
+                        if (req.version() >= 4) {
+                            pr.setLeaderEpoch(part.leaderEpoch);
+                        }
                     }
                 }
                 tr.partitions().add(pr);
