@@ -207,10 +207,12 @@ class KafkaDest:
             st = self.move_leader(topic, leader, partition)["state"]
         return st
 
-    def pause_replication(self, topic: str, broker: int, partition: int = 0, paused: bool = True) -> dict:
-        """Stops (or resumes) copying the leader's log to `broker`'s replica."""
+    def pause_replication(self, topic: str, broker: int, partition: int = 0, paused: bool = True,
+                          upto: int | None = None) -> dict:
+        """Stops (or resumes) copying the leader's log to `broker`'s replica; with `upto`,
+        it still copies whole batches below that offset."""
         return self.call("pause_replication", topic=topic, partition=partition, broker=broker,
-                         paused=paused)["state"]
+                         paused=paused, upto=upto)["state"]
 
     def move_leader(self, topic: str, leader: int, partition: int = 0) -> dict:
         """Leadership moves to `leader`: the others truncate to its log (Kafka's leader

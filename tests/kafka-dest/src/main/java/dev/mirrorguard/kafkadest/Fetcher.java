@@ -566,7 +566,11 @@ final class Fetcher {
                 continue;
             }
             try {
-                KafkaDest.appendMirrored(l.part, mr, pos, l.rebase ? 1 : -1);
+                if (KafkaDest.appendMirrored(l.part, mr, pos, l.rebase ? 1 : -1, broker) == null
+                        && broker >= 0 && l.part.leader != broker) {
+                    count("NOT_LEADER_AT_APPEND");
+                    continue;
+                }
                 if (l.rebase) {
                     l.sourceOffset = sourceNext;
                 }

@@ -84,6 +84,8 @@ public final class KafkaDest {
         final Map<Integer, UnifiedLog> replicas = new TreeMap<>();
         /** Followers whose replication is paused (their copy lags: unreplicated records). */
         final java.util.Set<Integer> paused = new java.util.TreeSet<>();
+        /** Paused followers that still copy up to an offset (exclusive). */
+        final Map<Integer, Long> pausedAt = new TreeMap<>();
         /** The leading broker and its destination leader epoch (bumped at each move). */
         volatile int leader = 0;
         volatile int leaderEpoch = 0;
@@ -171,6 +173,29 @@ public final class KafkaDest {
      * left to append.
      */
     static LogAppendInfo appendMirrored(Part p, MemoryRecords records, long fetchOffset, long relabelTo) {
+        return appendMirrored(p, records, fetchOffset, relabelTo, -1);
+    }
+
+    /**
+     * As above, by the mirror fetcher of simulated broker `broker` (-1: any): nothing is
+     * appended (null) when that broker no longer leads the partition (leadership moved while
+     * its fetch was in flight; a broker's fetcher drops such a response), or when the
+     * response was fetched at another position than the leader's log end.
+     */
+    static LogAppendInfo appendMirrored(Part p, MemoryRecords records, long fetchOffset, long relabelTo,
+                                        int broker) {
+        if (broker >= 0) {
+            synchronized (p) {
+                if (p.leader != broker || (relabelTo < 0 && p.log.logEndOffset() != fetchOffset)) {
+                    return null;
+                }
+                return appendMirroredLocked(p, records, fetchOffset, relabelTo);
+            }
+        }
+        return appendMirroredLocked(p, records, fetchOffset, relabelTo);
+    }
+
+    static LogAppendInfo appendMirroredLocked(Part p, MemoryRecords records, long fetchOffset, long relabelTo) {
         List<MutableRecordBatch> keep = new ArrayList<>();
         int size = 0;
         for (MutableRecordBatch b : records.batches()) {
@@ -308,11 +333,15 @@ public final class KafkaDest {
             UnifiedLog leader = p.log;
             for (Map.Entry<Integer, UnifiedLog> e : p.replicas.entrySet()) {
                 UnifiedLog f = e.getValue();
-                if (e.getKey() == p.leader || p.paused.contains(e.getKey())) {
+                long limit = leader.logEndOffset();
+                if (p.paused.contains(e.getKey())) {
+                    limit = Math.min(limit, p.pausedAt.getOrDefault(e.getKey(), -1L));
+                }
+                if (e.getKey() == p.leader) {
                     continue;
                 }
                 long from = f.logEndOffset();
-                if (from < leader.logEndOffset()) {
+                if (from < limit) {
                     org.apache.kafka.storage.internals.log.FetchDataInfo info = leader.read(from, 1 << 20,
                             org.apache.kafka.server.storage.log.FetchIsolation.LOG_END, true);
                     org.apache.kafka.common.record.internal.Records r = info.records;
@@ -324,13 +353,23 @@ public final class KafkaDest {
                             buf.put(((MemoryRecords) r).buffer().duplicate());
                             buf.flip();
                         }
-                        MemoryRecords mr = MemoryRecords.readableRecords(buf);
+                        MemoryRecords all = MemoryRecords.readableRecords(buf);
+                        // Whole batches below the limit only (a partly paused follower).
+                        int size = 0;
                         int maxEpoch = 0;
-                        for (MutableRecordBatch b : mr.batches()) {
+                        for (MutableRecordBatch b : all.batches()) {
+                            if (b.lastOffset() >= limit) {
+                                break;
+                            }
+                            size += b.sizeInBytes();
                             maxEpoch = Math.max(maxEpoch, b.partitionLeaderEpoch());
                         }
-                        f.appendAsFollower(mr, maxEpoch);
-                        moved = true;
+                        if (size > 0) {
+                            ByteBuffer part = all.buffer().duplicate();
+                            part.limit(part.position() + size);
+                            f.appendAsFollower(MemoryRecords.readableRecords(part.slice()), maxEpoch);
+                            moved = true;
+                        }
                     }
                 }
                 f.updateHighWatermark(Math.min(leader.highWatermark(), f.logEndOffset()));
@@ -727,10 +766,17 @@ public final class KafkaDest {
             case "pause_replication" -> {
                 Part p = part(cmd);
                 synchronized (p) {
+                    int b = cmd.path("broker").asInt();
+                    p.pausedAt.remove(b);
                     if (cmd.path("paused").asBoolean(true)) {
-                        p.paused.add(cmd.path("broker").asInt());
+                        p.paused.add(b);
+                        if (cmd.hasNonNull("upto")) {
+                            // Copies up to this offset, then lags: a follower that has part of
+                            // the leader's records.
+                            p.pausedAt.put(b, cmd.path("upto").asLong());
+                        }
                     } else {
-                        p.paused.remove(cmd.path("broker").asInt());
+                        p.paused.remove(b);
                     }
                 }
                 out.set("state", state(p));
