@@ -298,3 +298,43 @@ def test_move_during_a_seal_with_the_source_killed(kafka1, kafka_factory, kafka_
     multi = _log(bed.dest, T)
     assert [b["kind"] for b in multi[0][-2:]] == ["ABORT", "TYPE_7"], multi[0]
     assert multi == ref.seal(cut)
+
+
+def test_unreadable_destination_keeps_the_partition_stopping(kafka1, kafka_dest_factory,  # noqa: F811
+                                                              mirror_factory):
+    """The destination's high watermark cannot be read (nothing listens where it is read):
+    the fetcher holds the whole seal, yet the partition stays STOPPING, says why, counts the
+    failed reads and keeps serving the seal; it never goes STOPPED on a guess."""
+    topic = harness.topic_name("seal-unread")
+    harness.create_topics(kafka1.bootstrap, [topic])
+    dead = f"{harness.HOST}:{harness.free_port(set())}"
+    mg = mirror_factory(kafka1.bootstrap, [MirrorSpec.of(MIRROR, kafka1, destination_hw=dead)])
+    mg.wait_sources_known()
+    ip = idempotent_producer(kafka1.bootstrap)
+    send(ip, topic, [b"v-%d" % i for i in range(3)])
+    cut = high_watermark(kafka1.bootstrap, topic)
+    dest = kafka_dest_factory("unread")
+    f = dest.mirror("f", mg.mirrors[MIRROR].bootstrap, [(topic, 0)])
+    f.catch_up(topic, cut, timeout=30)
+    status, body = mg.post("stop", MIRROR, topic, [0])
+    assert status == 200, body
+    f.catch_up(topic, cut + 1, timeout=30)  # the barrier (no open transaction)
+
+    def failing():
+        w = (mg.partition(topic) or {}).get("destination_hw") or {}
+        return w.get("error") is not None
+
+    harness.wait_until(failing, 15, interval=0.1, what="the failed read shown")
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline:
+        view = mg.partition(topic)
+        assert view["state"] == "STOPPING", view
+        w = view["destination_hw"]
+        assert w["seal_end"] == cut + 1 and w["high_watermark"] is None and dead in w["error"], w
+        time.sleep(0.2)
+    m = mg.metrics()
+    assert m.select("mirrorguard_seal_events_total", mirror=MIRROR, kind="destination_hw_read_error")[0][1] > 0
+    assert m.select("mirrorguard_seals_awaiting_destination_hw", mirror=MIRROR)[0][1] == 1
+    assert "cannot read the destination's high watermark" in mg.log_text()
+    f.stop()
+    assert dest.state(topic)["log_end_offset"] == cut + 1
