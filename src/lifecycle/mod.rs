@@ -13,8 +13,12 @@
 //! MIRROR_PID_RESET barrier are built at
 //! consecutive offsets from the cut; the open transactions (a producer-state
 //! snapshot, record type 5) and the cut (type 4) are persisted; then the
-//! batches are served. Once the fetcher's offset shows all were appended,
-//! STOPPED is persisted and the partition is answered locally from then on.
+//! batches are served. Once the fetcher's offset shows all were appended
+//! and (`stopped_when = "destination_hw"`, the default) the destination's
+//! high watermark has passed them ([`crate::mirror::dest_hw`]), STOPPED is
+//! persisted and the partition is answered locally from then on. A fetch
+//! below the cut (a new destination leader that truncated) gets the seal
+//! planned again at its offset ([`seal::decide`]).
 
 pub mod seal;
 
