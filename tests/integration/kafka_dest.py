@@ -81,6 +81,8 @@ class KafkaDest:
         self.clean_start: bool | None = None
         # Simulated broker id -> its Kafka listener's port (listen()).
         self.ports: dict[int, int] = {}
+        # Broker ids of listeners that answer for renamed topics (listen(aliases=...)).
+        self.aliased: dict[int, dict[str, str]] = {}
 
     # ------------------------------------------------------------ process
 
@@ -187,15 +189,27 @@ class KafkaDest:
         READ_UNCOMMITTED is the high watermark) with Kafka's own request/response classes.
         Ports are kept across a restart of the process."""
         ids = brokers or [0]
-        out = self.call("listen", brokers=ids, ports=[self.ports.get(i, 0) for i in ids])
-        self.ports.update({int(k): v for k, v in out["ports"].items()})
+        for i in ids:
+            out = self.call("listen", brokers=[i], ports=[self.ports.get(i, 0)], aliases=self.aliased.get(i, {}))
+            self.ports.update({int(k): v for k, v in out["ports"].items()})
         return self
+
+    def listen_as(self, aliases: dict[str, str]) -> str:
+        """A listener of its own (a destination cluster of its own) that answers for the
+        stand-in's topics under other names ({name asked: stand-in topic}): a stand-in that
+        plays several destination clusters renames a mirrored topic (source_topic), which
+        mirrorguard knows by the mirror's own destination name. Returns its bootstrap."""
+        broker = 1000 + len(self.aliased)
+        self.aliased[broker] = dict(aliases)
+        self.listen([broker])
+        return f"{harness.HOST}:{self.ports[broker]}"
 
     @property
     def bootstrap(self) -> str:
         """The simulated brokers' listeners, for a client of the destination."""
-        assert self.ports, "listen() first"
-        return ",".join(f"{harness.HOST}:{p}" for _, p in sorted(self.ports.items()))
+        plain = sorted((i, p) for i, p in self.ports.items() if i not in self.aliased)
+        assert plain, "listen() first"
+        return ",".join(f"{harness.HOST}:{p}" for _, p in plain)
 
     def replicate(self, topic: str, brokers: list[int], partition: int = 0, leader: int | None = None) -> dict:
         """Gives topic-partition a replica (a UnifiedLog of its own) on each of `brokers`
@@ -329,7 +343,7 @@ class KafkaDest:
 def dest_hw_bootstrap(dest: KafkaDest) -> str:
     """The stand-in's Kafka listener (started on first use): where mirrorguard reads the
     destination's high watermark (MirrorSpec.destination_hw)."""
-    if not dest.ports:
+    if not any(i not in dest.aliased for i in dest.ports):
         dest.listen()
     return dest.bootstrap
 

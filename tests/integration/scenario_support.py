@@ -107,7 +107,12 @@ def make_hop(mirror_factory, variant: Variant, source, dest: KafkaDest, topic: s
         return Hop(dest.mirror(name, source.bootstrap, [part], **opts), dest, None, None, topic, partition)
     if mg is None:
         assert state_bootstrap is not None
-        mg = start_mirrorguard(mirror_factory, state_bootstrap, [mirror_spec(name, source, variant, dest)], [source_topic],
+        spec = mirror_spec(name, source, variant, dest)
+        if source_topic != topic:
+            # The stand-in plays this hop's destination cluster under another topic name
+            # than the mirror's own: a listener of its own answers for it by that name.
+            spec.destination_hw = dest.listen_as({source_topic: topic})
+        mg = start_mirrorguard(mirror_factory, state_bootstrap, [spec], [source_topic],
                                **({"guard_upstream": guard_upstream} if guard_upstream else {}))
         mg.wait_sources_known()
     return Hop(dest.mirror(name, mg.mirrors[name].bootstrap, [part], **opts), dest, mg, name, topic, partition)

@@ -45,12 +45,21 @@ final class BrokerServer implements AutoCloseable {
     final ServerSocket server;
     final Thread acceptor;
     final List<Socket> clients = new ArrayList<>();
+    /**
+     * Topic names this listener answers for another name of the stand-in (asked name -> the
+     * stand-in's topic): a stand-in process that plays several destination clusters renames
+     * a mirrored topic (a fetch link's source_topic), which the mirror knows by its own name.
+     * Empty: every topic under its own name. With aliases the listener is a cluster of its
+     * own: it lists only the aliased topics and answers for their single-replica partitions.
+     */
+    final Map<String, String> aliases;
     volatile boolean running = true;
     long requests;
 
-    BrokerServer(KafkaDest dest, int brokerId, int port) throws IOException {
+    BrokerServer(KafkaDest dest, int brokerId, int port, Map<String, String> aliases) throws IOException {
         this.dest = dest;
         this.brokerId = brokerId;
+        this.aliases = aliases;
         this.server = new ServerSocket();
         server.setReuseAddress(true);
         server.bind(new InetSocketAddress(InetAddress.getLoopbackAddress(), port));
@@ -142,11 +151,23 @@ final class BrokerServer implements AutoCloseable {
         d.setClusterId("kafka-dest-" + dest.dataDir.getName());
         d.setControllerId(brokerId);
         for (BrokerServer b : dest.servers.values()) {
-            d.brokers().add(new MetadataResponseData.MetadataResponseBroker()
-                    .setNodeId(b.brokerId).setHost("127.0.0.1").setPort(b.port()));
+            if (b.aliases.isEmpty() == aliases.isEmpty() && (aliases.isEmpty() || b == this)) {
+                d.brokers().add(new MetadataResponseData.MetadataResponseBroker()
+                        .setNodeId(b.brokerId).setHost("127.0.0.1").setPort(b.port()));
+            }
         }
         Map<String, List<KafkaDest.Part>> byTopic = new TreeMap<>();
-        dest.parts.values().forEach(p -> byTopic.computeIfAbsent(p.tp.topic(), t -> new ArrayList<>()).add(p));
+        for (KafkaDest.Part p : dest.parts.values()) {
+            if (aliases.isEmpty()) {
+                byTopic.computeIfAbsent(p.tp.topic(), t -> new ArrayList<>()).add(p);
+            } else {
+                for (Map.Entry<String, String> a : aliases.entrySet()) {
+                    if (a.getValue().equals(p.tp.topic())) {
+                        byTopic.computeIfAbsent(a.getKey(), t -> new ArrayList<>()).add(p);
+                    }
+                }
+            }
+        }
         List<String> wanted = req.data().topics() == null ? null
                 : req.data().topics().stream().map(t -> t.name()).toList();
         for (Map.Entry<String, List<KafkaDest.Part>> e : byTopic.entrySet()) {
@@ -157,10 +178,10 @@ final class BrokerServer implements AutoCloseable {
                     .setName(e.getKey()).setErrorCode((short) 0);
             for (KafkaDest.Part p : e.getValue()) {
                 t.setTopicId(p.log.topicId().orElse(Uuid.ZERO_UUID));
-                List<Integer> replicas = new ArrayList<>(p.replicaIds());
+                List<Integer> replicas = aliases.isEmpty() ? new ArrayList<>(p.replicaIds()) : List.of(brokerId);
                 t.partitions().add(new MetadataResponseData.MetadataResponsePartition()
                         .setPartitionIndex(p.tp.partition()).setErrorCode((short) 0)
-                        .setLeaderId(p.leader).setLeaderEpoch(p.leaderEpoch)
+                        .setLeaderId(aliases.isEmpty() ? p.leader : brokerId).setLeaderEpoch(p.leaderEpoch)
                         .setReplicaNodes(replicas).setIsrNodes(replicas));
             }
             d.topics().add(t);
@@ -185,10 +206,11 @@ final class BrokerServer implements AutoCloseable {
                 ListOffsetsResponseData.ListOffsetsPartitionResponse pr =
                         new ListOffsetsResponseData.ListOffsetsPartitionResponse()
                                 .setPartitionIndex(p.partitionIndex()).setTimestamp(-1L).setOffset(-1L);
-                KafkaDest.Part part = dest.parts.get(new TopicPartition(t.name(), p.partitionIndex()));
+                String name = aliases.isEmpty() ? t.name() : aliases.get(t.name());
+                KafkaDest.Part part = name == null ? null : dest.parts.get(new TopicPartition(name, p.partitionIndex()));
                 if (part == null) {
                     pr.setErrorCode(Errors.UNKNOWN_TOPIC_OR_PARTITION.code());
-                } else if (part.leader != brokerId) {
+                } else if (aliases.isEmpty() ? part.leader != brokerId : part.replicas.size() > 1) {
                     pr.setErrorCode(Errors.NOT_LEADER_OR_FOLLOWER.code());
                 } else {
                     synchronized (part) {

@@ -750,7 +750,9 @@ public final class KafkaDest {
                     int port = cmd.path("ports").path(i).asInt(0);
                     BrokerServer b = servers.get(id);
                     if (b == null) {
-                        b = new BrokerServer(this, id, port);
+                        Map<String, String> aliases = new TreeMap<>();
+                        cmd.path("aliases").fields().forEachRemaining(a -> aliases.put(a.getKey(), a.getValue().asText()));
+                        b = new BrokerServer(this, id, port, aliases);
                         servers.put(id, b);
                     }
                     ports.put(Integer.toString(id), b.port());
