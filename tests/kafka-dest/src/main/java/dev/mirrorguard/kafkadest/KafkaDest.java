@@ -438,6 +438,13 @@ public final class KafkaDest {
      * cache), the follower truncates to that (UnifiedLog.truncateTo) when it holds more, and
      * asks again with its new latest epoch until it agrees. Records only the old leader had
      * are lost. The new leader keeps its high watermark; it moves once the others caught up.
+     *
+     * <p>Unlike Partition.makeLeader, no destination leader epoch is written into the new
+     * leader's epoch cache: a mirrored log carries the source's partition leader epochs (its
+     * fetcher appends source batches with appendAsFollower, and the seal is stamped with the
+     * last fetched one), and a destination epoch above them would make Kafka's cache drop the
+     * source epochs that follow. The destination epoch is reported in Metadata and
+     * ListOffsets only.
      */
     ObjectNode moveLeader(Part p, int to) throws IOException {
         ObjectNode out = JSON.createObjectNode();
