@@ -144,6 +144,39 @@ pub struct MirrorConfig {
     /// otherwise `[state].tls` applies there).
     #[serde(default)]
     pub destination_tls: Option<ClientTlsConfig>,
+    /// When a sealing partition becomes STOPPED: `destination_hw` (the
+    /// default) once the destination's high watermark has passed the seal's
+    /// end, so a leadership move on the destination cannot lose a sealing
+    /// batch; `fetcher_offset` once the fetcher fetches past the seal's end
+    /// (sound only for a destination whose leader never loses appended
+    /// records, such as a single replica).
+    #[serde(default)]
+    pub stopped_when: StoppedWhen,
+    /// Where the destination's high watermark is read (Metadata, then
+    /// ListOffsets on each partition's leader); defaults to
+    /// `destination_bootstrap`, else `[state].bootstrap`. The same TLS and
+    /// SASL settings as the destination apply.
+    #[serde(default)]
+    pub destination_hw_bootstrap: Vec<String>,
+    /// How often a seal waiting for the destination's high watermark reads
+    /// it (doubled up to 5 s while the destination cannot be read).
+    #[serde(default = "default_destination_hw_poll_ms")]
+    pub destination_hw_poll_ms: u64,
+}
+
+/// When a sealing partition becomes STOPPED (`[[mirror]] stopped_when`).
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum StoppedWhen {
+    /// Once the destination's high watermark passed the seal's end.
+    #[default]
+    DestinationHw,
+    /// Once the fetcher fetched past the seal's end.
+    FetcherOffset,
+}
+
+fn default_destination_hw_poll_ms() -> u64 {
+    500
 }
 
 fn default_upstream_request_timeout_ms() -> u64 {
@@ -209,6 +242,19 @@ pub enum LayoutConfig {
 }
 
 impl Config {
+    /// Where `mirror`'s seals read the destination's high watermark:
+    /// `destination_hw_bootstrap`, else its `destination_bootstrap`, else
+    /// the destination cluster's bootstrap.
+    pub fn destination_hw_bootstrap(&self, mirror: &MirrorConfig) -> Vec<String> {
+        if !mirror.destination_hw_bootstrap.is_empty() {
+            return mirror.destination_hw_bootstrap.clone();
+        }
+        if !mirror.destination_bootstrap.is_empty() {
+            return mirror.destination_bootstrap.clone();
+        }
+        self.destination_bootstrap()
+    }
+
     /// TLS towards the destination cluster: the `destination_tls` of the
     /// mirror whose `destination_bootstrap` is used, else `[state].tls`.
     pub fn destination_tls(&self) -> Option<ClientTlsConfig> {

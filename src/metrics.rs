@@ -129,6 +129,9 @@ pub struct Metrics {
     /// Destination partitions this instance serves, per mirror (its
     /// serving record is the latest; one instance per destination broker).
     pub partitions_served: Family<MirrorLabels, Gauge>,
+    /// Sealed partitions whose fetcher holds the whole seal, waiting for the
+    /// destination's high watermark to pass its end, per mirror.
+    pub seals_awaiting_destination_hw: Family<MirrorLabels, Gauge>,
     /// Producer-state anomalies per mirror and kind.
     pub anomalies: Family<MirrorKindLabels, Counter>,
     /// Producers tracked in the shadow producer state, all partitions.
@@ -215,6 +218,13 @@ impl Metrics {
             "Destination partitions this instance serves (took over, or served since start-up \
              without shared state), per mirror",
             partitions_served.clone(),
+        );
+        let seals_awaiting_destination_hw = Family::<MirrorLabels, Gauge>::default();
+        registry.register(
+            "mirrorguard_seals_awaiting_destination_hw",
+            "Sealed partitions whose fetcher holds the whole seal, waiting for the destination's \
+             high watermark to pass the seal's end before they are STOPPED, per mirror",
+            seals_awaiting_destination_hw.clone(),
         );
         let anomalies = Family::<MirrorKindLabels, Counter>::default();
         let producer_state_producers = Gauge::default();
@@ -341,6 +351,7 @@ impl Metrics {
             upstream_nodes,
             mirror_events,
             partitions_served,
+            seals_awaiting_destination_hw,
             anomalies,
             producer_state_producers,
             producer_state_bytes,

@@ -249,6 +249,19 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         if let Some(s) = &state_sync {
             s.add_mirror(mirror.clone());
         }
+        if mc.stopped_when == crate::config::StoppedWhen::DestinationHw {
+            let bootstrap = config
+                .destination_hw_bootstrap(mc)
+                .iter()
+                .filter_map(|a| crate::config::split_host_port(a).ok())
+                .collect();
+            mirror.set_destination_hw(crate::mirror::dest_hw::DestinationHw::new(
+                bootstrap,
+                destination_connector.clone(),
+                Duration::from_millis(mc.destination_hw_poll_ms),
+                Duration::from_millis(mc.upstream_request_timeout_ms.max(1000)),
+            ));
+        }
         mirrors.push((mc.clone(), mirror));
     }
     if let Some(s) = &state_sync {

@@ -85,6 +85,9 @@ fn mirror_with(mode: PidMode, layout: LayoutConfig, limits: RegistryConfig) -> A
         tls: None,
         source_tls: None,
         destination_tls: None,
+        stopped_when: Default::default(),
+        destination_hw_bootstrap: Vec::new(),
+        destination_hw_poll_ms: 500,
     };
     let metrics = Metrics::new();
     let m = MirrorContext::new(

@@ -97,6 +97,7 @@ async fn a_seal_with_20000_open_transactions_persists_in_chunks_and_is_rebuilt()
         since_ms: 1,
         seal: Some(Arc::new(plan.clone())),
         restored_open_txns: None,
+        destination_hw: None,
     };
     lifecycle
         .commit(&key, entry)
@@ -174,14 +175,22 @@ async fn a_seal_with_20000_open_transactions_persists_in_chunks_and_is_rebuilt()
         .expect("open transactions restored from the chunks");
     open.sort_by_key(|t| (t.first_offset, t.producer_id));
     assert_eq!(open, plan.open_txns);
-    match decide(&key, &restored, CUT, 4, 4, &Vec::new) {
+    match decide(
+        &key,
+        &restored,
+        CUT,
+        4,
+        4,
+        &Vec::new,
+        mirrorguard::lifecycle::StopRule::DestinationHw(None),
+    ) {
         Decision::Answer(a) => {
             assert_eq!((a.aborts_served, a.barriers_served), (OPEN as u32, 1));
             let served: usize = plan.batches.iter().map(|b| b.bytes.len()).sum();
             assert_eq!(a.records.len(), served);
             assert_eq!(a.high_watermark, CUT + OPEN as i64 + 1);
         }
-        Decision::Persist(next) => panic!("rebuilt seal not served: {:?}", next.reason),
+        other => panic!("rebuilt seal not served: {other:?}"),
     }
     drop(kafka);
 }

@@ -107,6 +107,11 @@ struct PartitionView {
     /// Where this instance's shadow producer state of the partition is
     /// (its next offset): the progress, where served here.
     state_offset: Option<i64>,
+    /// A STOPPING partition whose fetcher holds the whole seal: what it
+    /// waits for (the destination's high watermark), on the instance that
+    /// reads it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    destination_hw: Option<crate::lifecycle::HwWait>,
 }
 
 fn view(e: &Entry, producers: usize) -> PartitionView {
@@ -127,6 +132,7 @@ fn view(e: &Entry, producers: usize) -> PartitionView {
         served_here: false,
         snapshot_offset: None,
         state_offset: None,
+        destination_hw: e.destination_hw.clone(),
     }
 }
 
@@ -163,6 +169,7 @@ async fn list_partitions(State(s): State<Arc<ApiState>>) -> Json<serde_json::Val
                         served_here: false,
                         snapshot_offset: None,
                         state_offset: None,
+                        destination_hw: None,
                     },
                 );
             }

@@ -13,8 +13,12 @@
 //! MIRROR_PID_RESET barrier are built at
 //! consecutive offsets from the cut; the open transactions (a producer-state
 //! snapshot, record type 5) and the cut (type 4) are persisted; then the
-//! batches are served. Once the fetcher's offset shows all were appended,
-//! STOPPED is persisted and the partition is answered locally from then on.
+//! batches are served. Once the fetcher's offset shows all were appended
+//! and (`stopped_when = "destination_hw"`, the default) the destination's
+//! high watermark has passed them ([`crate::mirror::dest_hw`]), STOPPED is
+//! persisted and the partition is answered locally from then on. A fetch
+//! below the cut (a new destination leader that truncated) gets the seal
+//! planned again at its offset ([`seal::decide`]).
 
 pub mod seal;
 
@@ -27,7 +31,7 @@ use serde::Serialize;
 
 use crate::producer_state::PartitionKey;
 
-pub use seal::{SealBatch, SealPlan};
+pub use seal::{SealBatch, SealPlan, StopRule};
 
 /// A mirrored partition's life-cycle state (SPEC 3). The state store keeps
 /// it as an int8; the conversion lives in its adapter
@@ -144,6 +148,28 @@ pub struct Entry {
     /// a restart (the plan is rebuilt from them at the next fetch).
     #[serde(skip)]
     pub restored_open_txns: Option<Vec<seal::OpenTxn>>,
+    /// What a seal the fetcher holds whole waits for (the destination's
+    /// high watermark); kept here only, never persisted.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub destination_hw: Option<HwWait>,
+}
+
+/// A seal waiting for the destination's high watermark to pass its end
+/// (`[[mirror]] stopped_when = "destination_hw"`), as the admin API shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HwWait {
+    /// The seal's end: the high watermark the partition waits for.
+    pub seal_end: i64,
+    /// The destination's high watermark last read (`None`: not read yet).
+    pub high_watermark: Option<i64>,
+    /// The destination broker that answered it (its leader for the partition).
+    pub leader: Option<String>,
+    /// Wall-clock ms of the last successful read.
+    pub checked_ms: Option<i64>,
+    /// Why the last read failed (the destination unreachable, no leader).
+    pub error: Option<String>,
+    /// Wall-clock ms since when the seal waits.
+    pub waiting_since_ms: i64,
 }
 
 fn ser_state<S: serde::Serializer>(s: &State, ser: S) -> Result<S::Ok, S::Error> {
@@ -293,6 +319,7 @@ impl Lifecycle {
             since_ms: now_ms(),
             seal: None,
             restored_open_txns: None,
+            destination_hw: None,
         });
         entry.mirror = mirror.to_string();
         entry.state = next;
@@ -352,6 +379,21 @@ impl Lifecycle {
         entries.insert(key.clone(), entry);
         self.recount(&entries);
         Ok(())
+    }
+
+    /// Sets (or clears) what the partition's seal waits for; nothing is
+    /// persisted. Only a STOPPING entry with that seal end is touched.
+    pub fn note_hw_wait(&self, key: &PartitionKey, wait: Option<HwWait>) {
+        if let Some(e) = lock(&self.entries).get_mut(key) {
+            let end = e.cut.zip(e.seal_batches).map(|(c, n)| c + i64::from(n));
+            match &wait {
+                Some(w) if e.state == State::Stopping && end == Some(w.seal_end) => {
+                    e.destination_hw = wait
+                }
+                Some(_) => {}
+                None => e.destination_hw = None,
+            }
+        }
     }
 
     /// Notes the fetcher's offset (progress for the admin API).

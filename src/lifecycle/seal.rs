@@ -149,6 +149,25 @@ pub enum Decision {
     Answer(LocalPartition),
     /// Persist this entry first, then decide again.
     Persist(Box<Entry>),
+    /// The fetcher holds the whole seal, but the destination's high
+    /// watermark is not known to have passed `end`: answer with this (no
+    /// records) and have the high watermark read.
+    AwaitHw {
+        /// The answer meanwhile.
+        answer: LocalPartition,
+        /// The seal's end: the high watermark it waits for.
+        end: i64,
+    },
+}
+
+/// The entry of a partition whose seal is complete.
+pub fn stopped(entry: &Entry, plan: Arc<SealPlan>) -> Entry {
+    let mut next = entry.clone();
+    next.state = State::Stopped;
+    next.reason = None;
+    next.seal = Some(plan);
+    next.destination_hw = None;
+    next
 }
 
 impl LocalPartition {
@@ -164,10 +183,37 @@ impl LocalPartition {
     }
 }
 
+/// When a sealing partition becomes STOPPED (`[[mirror]] stopped_when`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StopRule {
+    /// Once the destination's high watermark (ListOffsets LATEST,
+    /// READ_UNCOMMITTED, on the destination partition's leader) has passed
+    /// the seal's end: the sealing batches are then on every in-sync
+    /// replica and no leadership move can lose them. The value is the high
+    /// watermark last read (`None`: not read yet, or unreadable).
+    DestinationHw(Option<i64>),
+    /// Once the fetcher fetches past the seal's end (it appended every
+    /// sealing batch on its own log). Only sound for a destination whose
+    /// leader never loses an appended record (a single replica).
+    FetcherOffset,
+}
+
 /// Decides what a fetch at `fetch_offset` of a controlled partition gets.
-/// `open_txns` is consulted only when the cut is taken; `last_fetched_epoch`
-/// is the request's LastFetchedEpoch (v12+, else -1) and
-/// `current_leader_epoch` its CurrentLeaderEpoch (v9+, else -1).
+/// `open_txns(at)` is consulted only when a cut is taken at `at`;
+/// `last_fetched_epoch` is the request's LastFetchedEpoch (v12+, else -1)
+/// and `current_leader_epoch` its CurrentLeaderEpoch (v9+, else -1).
+///
+/// A fetch at or past the seal's end completes the seal under
+/// [`StopRule::FetcherOffset`]; under [`StopRule::DestinationHw`] only
+/// when the destination's high watermark has passed the end too, and
+/// otherwise it is answered with no records ([`Decision::AwaitHw`]): the
+/// caller has the high watermark read and completes the seal then.
+///
+/// A fetch below the cut of a STOPPING partition is the fetcher of a
+/// destination leader that lost records it had not replicated (sealing
+/// batches, maybe source records below the cut): the seal is planned again
+/// at its fetch offset, as if the cut were taken there (persisted first,
+/// never source data).
 pub fn decide(
     key: &PartitionKey,
     entry: &Entry,
@@ -175,6 +221,7 @@ pub fn decide(
     last_fetched_epoch: i32,
     current_leader_epoch: i32,
     open_txns: &dyn Fn() -> Vec<OpenTxn>,
+    rule: StopRule,
 ) -> Decision {
     match entry.state {
         State::Stopping => {}
@@ -233,19 +280,38 @@ pub fn decide(
         }
     };
     if fetch_offset >= plan.end() {
-        let mut next = entry.clone();
-        next.state = State::Stopped;
-        next.reason = None;
-        next.seal = Some(plan);
-        return Decision::Persist(Box::new(next));
+        let end = plan.end();
+        if let StopRule::DestinationHw(hw) = rule {
+            if hw.is_none_or(|hw| hw < end) {
+                return Decision::AwaitHw {
+                    answer: LocalPartition::empty_at(fetch_offset),
+                    end,
+                };
+            }
+        }
+        return Decision::Persist(Box::new(stopped(entry, plan)));
     }
     if fetch_offset < cut {
+        // The destination leader's log ends below the cut: the new leader
+        // of a leadership move that never got the sealing batches (and
+        // maybe records below the cut). Its log is what the destination
+        // holds now, so the seal is planned again at its end.
+        let plan = SealPlan::build(fetch_offset, epoch, &entry.source_cluster_id, open_txns());
         let mut next = entry.clone();
-        next.state = State::Failed;
+        next.cut = Some(fetch_offset);
+        next.seal_batches = Some(plan.len());
         next.reason = Some(format!(
-            "the destination fetcher went back to offset {fetch_offset}, below the cut {cut} \
-             (log truncated?); sealing stopped, operator action needed"
+            "sealing again below the old cut {cut} (the destination leader's log ends at \
+             {fetch_offset}): {} abort marker(s) and the barrier at offsets {}..{}",
+            plan.open_txns.len(),
+            plan.cut,
+            plan.end() - 1
         ));
+        next.restored_open_txns = None;
+        next.seal = Some(Arc::new(plan));
+        tracing::warn!(mirror = %entry.mirror, partition = %key, old_cut = cut, cut = fetch_offset, epoch,
+            "seal: the destination fetcher fetches below the cut (its leader lost unreplicated \
+             records): the seal is planned again at its offset");
         return Decision::Persist(Box::new(next));
     }
     let served = plan
@@ -313,6 +379,7 @@ mod tests {
             since_ms: 0,
             seal: None,
             restored_open_txns: open,
+            destination_hw: None,
         }
     }
 
@@ -331,12 +398,20 @@ mod tests {
     fn restored_seal_that_lost_its_open_transactions_is_never_served() {
         let key = PartitionKey::new([0; 16], "t", 0);
         // Persisted: one abort marker and the barrier; the snapshot is gone.
-        match decide(&key, &entry(Some(2), None), 10, 3, 3, &Vec::new) {
+        match decide(
+            &key,
+            &entry(Some(2), None),
+            10,
+            3,
+            3,
+            &Vec::new,
+            StopRule::FetcherOffset,
+        ) {
             Decision::Persist(next) => {
                 assert_eq!(next.state, State::Failed);
                 assert!(next.reason.unwrap().contains("2 were persisted"));
             }
-            Decision::Answer(a) => panic!("served a seal of {} bytes", a.records.len()),
+            other => panic!("not failed: {other:?}"),
         }
         // With its snapshot the same seal is served again.
         match decide(
@@ -346,9 +421,10 @@ mod tests {
             3,
             3,
             &Vec::new,
+            StopRule::FetcherOffset,
         ) {
             Decision::Answer(a) => assert_eq!((a.aborts_served, a.barriers_served), (1, 1)),
-            Decision::Persist(next) => panic!("{:?}", next.reason),
+            other => panic!("{other:?}"),
         }
     }
 
@@ -365,5 +441,114 @@ mod tests {
         assert!(!serve_reader(&e, 10).records.is_empty());
         assert!(serve_reader(&e, 11).records.is_empty());
         assert!(serve_reader(&e, 0).records.is_empty());
+    }
+
+    /// A sealing entry whose plan (one abort, the barrier) is built at 10.
+    fn built() -> Entry {
+        let mut e = entry(Some(2), Some(vec![txn()]));
+        e.seal = Some(Arc::new(SealPlan::build(
+            10,
+            3,
+            &e.source_cluster_id,
+            vec![txn()],
+        )));
+        e
+    }
+
+    #[test]
+    fn stopped_only_once_the_destination_high_watermark_passed_the_seal() {
+        let key = PartitionKey::new([0; 16], "t", 0);
+        let e = built();
+        // The fetcher holds the whole seal (10, 11): without the high
+        // watermark, or with one below 12, the partition keeps STOPPING.
+        for hw in [None, Some(0), Some(11)] {
+            match decide(&key, &e, 12, 3, 3, &Vec::new, StopRule::DestinationHw(hw)) {
+                Decision::AwaitHw { answer, end } => {
+                    assert_eq!(end, 12);
+                    assert!(answer.records.is_empty());
+                }
+                other => panic!("hw {hw:?}: {other:?}"),
+            }
+        }
+        for hw in [12, 40] {
+            match decide(
+                &key,
+                &e,
+                12,
+                3,
+                3,
+                &Vec::new,
+                StopRule::DestinationHw(Some(hw)),
+            ) {
+                Decision::Persist(next) => {
+                    assert_eq!(next.state, State::Stopped);
+                    assert_eq!((next.cut, next.seal_batches), (Some(10), Some(2)));
+                }
+                other => panic!("hw {hw}: {other:?}"),
+            }
+        }
+        // A high watermark past the end never completes a seal the fetcher
+        // has not fetched whole: it is still served.
+        match decide(
+            &key,
+            &e,
+            11,
+            3,
+            3,
+            &Vec::new,
+            StopRule::DestinationHw(Some(99)),
+        ) {
+            Decision::Answer(a) => assert_eq!((a.aborts_served, a.barriers_served), (0, 1)),
+            other => panic!("{other:?}"),
+        }
+        // The opt-out: the fetcher's offset alone.
+        match decide(&key, &e, 12, 3, 3, &Vec::new, StopRule::FetcherOffset) {
+            Decision::Persist(next) => assert_eq!(next.state, State::Stopped),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_fetch_below_the_cut_plans_the_seal_again_at_its_offset() {
+        let key = PartitionKey::new([0; 16], "t", 0);
+        let e = built();
+        // The new leader's log ends at 7 (it lost 7..10 and the seal); at 7
+        // the transaction that began at 8 is not open, one begun at 5 is.
+        let early = OpenTxn {
+            producer_id: 9,
+            first_offset: 5,
+            ..txn()
+        };
+        let asked = std::cell::Cell::new(0);
+        let open = || {
+            asked.set(asked.get() + 1);
+            vec![early]
+        };
+        for rule in [StopRule::DestinationHw(Some(100)), StopRule::FetcherOffset] {
+            match decide(&key, &e, 7, 4, 4, &open, rule) {
+                Decision::Persist(next) => {
+                    assert_eq!(next.state, State::Stopping);
+                    assert_eq!((next.cut, next.seal_batches), (Some(7), Some(2)));
+                    let plan = next.seal.clone().unwrap();
+                    assert_eq!((plan.cut, plan.end(), plan.leader_epoch), (7, 9, 4));
+                    assert_eq!(plan.open_txns, vec![early]);
+                    assert_eq!(plan.batches[0].base_offset, 7);
+                    // The re-planned seal is then served from its new cut.
+                    match decide(&key, &next, 7, 4, 4, &Vec::new, rule) {
+                        Decision::Answer(a) => {
+                            assert_eq!((a.aborts_served, a.barriers_served), (1, 1));
+                            assert_eq!(a.high_watermark, 9);
+                        }
+                        other => panic!("{other:?}"),
+                    }
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(
+            asked.get(),
+            2,
+            "the open transactions are read at the new cut"
+        );
     }
 }

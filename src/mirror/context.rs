@@ -220,11 +220,24 @@ impl MirrorContext {
             sessions: Default::default(),
             lookups: Default::default(),
             source_identity: Default::default(),
+            dest_hw: OnceLock::new(),
         };
         if let Some(text) = &cfg.source_cluster_id {
             ctx.set_source(SourceIdentity::parse(text)?)?;
         }
         Ok(Arc::new(ctx))
+    }
+
+    /// Makes seals complete only once the destination's high watermark has
+    /// passed their end (at start-up; see [`super::dest_hw`]).
+    pub fn set_destination_hw(&self, gate: Arc<super::dest_hw::DestinationHw>) {
+        let _ = self.dest_hw.set(gate);
+    }
+
+    /// The stop rule of this mirror's seals and, under the destination
+    /// rule, its gate.
+    pub(crate) fn destination_hw(&self) -> Option<&Arc<super::dest_hw::DestinationHw>> {
+        self.dest_hw.get()
     }
 
     /// Sets mirrorguard's own SASL identity toward the source (at start-up,

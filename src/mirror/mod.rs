@@ -41,6 +41,7 @@
 //! them. The durable side of the ports lives in
 //! [`crate::state_store::sync`].
 
+pub mod dest_hw;
 pub mod error;
 pub mod handover;
 pub mod offline;
@@ -304,6 +305,9 @@ pub struct MirrorContext {
     lookups: Arc<topic_lookup::TopicIdLookups>,
     /// mirrorguard's own SASL identity toward the source (set at start-up).
     source_identity: std::sync::OnceLock<crate::sasl::Identity>,
+    /// The destination high watermark gate of seals (`stopped_when =
+    /// "destination_hw"`); unset: a seal completes on the fetcher's offset.
+    dest_hw: OnceLock<Arc<dest_hw::DestinationHw>>,
 }
 
 /// Seal metric handles of one mirror.
@@ -330,6 +334,15 @@ struct SealMetrics {
     below_cut_straddles: Counter,
     /// Partitions already warned about for `below_cut_straddles`.
     below_cut_straddle_warned: std::sync::Mutex<std::collections::HashSet<PartitionKey>>,
+    /// Seals planned again below their cut (a destination leader that lost
+    /// unreplicated records fetched there).
+    replanned_below_cut: Counter,
+    /// Destination high watermarks read for seals that wait on them.
+    hw_reads: Counter,
+    /// Failed reads of a destination high watermark.
+    hw_read_errors: Counter,
+    /// Seals waiting for the destination's high watermark.
+    hw_waiting: Gauge,
 }
 
 impl SealMetrics {
@@ -353,6 +366,15 @@ impl SealMetrics {
             open_at_cut_incomplete: m("open_at_cut_incomplete"),
             below_cut_straddles: m("below_cut_batch_straddles_cut"),
             below_cut_straddle_warned: Default::default(),
+            replanned_below_cut: m("seal_replanned_below_cut"),
+            hw_reads: m("destination_hw_read"),
+            hw_read_errors: m("destination_hw_read_error"),
+            hw_waiting: metrics
+                .seals_awaiting_destination_hw
+                .get_or_create(&crate::metrics::MirrorLabels {
+                    mirror: mirror.to_string(),
+                })
+                .clone(),
         }
     }
 }

@@ -21,6 +21,15 @@ Use::
     f.stop(); dest.close_log("t")                    # hand the directory to a broker
     dest.kill(); dest.start()                        # crash, then Kafka's log recovery
 
+Replication and truncation between simulated brokers (each its own UnifiedLog replica)::
+
+    dest.listen([1, 2, 3])                           # a Kafka listener per broker: ApiVersions,
+    dest.bootstrap                                   # Metadata, ListOffsets (the HW) on loopback
+    dest.open("t", 0); dest.replicate("t", [1, 2, 3], leader=1)
+    f = dest.mirror("b1", via_a, [("t", 0)], broker=1)   # the leader's fetcher
+    dest.pause_replication("t", 2)                   # broker 2's copy lags: unreplicated records
+    dest.move_leader("t", 2)                         # 2 leads; 1 and 3 truncate to it
+
 Built by scripts/install-test-deps.sh into .tools/kafka-dest; runs on .tools/kafka/libs.
 """
 
@@ -70,6 +79,10 @@ class KafkaDest:
         self.proc: subprocess.Popen | None = None
         self._log = None
         self.clean_start: bool | None = None
+        # Simulated broker id -> its Kafka listener's port (listen()).
+        self.ports: dict[int, int] = {}
+        # Broker ids of listeners that answer for renamed topics (listen(aliases=...)).
+        self.aliased: dict[int, dict[str, str]] = {}
 
     # ------------------------------------------------------------ process
 
@@ -88,6 +101,9 @@ class KafkaDest:
         if not ready.get("ready"):
             raise HarnessError(f"kafka-dest {self.name} did not start: {ready}")
         self.clean_start = ready["clean_start"]
+        if self.ports:
+            # A restart: the simulated brokers listen on the ports they had.
+            self.listen(sorted(self.ports))
         return self
 
     def alive(self) -> bool:
@@ -164,6 +180,59 @@ class KafkaDest:
             return self.log_path.read_text(errors="replace")
         except OSError:
             return ""
+
+    # ------------------------------------------------------------ brokers
+
+    def listen(self, brokers: list[int] | None = None) -> "KafkaDest":
+        """Starts a Kafka listener (loopback) per simulated broker id: ApiVersions, Metadata
+        (brokers, open partitions with topic ids, leaders, replicas) and ListOffsets (LATEST
+        READ_UNCOMMITTED is the high watermark) with Kafka's own request/response classes.
+        Ports are kept across a restart of the process."""
+        ids = brokers or [0]
+        for i in ids:
+            out = self.call("listen", brokers=[i], ports=[self.ports.get(i, 0)], aliases=self.aliased.get(i, {}))
+            self.ports.update({int(k): v for k, v in out["ports"].items()})
+        return self
+
+    def listen_as(self, aliases: dict[str, str]) -> str:
+        """A listener of its own (a destination cluster of its own) that answers for the
+        stand-in's topics under other names ({name asked: stand-in topic}): a stand-in that
+        plays several destination clusters renames a mirrored topic (source_topic), which
+        mirrorguard knows by the mirror's own destination name. Returns its bootstrap."""
+        broker = 1000 + len(self.aliased)
+        self.aliased[broker] = dict(aliases)
+        self.listen([broker])
+        return f"{harness.HOST}:{self.ports[broker]}"
+
+    @property
+    def bootstrap(self) -> str:
+        """The simulated brokers' listeners, for a client of the destination."""
+        plain = sorted((i, p) for i, p in self.ports.items() if i not in self.aliased)
+        assert plain, "listen() first"
+        return ",".join(f"{harness.HOST}:{p}" for _, p in plain)
+
+    def replicate(self, topic: str, brokers: list[int], partition: int = 0, leader: int | None = None) -> dict:
+        """Gives topic-partition a replica (a UnifiedLog of its own) on each of `brokers`
+        (the existing log is broker 0's, or the leader's); followers copy the leader's log
+        every 20 ms and the leader's high watermark is the smallest log end of them all.
+        `leader`: move the leadership there first (before any record)."""
+        st = self.call("replicate", topic=topic, partition=partition, replicas=brokers)["state"]
+        if leader is not None and st["leader"] != leader:
+            st = self.move_leader(topic, leader, partition)["state"]
+        return st
+
+    def pause_replication(self, topic: str, broker: int, partition: int = 0, paused: bool = True,
+                          upto: int | None = None) -> dict:
+        """Stops (or resumes) copying the leader's log to `broker`'s replica; with `upto`,
+        it still copies whole batches below that offset."""
+        return self.call("pause_replication", topic=topic, partition=partition, broker=broker,
+                         paused=paused, upto=upto)["state"]
+
+    def move_leader(self, topic: str, leader: int, partition: int = 0) -> dict:
+        """Leadership moves to `leader`: the others truncate to its log (Kafka's leader
+        epoch cache decides where). Returns {move: {truncated: {broker: records lost}, ...},
+        state}."""
+        return self.call("move_leader", topic=topic, partition=partition, leader=leader)
 
     # ------------------------------------------------------------ partitions
 
@@ -252,7 +321,8 @@ class KafkaDest:
         """Starts a fetcher thread. `partitions`: (topic, partition) tuples or dicts with
         topic, partition, source_topic, rebase, source_offset, topic_id. Options:
         replica_id (-1), sessions (True), max_wait_ms (100), request_timeout_ms (5000),
-        max_bytes, max_fetch_version, last_fetched_epoch (True)."""
+        max_bytes, max_fetch_version, last_fetched_epoch (True), broker (the simulated broker
+        it runs on: it appends only to partitions that broker leads; default: any)."""
         parts = []
         for p in partitions:
             if isinstance(p, tuple):
@@ -268,6 +338,14 @@ class KafkaDest:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+def dest_hw_bootstrap(dest: KafkaDest) -> str:
+    """The stand-in's Kafka listener (started on first use): where mirrorguard reads the
+    destination's high watermark (MirrorSpec.destination_hw)."""
+    if not any(i not in dest.aliased for i in dest.ports):
+        dest.listen()
+    return dest.bootstrap
 
 
 class MirrorFetcher:

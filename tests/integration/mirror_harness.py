@@ -107,6 +107,16 @@ class MirrorSpec:
     destination_bootstrap: str | None = None
     # Extra `key = value` lines for the [[mirror]] block (e.g. upstream_request_timeout_ms).
     extra: str = ""
+    # Where a seal reads the destination's high watermark (`destination_hw_bootstrap`): the
+    # stand-in's simulated brokers (KafkaDest.listen().bootstrap). Given, a partition is
+    # STOPPED only once the destination's high watermark passed the seal's end (mirrorguard's
+    # default rule).
+    destination_hw: str | None = None
+    # `stopped_when`, when a test chooses it. Left None without `destination_hw`, the harness
+    # writes "fetcher_offset": the test's destination is a Python fetcher (session_fetcher.py
+    # and friends) that writes no log, so there is no high watermark to wait for; every test
+    # whose destination holds a log (the Kafka-engine stand-in) passes `destination_hw`.
+    stopped_when: str | None = None
 
     @classmethod
     def of(cls, name: str, source, **kw) -> "MirrorSpec":
@@ -174,6 +184,12 @@ class MirrorGuard:
             extra = f'source_cluster_id = "{m.source_cluster_id}"\n' if m.source_cluster_id else ""
             if m.destination_bootstrap:
                 extra += f'destination_bootstrap = [{", ".join(chr(34) + a + chr(34) for a in m.destination_bootstrap.split(","))}]\n'
+            if m.destination_hw:
+                extra += ("destination_hw_bootstrap = ["
+                          + ", ".join(f'"{a}"' for a in m.destination_hw.split(",")) + "]\n"
+                          + "destination_hw_poll_ms = 100\n")
+            if m.stopped_when or not m.destination_hw:
+                extra += f'stopped_when = "{m.stopped_when or "fetcher_offset"}"\n'
             if m.extra:
                 extra += m.extra.rstrip("\n") + "\n"
             blocks.append(

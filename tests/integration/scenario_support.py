@@ -20,7 +20,7 @@ from pathlib import Path
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 import harness
-from kafka_dest import KafkaDest, MirrorFetcher, kafka_dump_log  # noqa: F401
+from kafka_dest import KafkaDest, MirrorFetcher, dest_hw_bootstrap, kafka_dump_log  # noqa: F401
 from mirror_harness import MirrorSpec
 
 
@@ -75,9 +75,13 @@ class Hop:
         return self.fetcher.stop()
 
 
-def mirror_spec(name: str, source, variant: Variant) -> MirrorSpec:
+def mirror_spec(name: str, source, variant: Variant, dest: KafkaDest | None = None) -> MirrorSpec:
+    """The mirror's spec; with `dest` (the stand-in destination holding the log), a seal
+    completes once the stand-in's high watermark passed its end (mirrorguard's default)."""
     return MirrorSpec(name, source.bootstrap, layout=variant.layout, pid_mode=variant.pid_mode or "region",
-                      node_ids=list(source.node_ids))
+                      node_ids=list(source.node_ids),
+                      destination_hw=None if dest is None else dest_hw_bootstrap(dest))
+
 
 
 def start_mirrorguard(mirror_factory, state_bootstrap: str, specs: list[MirrorSpec], topics: list[str], **kw):
@@ -103,7 +107,12 @@ def make_hop(mirror_factory, variant: Variant, source, dest: KafkaDest, topic: s
         return Hop(dest.mirror(name, source.bootstrap, [part], **opts), dest, None, None, topic, partition)
     if mg is None:
         assert state_bootstrap is not None
-        mg = start_mirrorguard(mirror_factory, state_bootstrap, [mirror_spec(name, source, variant)], [source_topic],
+        spec = mirror_spec(name, source, variant, dest)
+        if source_topic != topic:
+            # The stand-in plays this hop's destination cluster under another topic name
+            # than the mirror's own: a listener of its own answers for it by that name.
+            spec.destination_hw = dest.listen_as({source_topic: topic})
+        mg = start_mirrorguard(mirror_factory, state_bootstrap, [spec], [source_topic],
                                **({"guard_upstream": guard_upstream} if guard_upstream else {}))
         mg.wait_sources_known()
     return Hop(dest.mirror(name, mg.mirrors[name].bootstrap, [part], **opts), dest, mg, name, topic, partition)

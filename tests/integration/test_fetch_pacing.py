@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 
 import harness
-from kafka_dest import kafka_dest_factory  # noqa: F401 - fixture
+from kafka_dest import dest_hw_bootstrap, kafka_dest_factory  # noqa: F401 - fixture
 from mirror_harness import (  # noqa: F401 - mirror_factory is a fixture
     MirrorSpec,
     StandInFetcher,
@@ -62,9 +62,10 @@ def _setup(src, mirror_factory, kafka_dest_factory, topics, state=None, extra=""
         harness.create_topics(state.bootstrap, topics)
     for t in topics:
         send(idempotent_producer(src.bootstrap), t, [b"d-0", b"d-1"])
-    mg = mirror_factory((state or src).bootstrap, [MirrorSpec.of(MIRROR, src, extra=extra)])
-    mg.wait_sources_known()
     dest = kafka_dest_factory("pace")
+    mg = mirror_factory((state or src).bootstrap,
+                        [MirrorSpec.of(MIRROR, src, extra=extra, destination_hw=dest_hw_bootstrap(dest))])
+    mg.wait_sources_known()
     f = dest.mirror(MIRROR, mg.mirrors[MIRROR].bootstrap, [(t, 0) for t in topics], max_wait_ms=MAX_WAIT_MS,
                     request_timeout_ms=30000, **opts)
     for t in topics:

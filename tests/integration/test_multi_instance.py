@@ -26,7 +26,7 @@ from __future__ import annotations
 import time
 
 import harness
-from kafka_dest import kafka_dest_factory  # noqa: F401 - fixture
+from kafka_dest import dest_hw_bootstrap, kafka_dest_factory  # noqa: F401 - fixture
 from mirror_harness import (  # noqa: F401 - mirror_factory is a fixture
     MirrorSpec,
     high_watermark,
@@ -70,10 +70,10 @@ def _single_instance(kafka1, mirror_factory, kafka_dest_factory, topic: str, hws
                      seal: dict) -> dict:
     """The same source input mirrored by one instance and one fetcher, stopped at `hws`
     (the cuts of the multi-instance run; `seal`: sealing batches per partition)."""
-    mg = mirror_factory(kafka1.bootstrap, [MirrorSpec.of(MIRROR, kafka1)],
+    ref = kafka_dest_factory("ref")
+    mg = mirror_factory(kafka1.bootstrap, [MirrorSpec.of(MIRROR, kafka1, destination_hw=dest_hw_bootstrap(ref))],
                         state_topic=f"__mirror_state_ref_{topic}")
     mg.wait_sources_known()
-    ref = kafka_dest_factory("ref")
     f = ref.mirror("ref", mg.mirrors[MIRROR].bootstrap, [(topic, 0), (topic, 1)])
     _catch_up({0: f, 1: f}, topic, hws)
     status, body = mg.post("stop", MIRROR, topic, [0, 1])
@@ -88,7 +88,8 @@ def test_partitions_follow_leadership_moves_between_instances(kafka1, kafka_dest
                                                              mirror_factory):
     topic = harness.topic_name("multi")
     harness.create_topics(kafka1.bootstrap, [topic], partitions=2)
-    spec = lambda: [MirrorSpec.of(MIRROR, kafka1)]  # noqa: E731
+    dest = kafka_dest_factory("multi")
+    spec = lambda: [MirrorSpec.of(MIRROR, kafka1, destination_hw=dest_hw_bootstrap(dest))]  # noqa: E731
     mg_a = mirror_factory(kafka1.bootstrap, spec(), snapshot_interval_ms=300)
     mg_b = mirror_factory(kafka1.bootstrap, spec(), snapshot_interval_ms=300)
     for mg in (mg_a, mg_b):
@@ -97,7 +98,6 @@ def test_partitions_follow_leadership_moves_between_instances(kafka1, kafka_dest
     tp = transactional_producer(kafka1.bootstrap, f"txn-{topic}", **{"transaction.timeout.ms": 600000})
     tp2 = transactional_producer(kafka1.bootstrap, f"txn2-{topic}", **{"transaction.timeout.ms": 600000})
 
-    dest = kafka_dest_factory("multi")
     via = {"a": mg_a.mirrors[MIRROR].bootstrap, "b": mg_b.mirrors[MIRROR].bootstrap}
     n = iter(range(100))
 
@@ -207,7 +207,8 @@ def test_seal_follows_the_partition_across_a_move(kafka1, kafka_dest_factory, mi
     seal in hand, and B serves the same, persisted seal to the new leader's fetcher."""
     topic = harness.topic_name("mseal")
     harness.create_topics(kafka1.bootstrap, [topic], partitions=2)
-    spec = lambda: [MirrorSpec.of(MIRROR, kafka1)]  # noqa: E731
+    dest = kafka_dest_factory("mseal")
+    spec = lambda: [MirrorSpec.of(MIRROR, kafka1, destination_hw=dest_hw_bootstrap(dest))]  # noqa: E731
     mg_a = mirror_factory(kafka1.bootstrap, spec(), snapshot_interval_ms=300)
     mg_b = mirror_factory(kafka1.bootstrap, spec(), snapshot_interval_ms=300)
     for mg in (mg_a, mg_b):
@@ -221,7 +222,6 @@ def test_seal_follows_the_partition_across_a_move(kafka1, kafka_dest_factory, mi
         tps[p].produce(topic, value=b"open-%d" % p, partition=p)
         assert tps[p].flush(20) == 0
     hws = _hw(kafka1.bootstrap, topic)
-    dest = kafka_dest_factory("mseal")
     via_a, via_b = mg_a.mirrors[MIRROR].bootstrap, mg_b.mirrors[MIRROR].bootstrap
     fa = {p: dest.mirror(f"a-{p}", via_a, [(topic, p)]) for p in (0, 1)}
     _catch_up(fa, topic, hws)

@@ -253,8 +253,8 @@ def test_s4_fan_in_different_topics(kafka1, kafka_factory, kafka_dest_factory, m
     c = kafka_dest_factory("C")
     mg = None
     if variant.guarded:
-        mg = start_mirrorguard(mirror_factory, kafka1.bootstrap, [mirror_spec("from-a", a, variant),
-                                                                 mirror_spec("from-b", b, variant)], [ta, tb])
+        mg = start_mirrorguard(mirror_factory, kafka1.bootstrap, [mirror_spec("from-a", a, variant, c),
+                                                                 mirror_spec("from-b", b, variant, c)], [ta, tb])
         mg.wait_sources_known()
         fa = c.mirror("from-a", mg.mirrors["from-a"].bootstrap, [(ta, 0)])
         fb = c.mirror("from-b", mg.mirrors["from-b"].bootstrap, [(tb, 0)])
@@ -303,8 +303,8 @@ def test_s4_fan_in_same_topic_source_reassignment(kafka1, kafka_factory, kafka_d
     pa, pb = idem(a.bootstrap), idem(b.bootstrap)
     c = kafka_dest_factory("C")
     if variant.guarded:
-        mg = start_mirrorguard(mirror_factory, kafka1.bootstrap, [mirror_spec("from-a", a, variant),
-                                                                 mirror_spec("from-b", b, variant)], [T])
+        mg = start_mirrorguard(mirror_factory, kafka1.bootstrap, [mirror_spec("from-a", a, variant, c),
+                                                                 mirror_spec("from-b", b, variant, c)], [T])
         addr = {"a": mg.mirrors["from-a"].bootstrap, "b": mg.mirrors["from-b"].bootstrap}
     else:
         addr = {"a": a.bootstrap, "b": b.bootstrap}
@@ -358,8 +358,8 @@ def test_s6_same_region_collision_salt_survives_restart(kafka1, kafka_factory, k
     c.open(T)
     mg = None
     if variant.guarded:
-        mg = start_mirrorguard(mirror_factory, kafka1.bootstrap, [mirror_spec("from-a", a, variant),
-                                                                 mirror_spec("from-b", b, variant)], [T])
+        mg = start_mirrorguard(mirror_factory, kafka1.bootstrap, [mirror_spec("from-a", a, variant, c),
+                                                                 mirror_spec("from-b", b, variant, c)], [T])
         addr = {n: mg.mirrors[f"from-{n}"].bootstrap for n in "ab"}
     else:
         addr = {"a": a.bootstrap, "b": b.bootstrap}

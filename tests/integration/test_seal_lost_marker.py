@@ -16,7 +16,7 @@ import os
 import signal
 
 import harness
-from kafka_dest import kafka_dest_factory  # noqa: F401 - fixture
+from kafka_dest import dest_hw_bootstrap, kafka_dest_factory  # noqa: F401 - fixture
 from mirror_harness import (  # noqa: F401 - mirror_factory is a fixture
     MirrorSpec,
     high_watermark,
@@ -33,7 +33,8 @@ def test_transaction_closed_in_a_lost_response_is_aborted_at_the_cut(kafka1, kaf
                                                                       mirror_factory):
     topic = harness.topic_name("lostm")
     harness.create_topics(kafka1.bootstrap, [topic])
-    mg = mirror_factory(kafka1.bootstrap, [MirrorSpec.of(MIRROR, kafka1)])
+    dest = kafka_dest_factory("lost")
+    mg = mirror_factory(kafka1.bootstrap, [MirrorSpec.of(MIRROR, kafka1, destination_hw=dest_hw_bootstrap(dest))])
     mg.wait_sources_known()
 
     send(idempotent_producer(kafka1.bootstrap), topic, [b"d-0", b"d-1"])
@@ -44,7 +45,6 @@ def test_transaction_closed_in_a_lost_response_is_aborted_at_the_cut(kafka1, kaf
     hw = high_watermark(kafka1.bootstrap, topic)
     assert hw == 3
 
-    dest = kafka_dest_factory("lost")
     # MaxWaitMs 20 s: once caught up, the fetcher's next request waits at the source until
     # the COMMIT marker arrives, so the marker travels in that very response.
     f = dest.mirror(MIRROR, mg.mirrors[MIRROR].bootstrap, [(topic, 0)], max_wait_ms=20000,

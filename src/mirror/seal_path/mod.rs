@@ -32,7 +32,7 @@ use crate::handlers::{
     self, build_fetch_response, parse_fetch_request, rewrite_fetch_request,
     splice_fetch_response_dropping, FetchPartitionResponse, FetchTopic,
 };
-use crate::lifecycle::seal::{decide, serve_reader, Decision, LocalPartition, OpenTxn};
+use crate::lifecycle::seal::{decide, serve_reader, Decision, LocalPartition, OpenTxn, StopRule};
 use crate::lifecycle::State;
 use crate::producer_state::PartitionKey;
 
@@ -50,6 +50,7 @@ use below_cut::below_cut_straddles;
 use below_cut::is_below_cut;
 use below_cut::note_straddle;
 pub use below_cut::trim_below_cut;
+pub(crate) use plan::after_stopped;
 use plan::decide_all;
 pub use plan::plan_fetch;
 pub use sessions::drop_strays;

@@ -253,11 +253,10 @@ pub(super) fn decide_all(
         // Taking the cut here when another instance served the partition
         // (or nobody here did yet): take it over first, as the fetch path
         // does, so its producer state is brought up to date below.
-        if entry.state == State::Stopping
-            && entry.cut.is_none()
-            && !mirror.is_owned(&c.key)
-            && mirror.salts.shared()
-        {
+        // A fetch below the cut plans the seal again there: the same.
+        let takes_cut =
+            entry.state == State::Stopping && entry.cut.is_none_or(|cut| c.fetch_offset < cut);
+        if takes_cut && !mirror.is_owned(&c.key) && mirror.salts.shared() {
             let job = crate::mirror::handover::TakeOver {
                 key: c.key.clone(),
                 from_offset: c.fetch_offset,
@@ -278,7 +277,7 @@ pub(super) fn decide_all(
         }
         // Taking the cut needs the open transactions: after a restart the
         // producer state may lag the fetcher; replay the source first.
-        if entry.state == State::Stopping && entry.cut.is_none() && !mirror.is_warm(&c.key) {
+        if takes_cut && !mirror.is_warm(&c.key) {
             let next = mirror.registry.partition(&c.key).with(|s| s.next_offset());
             match mirror.source_topic(&c.key.topic) {
                 Some(source_topic) if next < c.fetch_offset => {
@@ -384,6 +383,12 @@ pub(super) fn decide_all(
                 .map(|h| h.with(|s| s.last_leader_epoch()))
                 .unwrap_or(-1)
         };
+        // Under the destination rule the fetch path never completes a seal
+        // itself: the gate does, once the high watermark passed its end.
+        let rule = match mirror.destination_hw() {
+            Some(_) => StopRule::DestinationHw(None),
+            None => StopRule::FetcherOffset,
+        };
         match decide(
             &c.key,
             &entry,
@@ -391,7 +396,14 @@ pub(super) fn decide_all(
             last_fetched_epoch,
             c.current_leader_epoch,
             &open,
+            rule,
         ) {
+            Decision::AwaitHw { answer, end } => {
+                if let Some(gate) = mirror.destination_hw() {
+                    gate.watch(mirror, &c.key, end);
+                }
+                answers.push(answer)
+            }
             Decision::Answer(a) => {
                 mirror
                     .seal_metrics
@@ -405,10 +417,14 @@ pub(super) fn decide_all(
             }
             Decision::Persist(next) => {
                 let lifecycle = mirror.lifecycle.clone();
-                let registry = mirror.registry.clone();
                 let key = c.key.clone();
-                let completed = mirror.seal_metrics.completed.clone();
                 let becomes_stopped = next.state == State::Stopped;
+                if next.state == State::Stopping
+                    && entry.cut.is_some_and(|cut| c.fetch_offset < cut)
+                {
+                    mirror.seal_metrics.replanned_below_cut.inc();
+                }
+                let mirror = mirror.clone();
                 return Err(Rewritten::Blocked {
                     frame: None,
                     wait: Box::pin(async move {
@@ -417,17 +433,7 @@ pub(super) fn decide_all(
                             .await
                             .map_err(|e| err(version, e.to_string()))?;
                         if becomes_stopped {
-                            // The destination appended the ABORT markers and
-                            // the barrier: its producer state is expired, so
-                            // is ours (open transactions included, which idle
-                            // expiry never drops).
-                            if let Some(h) = registry.get(&key) {
-                                h.with(|s| {
-                                    s.reset();
-                                    s.forget_closed();
-                                });
-                            }
-                            completed.inc();
+                            after_stopped(&mirror, &key);
                             tracing::info!(partition = %key, "seal complete: partition STOPPED; its fetches are answered locally from now on");
                         }
                         Ok(())
@@ -437,4 +443,17 @@ pub(super) fn decide_all(
         }
     }
     Ok(answers)
+}
+
+/// What follows a persisted STOPPED: the destination appended the ABORT
+/// markers and the barrier, so its producer state is expired, and so is
+/// ours (open transactions included, which idle expiry never drops).
+pub(crate) fn after_stopped(mirror: &MirrorContext, key: &PartitionKey) {
+    if let Some(h) = mirror.registry.get(key) {
+        h.with(|s| {
+            s.reset();
+            s.forget_closed();
+        });
+    }
+    mirror.seal_metrics.completed.inc();
 }

@@ -357,6 +357,7 @@ impl StateSync {
                 since_ms: v.timestamp_ms,
                 seal: None,
                 restored_open_txns,
+                destination_hw: None,
             },
         );
     }

@@ -77,6 +77,8 @@ final class Fetcher {
     final int requestTimeoutMs;
     final int maxBytes;
     final short maxFetchVersion;
+    /** The simulated broker this fetcher runs on (-1: any); it appends only where it leads. */
+    final int broker;
     /** TLS towards the source (null: plaintext). */
     final javax.net.ssl.SSLContext tls;
     final List<Link> links = new ArrayList<>();
@@ -164,6 +166,7 @@ final class Fetcher {
         this.requestTimeoutMs = cmd.path("request_timeout_ms").asInt(5000);
         this.maxBytes = cmd.path("max_bytes").asInt(1 << 20);
         this.maxFetchVersion = (short) cmd.path("max_fetch_version").asInt(ApiKeys.FETCH.latestVersion());
+        this.broker = cmd.path("broker").asInt(-1);
         this.tls = cmd.hasNonNull("tls_ca")
             ? tlsContext(cmd.path("tls_ca").asText(), cmd.path("tls_cert").asText(null), cmd.path("tls_key").asText(null))
             : null;
@@ -371,6 +374,9 @@ final class Fetcher {
         FetchSessionHandler.Builder b = ns.handler.newBuilder();
         int added = 0;
         for (Link l : ns.links) {
+            if (broker >= 0 && l.part.leader != broker) {
+                continue; // this broker does not lead the partition: its mirror fetcher leaves it
+            }
             if (l.part.failed != null) {
                 continue; // a failed partition is taken out of the fetcher, as a broker does
             }
@@ -560,7 +566,11 @@ final class Fetcher {
                 continue;
             }
             try {
-                KafkaDest.appendMirrored(l.part, mr, pos, l.rebase ? 1 : -1);
+                if (KafkaDest.appendMirrored(l.part, mr, pos, l.rebase ? 1 : -1, broker) == null
+                        && broker >= 0 && l.part.leader != broker) {
+                    count("NOT_LEADER_AT_APPEND");
+                    continue;
+                }
                 if (l.rebase) {
                     l.sourceOffset = sourceNext;
                 }

@@ -71,10 +71,24 @@ public final class KafkaDest {
     final Map<TopicPartition, Part> parts = new ConcurrentHashMap<>();
     final Map<String, Fetcher> fetchers = new ConcurrentHashMap<>();
 
-    /** One destination partition: its log and what the tests want to know about its appends. */
+    /**
+     * One destination partition: its leader's log and what the tests want to know about its
+     * appends. With replication ({@code replicate}) each simulated broker holds its own replica
+     * (a UnifiedLog of its own), the mirror fetcher appends to the leader's, and followers copy
+     * the leader's log ({@link #replicateOnce}); {@code log} is always the leader's replica.
+     */
     static final class Part {
         final TopicPartition tp;
-        final UnifiedLog log;
+        volatile UnifiedLog log;
+        /** Replicas by simulated broker id (the leader's included); empty: broker 0 alone. */
+        final Map<Integer, UnifiedLog> replicas = new TreeMap<>();
+        /** Followers whose replication is paused (their copy lags: unreplicated records). */
+        final java.util.Set<Integer> paused = new java.util.TreeSet<>();
+        /** Paused followers that still copy up to an offset (exclusive). */
+        final Map<Integer, Long> pausedAt = new TreeMap<>();
+        /** The leading broker and its destination leader epoch (bumped at each move). */
+        volatile int leader = 0;
+        volatile int leaderEpoch = 0;
         /** Why the partition failed (an append threw): a broker's fetcher stops fetching it. */
         volatile String failed;
         /** Control batches appended and the transaction each one closed (Kafka's PSM before/after). */
@@ -88,7 +102,16 @@ public final class KafkaDest {
             this.tp = tp;
             this.log = log;
         }
+
+        List<Integer> replicaIds() {
+            return replicas.isEmpty() ? List.of(leader) : new ArrayList<>(replicas.keySet());
+        }
     }
+
+    /** The simulated brokers' Kafka listeners, by broker id. */
+    final Map<Integer, BrokerServer> servers = new ConcurrentHashMap<>();
+    /** Copies leaders' logs to their followers (started with the first replicated partition). */
+    Thread replicator;
 
     KafkaDest(File dataDir) throws IOException {
         this.dataDir = dataDir;
@@ -122,7 +145,11 @@ public final class KafkaDest {
         UnifiedLog log = UnifiedLog.create(dir, config, 0L, 0L, scheduler, stats, time, 900_000, psmConfig,
                 600_000, failureChannel, hadCleanShutdown, Optional.ofNullable(topicId));
         if (topicId == null && log.topicId().isEmpty()) {
-            log.assignTopicId(Uuid.randomUuid());
+            // One id per topic, as a cluster gives it (Metadata lists it per topic).
+            Uuid id = parts.values().stream().filter(x -> x.tp.topic().equals(topic))
+                    .map(x -> x.log.topicId().orElse(null)).filter(java.util.Objects::nonNull)
+                    .findFirst().orElseGet(Uuid::randomUuid);
+            log.assignTopicId(id);
         }
         Part p = new Part(tp, log);
         parts.put(tp, p);
@@ -146,6 +173,29 @@ public final class KafkaDest {
      * left to append.
      */
     static LogAppendInfo appendMirrored(Part p, MemoryRecords records, long fetchOffset, long relabelTo) {
+        return appendMirrored(p, records, fetchOffset, relabelTo, -1);
+    }
+
+    /**
+     * As above, by the mirror fetcher of simulated broker `broker` (-1: any): nothing is
+     * appended (null) when that broker no longer leads the partition (leadership moved while
+     * its fetch was in flight; a broker's fetcher drops such a response), or when the
+     * response was fetched at another position than the leader's log end.
+     */
+    static LogAppendInfo appendMirrored(Part p, MemoryRecords records, long fetchOffset, long relabelTo,
+                                        int broker) {
+        if (broker >= 0) {
+            synchronized (p) {
+                if (p.leader != broker || (relabelTo < 0 && p.log.logEndOffset() != fetchOffset)) {
+                    return null;
+                }
+                return appendMirroredLocked(p, records, fetchOffset, relabelTo);
+            }
+        }
+        return appendMirroredLocked(p, records, fetchOffset, relabelTo);
+    }
+
+    static LogAppendInfo appendMirroredLocked(Part p, MemoryRecords records, long fetchOffset, long relabelTo) {
         List<MutableRecordBatch> keep = new ArrayList<>();
         int size = 0;
         for (MutableRecordBatch b : records.batches()) {
@@ -238,15 +288,202 @@ public final class KafkaDest {
                 throw new IllegalStateException(p.failed);
             }
             p.appends++;
-            // The destination partition is its only replica: its high watermark follows the log
-            // end, so the last stable offset is decided by open transactions alone.
             try {
-                p.log.updateHighWatermark(after);
+                if (p.replicas.size() <= 1) {
+                    // The destination partition is its only replica: its high watermark follows
+                    // the log end, so the last stable offset is decided by open transactions alone.
+                    p.log.updateHighWatermark(after);
+                } else {
+                    maybeIncrementLeaderHw(p);
+                }
             } catch (IOException ex) {
                 throw new RuntimeException(ex);
             }
             return first;
         }
+    }
+
+    // ------------------------------------------------------------------ replication
+
+    /**
+     * Kafka's Partition.maybeIncrementLeaderHW: the leader's high watermark is the smallest log
+     * end offset of the in-sync replicas (every replica here: a paused follower stays in sync
+     * for as long as a test runs, well within replica.lag.time.max.ms), moved forward only, by
+     * UnifiedLog.maybeIncrementHighWatermark.
+     */
+    static void maybeIncrementLeaderHw(Part p) throws IOException {
+        synchronized (p) {
+            long min = Long.MAX_VALUE;
+            for (UnifiedLog r : p.replicas.values()) {
+                min = Math.min(min, r.logEndOffset());
+            }
+            p.log.maybeIncrementHighWatermark(new org.apache.kafka.storage.internals.log.LogOffsetMetadata(min));
+        }
+    }
+
+    /**
+     * One replication round of a partition: each follower that is not paused fetches from its
+     * log end on the leader's log (UnifiedLog.read up to the log end, as a follower fetch
+     * reads) and appends with appendAsFollower; its high watermark follows the leader's, as
+     * the follower fetch response carries it; then the leader's high watermark moves.
+     */
+    static boolean replicateOnce(Part p) throws IOException {
+        boolean moved = false;
+        synchronized (p) {
+            UnifiedLog leader = p.log;
+            for (Map.Entry<Integer, UnifiedLog> e : p.replicas.entrySet()) {
+                UnifiedLog f = e.getValue();
+                long limit = leader.logEndOffset();
+                if (p.paused.contains(e.getKey())) {
+                    limit = Math.min(limit, p.pausedAt.getOrDefault(e.getKey(), -1L));
+                }
+                if (e.getKey() == p.leader) {
+                    continue;
+                }
+                long from = f.logEndOffset();
+                if (from < limit) {
+                    org.apache.kafka.storage.internals.log.FetchDataInfo info = leader.read(from, 1 << 20,
+                            org.apache.kafka.server.storage.log.FetchIsolation.LOG_END, true);
+                    org.apache.kafka.common.record.internal.Records r = info.records;
+                    if (r.sizeInBytes() > 0) {
+                        ByteBuffer buf = ByteBuffer.allocate(r.sizeInBytes());
+                        if (r instanceof org.apache.kafka.common.record.internal.FileRecords fr) {
+                            fr.readInto(buf, 0); // reads the slice and flips the buffer
+                        } else {
+                            buf.put(((MemoryRecords) r).buffer().duplicate());
+                            buf.flip();
+                        }
+                        MemoryRecords all = MemoryRecords.readableRecords(buf);
+                        // Whole batches below the limit only (a partly paused follower).
+                        int size = 0;
+                        int maxEpoch = 0;
+                        for (MutableRecordBatch b : all.batches()) {
+                            if (b.lastOffset() >= limit) {
+                                break;
+                            }
+                            size += b.sizeInBytes();
+                            maxEpoch = Math.max(maxEpoch, b.partitionLeaderEpoch());
+                        }
+                        if (size > 0) {
+                            ByteBuffer part = all.buffer().duplicate();
+                            part.limit(part.position() + size);
+                            f.appendAsFollower(MemoryRecords.readableRecords(part.slice()), maxEpoch);
+                            moved = true;
+                        }
+                    }
+                }
+                f.updateHighWatermark(Math.min(leader.highWatermark(), f.logEndOffset()));
+            }
+            maybeIncrementLeaderHw(p);
+        }
+        return moved;
+    }
+
+    void startReplicator() {
+        if (replicator != null) {
+            return;
+        }
+        replicator = new Thread(() -> {
+            while (!Thread.currentThread().isInterrupted()) {
+                for (Part p : parts.values()) {
+                    if (p.replicas.size() > 1) {
+                        try {
+                            replicateOnce(p);
+                        } catch (Throwable e) {
+                            p.failed = "replication: " + e;
+                        }
+                    }
+                }
+                try {
+                    Thread.sleep(20);
+                } catch (InterruptedException e) {
+                    return;
+                }
+            }
+        }, "kafka-dest-replicator");
+        replicator.setDaemon(true);
+        replicator.start();
+    }
+
+    /** Opens a replica of `p` on each broker of `ids` (broker 0's is the existing log). */
+    void replicate(Part p, List<Integer> ids) throws IOException {
+        synchronized (p) {
+            if (p.replicas.isEmpty()) {
+                // The partition's existing log (<dir>/<topic>-<p>) is the first broker's replica,
+                // and that broker leads.
+                int first = ids.isEmpty() ? p.leader : ids.get(0);
+                p.replicas.put(first, p.log);
+                p.leader = first;
+            }
+            for (int id : ids) {
+                if (p.replicas.containsKey(id)) {
+                    continue;
+                }
+                File dir = new File(new File(dataDir, "broker-" + id), UnifiedLog.logDirName(p.tp));
+                Files.createDirectories(dir.getParentFile().toPath());
+                UnifiedLog log = UnifiedLog.create(dir, new LogConfig(new Properties()), 0L, 0L, scheduler, stats,
+                        time, 900_000, new ProducerStateManagerConfig(86_400_000, false), 600_000, failureChannel,
+                        hadCleanShutdown, p.log.topicId());
+                p.replicas.put(id, log);
+            }
+        }
+        startReplicator();
+    }
+
+    /**
+     * A leadership move (Kafka's Partition.makeLeader / makeFollower): `to` becomes the leader
+     * with a new destination leader epoch; every other replica truncates to the new leader the
+     * way a follower does on its first fetch from it: the leader answers the end offset of the
+     * follower's latest leader epoch (UnifiedLog.endOffsetForEpoch, from its leader epoch
+     * cache), the follower truncates to that (UnifiedLog.truncateTo) when it holds more, and
+     * asks again with its new latest epoch until it agrees. Records only the old leader had
+     * are lost. The new leader keeps its high watermark; it moves once the others caught up.
+     *
+     * <p>Unlike Partition.makeLeader, no destination leader epoch is written into the new
+     * leader's epoch cache: a mirrored log carries the source's partition leader epochs (its
+     * fetcher appends source batches with appendAsFollower, and the seal is stamped with the
+     * last fetched one), and a destination epoch above them would make Kafka's cache drop the
+     * source epochs that follow. The destination epoch is reported in Metadata and
+     * ListOffsets only.
+     */
+    ObjectNode moveLeader(Part p, int to) throws IOException {
+        ObjectNode out = JSON.createObjectNode();
+        synchronized (p) {
+            UnifiedLog nl = p.replicas.get(to);
+            if (nl == null) {
+                throw new IllegalArgumentException(p.tp + " has no replica on broker " + to);
+            }
+            p.leader = to;
+            p.leaderEpoch++;
+            p.log = nl;
+            ObjectNode trunc = out.putObject("truncated");
+            for (Map.Entry<Integer, UnifiedLog> e : p.replicas.entrySet()) {
+                if (e.getKey() == to) {
+                    continue;
+                }
+                UnifiedLog f = e.getValue();
+                long before = f.logEndOffset();
+                for (int round = 0; round < 100; round++) {
+                    Optional<Integer> epoch = f.latestEpoch();
+                    long target;
+                    if (epoch.isEmpty()) {
+                        target = Math.min(f.logEndOffset(), nl.logEndOffset());
+                    } else {
+                        Optional<org.apache.kafka.server.common.OffsetAndEpoch> end = nl.endOffsetForEpoch(epoch.get());
+                        target = end.isEmpty() ? 0 : Math.min(f.logEndOffset(), end.get().offset());
+                    }
+                    if (target >= f.logEndOffset()) {
+                        break;
+                    }
+                    f.truncateTo(target);
+                }
+                f.updateHighWatermark(Math.min(f.highWatermark(), f.logEndOffset()));
+                trunc.put(Integer.toString(e.getKey()), before - f.logEndOffset());
+            }
+            out.put("leader", to).put("leader_epoch", p.leaderEpoch).put("log_end_offset", nl.logEndOffset())
+                    .put("high_watermark", nl.highWatermark());
+        }
+        return out;
     }
 
     static String controlType(RecordBatch b) {
@@ -284,6 +521,15 @@ public final class KafkaDest {
             }
             o.put("failed", p.failed);
             o.put("appends", p.appends);
+            o.put("leader", p.leader);
+            o.put("leader_epoch_dest", p.leaderEpoch);
+            ObjectNode reps = o.putObject("replicas");
+            for (Map.Entry<Integer, UnifiedLog> e : p.replicas.entrySet()) {
+                reps.putObject(Integer.toString(e.getKey()))
+                        .put("log_end_offset", e.getValue().logEndOffset())
+                        .put("high_watermark", e.getValue().highWatermark())
+                        .put("paused", p.paused.contains(e.getKey()));
+            }
             ObjectNode producers = o.putObject("producers");
             for (Map.Entry<Long, ProducerStateEntry> e :
                     new TreeMap<>(log.producerStateManager().activeProducers()).entrySet()) {
@@ -502,6 +748,53 @@ public final class KafkaDest {
                 out.put("reached", reached);
                 out.set("fetcher", f.report());
             }
+            case "listen" -> {
+                // One Kafka listener per simulated broker id (ports: 0 = any free one).
+                ObjectNode ports = out.putObject("ports");
+                JsonNode ids = cmd.path("brokers");
+                for (int i = 0; i < ids.size(); i++) {
+                    int id = ids.get(i).asInt();
+                    int port = cmd.path("ports").path(i).asInt(0);
+                    BrokerServer b = servers.get(id);
+                    if (b == null) {
+                        Map<String, String> aliases = new TreeMap<>();
+                        cmd.path("aliases").fields().forEachRemaining(a -> aliases.put(a.getKey(), a.getValue().asText()));
+                        b = new BrokerServer(this, id, port, aliases);
+                        servers.put(id, b);
+                    }
+                    ports.put(Integer.toString(id), b.port());
+                }
+            }
+            case "replicate" -> {
+                Part p = part(cmd);
+                List<Integer> ids = new ArrayList<>();
+                cmd.path("replicas").forEach(n -> ids.add(n.asInt()));
+                replicate(p, ids);
+                out.set("state", state(p));
+            }
+            case "pause_replication" -> {
+                Part p = part(cmd);
+                synchronized (p) {
+                    int b = cmd.path("broker").asInt();
+                    p.pausedAt.remove(b);
+                    if (cmd.path("paused").asBoolean(true)) {
+                        p.paused.add(b);
+                        if (cmd.hasNonNull("upto")) {
+                            // Copies up to this offset, then lags: a follower that has part of
+                            // the leader's records.
+                            p.pausedAt.put(b, cmd.path("upto").asLong());
+                        }
+                    } else {
+                        p.paused.remove(b);
+                    }
+                }
+                out.set("state", state(p));
+            }
+            case "move_leader" -> {
+                Part p = part(cmd);
+                out.set("move", moveLeader(p, cmd.path("leader").asInt()));
+                out.set("state", state(p));
+            }
             case "logs" -> {
                 int since = cmd.path("since").asInt(0);
                 out.set("lines", LogCapture.since(since));
@@ -536,10 +829,22 @@ public final class KafkaDest {
             f.shutdown();
         }
         fetchers.clear();
+        servers.values().forEach(BrokerServer::close);
+        servers.clear();
+        if (replicator != null) {
+            replicator.interrupt();
+            replicator.join(5000);
+        }
         for (Part p : parts.values()) {
             synchronized (p) {
-                p.log.flush(false);
-                p.log.close();
+                if (p.replicas.isEmpty()) {
+                    p.log.flush(false);
+                    p.log.close();
+                }
+                for (UnifiedLog r : p.replicas.values()) {
+                    r.flush(false);
+                    r.close();
+                }
             }
         }
         parts.clear();
