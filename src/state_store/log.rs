@@ -124,7 +124,13 @@ impl<C: Connector> Actor<C> {
         }
     }
 
-    pub(super) async fn read_from(&mut self, from: i64) -> Result<(Vec<StoredRecord>, i64, bool)> {
+    /// Reads from `from` to the high watermark, or until `upto` (exclusive;
+    /// records at or past it are dropped, and reaching it counts as the end).
+    pub(super) async fn read_from(
+        &mut self,
+        from: i64,
+        upto: i64,
+    ) -> Result<(Vec<StoredRecord>, i64, bool)> {
         if from < 0 {
             return Err(StateStoreError::Config(format!("read offset {from}")));
         }
@@ -143,10 +149,13 @@ impl<C: Connector> Actor<C> {
                 }
             };
             let progressed = step.next > pos;
-            out.extend(step.records);
+            out.extend(step.records.into_iter().filter(|r| r.offset < upto));
             if progressed {
                 pos = step.next;
                 max_bytes = FETCH_BYTES;
+                if pos >= upto {
+                    return Ok((out, pos, true));
+                }
             } else if step.truncated {
                 // The first batch did not fit: ask for more.
                 if max_bytes >= MAX_FETCH_BYTES {
