@@ -445,5 +445,9 @@ mod tests {
         assert_eq!(o.type5.len(), OTHER_TYPE5_KEPT);
         // Bounded: offsets only, whatever the snapshots' sizes.
         assert!(o.memory_bytes() < 1_024, "{}", o.memory_bytes());
+        // The older type-5 records are forgotten, the newest kept.
+        assert_eq!(o.latest_snapshot_offset(), Some(409));
+        assert!(o.candidates(0, 405).is_empty(), "400-405 are forgotten");
+        assert_eq!(o.candidates(0, 407)[0].snapshot_offset, 407);
     }
 }
