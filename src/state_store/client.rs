@@ -42,6 +42,9 @@ pub(super) const MAX_FRAME: usize = 128 << 20;
 /// Initial and largest per-partition fetch size.
 pub(super) const FETCH_BYTES: i32 = 1 << 20;
 pub(super) const MAX_FETCH_BYTES: i32 = 64 << 20;
+/// Fetch size of a bounded read ([`StateStore::read_range`]): about one
+/// snapshot record; a larger first batch is still returned whole.
+pub(super) const RANGE_FETCH_BYTES: i32 = 64 << 10;
 /// First and largest retry backoff.
 pub(super) const BACKOFF_MIN: Duration = Duration::from_millis(50);
 pub(super) const BACKOFF_MAX: Duration = Duration::from_secs(1);

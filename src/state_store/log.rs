@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use bytes::Bytes;
 
 use super::actor::{Actor, Retry};
-use super::client::{StoredRecord, FETCH_BYTES, MAX_FETCH_BYTES};
+use super::client::{StoredRecord, FETCH_BYTES, MAX_FETCH_BYTES, RANGE_FETCH_BYTES};
 use super::error::{Result, StateStoreError};
 use super::proto::{self, code};
 use crate::handlers::walk_fetch_response;
@@ -137,7 +137,15 @@ impl<C: Connector> Actor<C> {
         let mut retry = Retry::new(self.cfg.request_timeout);
         let mut out = Vec::new();
         let mut pos = from;
-        let mut max_bytes = FETCH_BYTES;
+        // A bounded read (a few known records, re-read on a take-over) asks
+        // for little at a time: the broker still returns a first batch
+        // larger than that, and the read goes on while it is short of `upto`.
+        let first_bytes = if upto == i64::MAX {
+            FETCH_BYTES
+        } else {
+            RANGE_FETCH_BYTES
+        };
+        let mut max_bytes = first_bytes;
         loop {
             let step = match self.fetch_once(pos, max_bytes).await {
                 Ok(s) => s,
@@ -152,7 +160,7 @@ impl<C: Connector> Actor<C> {
             out.extend(step.records.into_iter().filter(|r| r.offset < upto));
             if progressed {
                 pos = step.next;
-                max_bytes = FETCH_BYTES;
+                max_bytes = first_bytes;
                 if pos >= upto {
                     return Ok((out, pos, true));
                 }
