@@ -246,7 +246,20 @@ async fn take_over_restores_chunked_snapshots_and_claims_of_other_instances() {
     assert_eq!(h.with(|s| s.next_offset()), 11);
     assert_eq!(h.with(|s| s.producer(mapped).unwrap().last_sequence), 5);
 
-    // -- Claims another instance wrote past the fetcher are applied. ------
+    // -- Claims another instance wrote past the fetcher are applied, --------
+    // from the claim records, or from its snapshot past the fetcher once
+    // that snapshot made it tombstone them.
+    claims_past_the_fetcher(bs, "claims", false).await;
+    claims_past_the_fetcher(bs, "claims_snapshotted", true).await;
+    drop(kafka);
+}
+
+/// A (with B sharing its state) forwards P at 0, snapshots at 1, forwards X
+/// at 1 (a response the destination never appends), and with
+/// `snapshot_after` snapshots again (at 2, past the fetcher: X's claim is
+/// tombstoned); then leadership moves and B's fetcher asks for 1 and gets Z,
+/// which maps onto X's PID. B must salt Z exactly as a single instance does.
+async fn claims_past_the_fetcher(bs: &str, topic: &str, snapshot_after: bool) {
     // X (source PID 5) and Z (an oversized source PID that folds onto 5)
     // map to the same PID without a salt.
     let (x, z) = (5i64, (1i64 << 31) | 4);
@@ -254,14 +267,13 @@ async fn take_over_restores_chunked_snapshots_and_claims_of_other_instances() {
         map_with_salt(x, FOLD, 0, Layout::High),
         map_with_salt(z, FOLD, 0, Layout::High)
     );
-    let topic = "claims";
     create_topic(bs, topic);
 
     // The reference: one instance, no move. It forwards producer P at 0,
     // X at 1 (a response the destination never appends), then the fetcher
     // asks for 1 again and the source has Z there (the fetcher reads past
     // the source's high watermark, which a source leader change truncates).
-    let single = instance(bs, "__mirror_state_h2_ref", "ref").await;
+    let single = instance(bs, &format!("__mirror_state_{topic}_ref"), "ref").await;
     forward(&single, response(topic, 0, 100, 0)).await;
     let (single_x, _) = forward(&single, response(topic, 1, x, 0)).await;
     let (single_z, single_waits) = forward(&single, response(topic, 1, z, 0)).await;
@@ -272,13 +284,18 @@ async fn take_over_restores_chunked_snapshots_and_claims_of_other_instances() {
 
     // Two instances: A forwards P at 0, snapshots at 1, forwards X at 1;
     // then leadership moves and B's fetcher asks for 1 and gets Z.
-    let a = instance(bs, "__mirror_state_h2", "a").await;
-    let b = instance(bs, "__mirror_state_h2", "b").await;
+    let a = instance(bs, &format!("__mirror_state_{topic}"), "a").await;
+    let b = instance(bs, &format!("__mirror_state_{topic}"), "b").await;
     forward(&a, response(topic, 0, 100, 0)).await;
     assert_eq!(a.sync.snapshot_once().await.unwrap(), 1);
     let (a_x, waits) = forward(&a, response(topic, 1, x, 0)).await;
     assert_eq!(waits, ["claims"]);
     assert_eq!(a_x, single_x);
+    if snapshot_after {
+        assert_eq!(a.sync.snapshot_once().await.unwrap(), 1);
+        // Tombstone rounds: P's claim after the first snapshot, X's now.
+        assert_eq!(counter(&a.metrics, "claim_tombstone"), 2.0);
+    }
     SaltStore::read_state(&*b.sync).await.unwrap();
     let (b_z, waits) = forward(&b, response(topic, 1, z, 0)).await;
     assert_eq!(
@@ -287,6 +304,7 @@ async fn take_over_restores_chunked_snapshots_and_claims_of_other_instances() {
         "B holds X's claim as the single instance does: Z collides with it"
     );
     assert_eq!(b_z, single_z, "Z is salted exactly as by a single instance");
+    assert_eq!(counter(&b.metrics, "take_over_claim"), 1.0, "X's claim");
     let hb = b.registry.get(&key(topic)).unwrap();
     let hs = single.registry.get(&key(topic)).unwrap();
     for pid in [
@@ -300,5 +318,4 @@ async fn take_over_restores_chunked_snapshots_and_claims_of_other_instances() {
             "holder of {pid:#x}"
         );
     }
-    drop(kafka);
 }

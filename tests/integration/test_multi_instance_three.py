@@ -5,7 +5,9 @@ Apache Kafka (kafka1) is the source and holds the shared ``__mirror_state``; the
 destination is the stand-in of kafka_dest.py with one fetcher per simulated broker ('a',
 'b', 'c'), each through its own instance (A, B, C). A leadership move stops the old
 leader's fetcher and starts the new one's from the log end. Partition 0 goes A -> B -> C
--> A (moved during an open transaction, a second one opening on the way), partition 1
+-> A (moved during an open transaction, a second one opening on the way, and once with a
+response lost by the old leader: the producer it brought was claimed by B, never appended,
+and is fetched again through C), partition 1
 goes B -> C -> A -> B (a transaction opens once it is back on B); A is then killed (-9)
 while it serves partition 0, which moves to C again; the whole mirror is stopped through
 A, restarted and serving nothing. The destination's logs and producer state must equal a
@@ -89,7 +91,16 @@ def test_partitions_move_around_three_instances(kafka1, kafka_dest_factory, mirr
     send(ip, topic, [b"p1-c-%d" % i for i in range(2)], partition=1)
     mirror_all()
 
-    # 0: B -> C with transaction 2 open; 1: C -> A.
+    # 0: B -> C with transaction 2 open, and B's broker loses leadership with a response
+    # in hand that brings a new producer: B claimed it, the destination never appended
+    # it, and C fetches those offsets again (C applies B's claim first). 1: C -> A.
+    b0 = brokers.fetchers[0]
+    b0.drop_next(1, mode="lose_leadership")
+    ip2 = idempotent_producer(kafka1.bootstrap)
+    send(ip2, topic, [b"p0-new-producer-%d" % i for i in range(2)], partition=0)
+    b0.follow(lambda: not b0.report()["running"], what="lost leadership with a response in hand")
+    lost_at = dest.state(topic, 0)["log_end_offset"]
+    assert lost_at < _hw(kafka1.bootstrap, topic)[0]
     brokers.lead({"c": [0], "a": [1]})
     send(ip, topic, [b"p0-c-%d" % i for i in range(2)], partition=0)
     send(ip, topic, [b"p1-a-%d" % i for i in range(2)], partition=1)
@@ -130,6 +141,9 @@ def test_partitions_move_around_three_instances(kafka1, kafka_dest_factory, mirr
         assert [m["type"] for m in st["markers"]][-2:] == ["ABORT", "TYPE_7"], (p, st["markers"])
         assert st["last_stable_offset"] == st["log_end_offset"], (p, st)
 
+    # C applied the claim B wrote for the new producer past C's fetch offset.
+    claims = mg["c"].metrics().select("mirrorguard_state_store_ops_total", kind="take_over_claim")
+    assert claims and claims[0][1] >= 1, claims
     # Who took what over, and dropped what as stale (A restarted: its counters are new).
     expect = {"b": (3, 2, 1), "c": (3, 2, 1), "a": (0, 0, 0)}
     for name, (take_overs, stale, served) in expect.items():

@@ -118,6 +118,19 @@ impl OthersState {
     /// `next` (this instance's state) and not past `fetch_offset`, the
     /// highest snapshot offset first (the record written last on a tie).
     pub fn candidates(&self, next: i64, fetch_offset: i64) -> Vec<SnapshotLocation> {
+        self.locations(|s| s > next && s <= fetch_offset)
+    }
+
+    /// The snapshots past `fetch_offset` (taken after responses the
+    /// destination never appended), newest first: the producers they hold
+    /// are held here too on a take-over, as by a single instance.
+    pub fn past(&self, fetch_offset: i64) -> Vec<SnapshotLocation> {
+        self.locations(|s| s > fetch_offset)
+    }
+
+    /// Every snapshot known whose snapshot offset passes `keep`, highest
+    /// snapshot offset first (the record written last on a tie).
+    fn locations(&self, keep: impl Fn(i64) -> bool) -> Vec<SnapshotLocation> {
         let mut out: Vec<(i64, i64, SnapshotLocation)> = Vec::new();
         for &(record, snapshot_offset) in &self.type5 {
             out.push((
@@ -143,7 +156,7 @@ impl OthersState {
                 },
             ));
         }
-        out.retain(|(s, _, _)| *s > next && *s <= fetch_offset);
+        out.retain(|(s, _, _)| keep(*s));
         out.sort_by_key(|c| std::cmp::Reverse((c.0, c.1)));
         out.into_iter().map(|(_, _, l)| l).collect()
     }
@@ -259,9 +272,10 @@ impl StateSync {
     /// instance serves it from `fetch_offset`: restores their newest
     /// snapshot newer than the state here and not past the fetcher (a
     /// type-5 record or a complete chunk generation, re-read from
-    /// `__mirror_state`), then applies their live claims of producers the
-    /// state does not hold. Returns whether a snapshot was restored and how
-    /// many claims were applied.
+    /// `__mirror_state`), then applies their live claims, and the producers
+    /// of their newest snapshot past the fetcher, that the state does not
+    /// hold (as claims: mapped PID and origin). Returns whether a snapshot
+    /// was restored and how many claims were applied.
     pub(super) async fn restore_from_others(
         &self,
         pk: &PartitionKey,
@@ -292,16 +306,41 @@ impl StateSync {
             // Compacted away since (a newer record of the key exists): the
             // next candidate.
         }
-        let (claims, chunk_keys) = {
+        let (claims, chunk_keys, past) = {
             let all = self.others.lock().unwrap_or_else(|p| p.into_inner());
             match all.get(&key) {
                 Some(o) => (
                     o.claims.iter().map(|(p, o)| (*p, *o)).collect::<Vec<_>>(),
                     o.chunk_keys(key),
+                    o.past(fetch_offset),
                 ),
-                None => (Vec::new(), Vec::new()),
+                None => (Vec::new(), Vec::new(), Vec::new()),
             }
         };
+        // A snapshot past the fetcher holds producers of responses the
+        // destination never appended; its writer tombstoned their claims
+        // once it was written. A single instance still holds them when the
+        // fetcher asks for those offsets again: so are they here.
+        let mut held_past = Vec::new();
+        for loc in past {
+            if let Some(value) = self.reread_snapshot(key, &loc).await? {
+                held_past = value
+                    .producers
+                    .iter()
+                    .filter(|p| p.producer_id != -1)
+                    .map(|p| {
+                        (
+                            p.producer_id,
+                            Origin {
+                                source_cluster: ps::ClusterId(p.origin_cluster_id),
+                                original_pid: p.original_pid,
+                            },
+                        )
+                    })
+                    .collect();
+                break;
+            }
+        }
         if !chunk_keys.is_empty() {
             // Their generations are live: the next snapshot written here
             // supersedes and tombstones them, as with our own.
@@ -316,13 +355,22 @@ impl StateSync {
         let now = crate::lifecycle::now_ms();
         let applied = self.registry.partition(pk).with(|s| {
             let mut n = 0;
-            for (pid, origin) in &claims {
+            for (pid, origin) in claims.iter().chain(&held_past) {
                 if s.holder_of(*pid).is_none() && s.claim(*pid, *origin, now) {
                     n += 1;
                 }
             }
             n
         });
+        if applied > 0 {
+            self.metrics
+                .state_store_ops
+                .get_or_create(&KindLabels {
+                    listener: "__mirror_state".into(),
+                    kind: "take_over_claim",
+                })
+                .inc_by(applied as u64);
+        }
         if !claims.is_empty() {
             // Live claim records of the partition: tombstoned here once a
             // snapshot written here holds them (or their producer left).
