@@ -45,7 +45,11 @@ CARGO_INCREMENTAL=0 cargo build -q --locked --bins --manifest-path "$src/Cargo.t
   --target-dir "$TARGET_DIR" --message-format=json-render-diagnostics > "$src/messages.json"
 mkdir -p "$COMPAT_DIR"
 # Debug info stripped (symbols kept for backtraces): ~30 MB instead of ~140 MB.
-strip --strip-debug -o "$COMPAT_DIR/mirrorguard.tmp" "$TARGET_DIR/debug/$BIN_NAME"
+if command -v strip >/dev/null; then
+  strip --strip-debug -o "$COMPAT_DIR/mirrorguard.tmp" "$TARGET_DIR/debug/$BIN_NAME"
+else
+  cp "$TARGET_DIR/debug/$BIN_NAME" "$COMPAT_DIR/mirrorguard.tmp"
+fi
 chmod 0755 "$COMPAT_DIR/mirrorguard.tmp"
 mv "$COMPAT_DIR/mirrorguard.tmp" "$COMPAT_DIR/mirrorguard"
 python3 - "$src" "$src/messages.json" <<'PY'
