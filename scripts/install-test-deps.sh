@@ -13,6 +13,9 @@
 #   .tools/bin/promtool  from Debian's prometheus package (pinned version, sha256-checked), and
 #   .tools/deploycheck   kubernetes-validate (API schemas bundled in the wheel), a venv of its own:
 #                        the deploy/ manifest checks (tests/integration/test_deploy_manifests.py).
+#   .tools/compat/<rev>/mirrorguard  the previous release's binary (scripts/build-compat.sh, from
+#                        this clone's git history; MG_COMPAT_DIR moves it, and the mixed-version
+#                        test reads the same variable): tests/integration/test_mixed_version.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 TOOLS="$PWD/.tools"
@@ -138,4 +141,8 @@ if [ "$(cat "$dest_stamp" 2>/dev/null)" != "$dest_sum" ] || [ ! -f "$TOOLS/kafka
   echo "$dest_sum" > "$dest_stamp"
 fi
 test -f "$TOOLS/kafka-dest/build/kafka-dest.jar"
+
+# The previous release's mirrorguard (pinned commit, git archive of this clone's history),
+# built with this checkout's compiled dependencies: ~30 s the first time, nothing after.
+scripts/build-compat.sh
 echo "test dependencies ready in $TOOLS"

@@ -7,7 +7,9 @@
 //! durable until it reads another instance's serving record for it. Before
 //! it forwards a batch of a partition it does not own, the planner makes it
 //! take the partition over: read `__mirror_state` to its end (salts, life
-//! cycle, the other instance's latest producer-state snapshot), persist the
+//! cycle, serving records), restore the other instances' newest
+//! producer-state snapshot not past the fetcher (a type-5 record or a chunk
+//! generation, re-read by offset) and apply their live claims, persist the
 //! serving record, then replay the source range its shadow state has not
 //! seen (phase 0, as after a restart). An instance that reads another
 //! instance's serving record for a partition it owned drops it from its

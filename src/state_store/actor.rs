@@ -99,8 +99,8 @@ impl<C: Connector> Actor<C> {
                     let r = self.append(records).await;
                     let _ = reply.send(r);
                 }
-                Command::Read { from, reply } => {
-                    let r = self.read_from(from).await;
+                Command::Read { from, upto, reply } => {
+                    let r = self.read_from(from, upto).await;
                     let _ = reply.send(r);
                 }
             }

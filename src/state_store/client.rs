@@ -42,6 +42,9 @@ pub(super) const MAX_FRAME: usize = 128 << 20;
 /// Initial and largest per-partition fetch size.
 pub(super) const FETCH_BYTES: i32 = 1 << 20;
 pub(super) const MAX_FETCH_BYTES: i32 = 64 << 20;
+/// Fetch size of a bounded read ([`StateStore::read_range`]): about one
+/// snapshot record; a larger first batch is still returned whole.
+pub(super) const RANGE_FETCH_BYTES: i32 = 64 << 10;
 /// First and largest retry backoff.
 pub(super) const BACKOFF_MIN: Duration = Duration::from_millis(50);
 pub(super) const BACKOFF_MAX: Duration = Duration::from_secs(1);
@@ -112,6 +115,9 @@ pub(super) enum Command {
     },
     Read {
         from: i64,
+        /// Stop once the read passed this offset (exclusive; `i64::MAX`:
+        /// read to the high watermark). Records at or past it are dropped.
+        upto: i64,
         /// Records, next offset, and whether the read reached the high
         /// watermark.
         reply: oneshot::Sender<Result<(Vec<StoredRecord>, i64, bool)>>,
@@ -305,6 +311,7 @@ impl StateStore {
         self.tx
             .send(Command::Read {
                 from: offset,
+                upto: i64::MAX,
                 reply,
             })
             .await
@@ -318,6 +325,33 @@ impl StateStore {
     pub async fn read_from(&self, offset: i64) -> Result<(Vec<StoredRecord>, i64)> {
         let (records, next, _) = self.read_checked(offset).await?;
         Ok((records, next))
+    }
+
+    /// Reads the records at offsets `[from, upto)` (fewer when the topic
+    /// ends first, or compaction removed some): one bounded read of a few
+    /// known records (another instance's snapshot, re-read on a take-over)
+    /// instead of the whole topic from `from`.
+    pub async fn read_range(&self, from: i64, upto: i64) -> Result<Vec<StoredRecord>> {
+        let mut out = Vec::new();
+        let mut pos = from;
+        while pos < upto {
+            let (reply, rx) = oneshot::channel();
+            self.tx
+                .send(Command::Read {
+                    from: pos,
+                    upto,
+                    reply,
+                })
+                .await
+                .map_err(|_| StateStoreError::Closed)?;
+            let (records, next, complete) = rx.await.map_err(|_| StateStoreError::Closed)??;
+            out.extend(records);
+            if complete || next <= pos {
+                break;
+            }
+            pos = next;
+        }
+        Ok(out)
     }
 }
 

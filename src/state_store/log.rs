@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use bytes::Bytes;
 
 use super::actor::{Actor, Retry};
-use super::client::{StoredRecord, FETCH_BYTES, MAX_FETCH_BYTES};
+use super::client::{StoredRecord, FETCH_BYTES, MAX_FETCH_BYTES, RANGE_FETCH_BYTES};
 use super::error::{Result, StateStoreError};
 use super::proto::{self, code};
 use crate::handlers::walk_fetch_response;
@@ -124,14 +124,28 @@ impl<C: Connector> Actor<C> {
         }
     }
 
-    pub(super) async fn read_from(&mut self, from: i64) -> Result<(Vec<StoredRecord>, i64, bool)> {
+    /// Reads from `from` to the high watermark, or until `upto` (exclusive;
+    /// records at or past it are dropped, and reaching it counts as the end).
+    pub(super) async fn read_from(
+        &mut self,
+        from: i64,
+        upto: i64,
+    ) -> Result<(Vec<StoredRecord>, i64, bool)> {
         if from < 0 {
             return Err(StateStoreError::Config(format!("read offset {from}")));
         }
         let mut retry = Retry::new(self.cfg.request_timeout);
         let mut out = Vec::new();
         let mut pos = from;
-        let mut max_bytes = FETCH_BYTES;
+        // A bounded read (a few known records, re-read on a take-over) asks
+        // for little at a time: the broker still returns a first batch
+        // larger than that, and the read goes on while it is short of `upto`.
+        let first_bytes = if upto == i64::MAX {
+            FETCH_BYTES
+        } else {
+            RANGE_FETCH_BYTES
+        };
+        let mut max_bytes = first_bytes;
         loop {
             let step = match self.fetch_once(pos, max_bytes).await {
                 Ok(s) => s,
@@ -143,10 +157,13 @@ impl<C: Connector> Actor<C> {
                 }
             };
             let progressed = step.next > pos;
-            out.extend(step.records);
+            out.extend(step.records.into_iter().filter(|r| r.offset < upto));
             if progressed {
                 pos = step.next;
-                max_bytes = FETCH_BYTES;
+                max_bytes = first_bytes;
+                if pos >= upto {
+                    return Ok((out, pos, true));
+                }
             } else if step.truncated {
                 // The first batch did not fit: ask for more.
                 if max_bytes >= MAX_FETCH_BYTES {

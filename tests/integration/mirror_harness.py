@@ -148,8 +148,10 @@ class MirrorGuard:
                  admin_read_timeout_ms: int | None = None, guard_upstream: str | None = None,
                  guard_node_ids: list[int] | None = None, extra_config: str = "",
                  production: bool = False, producer_state: str = "",
-                 allow_source_cluster: bool = True):
+                 allow_source_cluster: bool = True, binary: Path | None = None):
         self.name = name
+        # The mirrorguard binary to run (another release's for the mixed-version test).
+        self.binary = Path(binary) if binary else harness.MIRRORGUARD_BIN
         self.state_bootstrap = state_bootstrap
         self.state_topic = state_topic
         self.work_dir = work_dir
@@ -257,8 +259,8 @@ metadata_refresh_ms = {metadata_refresh_ms}
         return f"http://{HOST}:{self.admin_port}"
 
     def start(self, timeout: float = 20.0, wait_ready: bool = True) -> "MirrorGuard":
-        if not harness.MIRRORGUARD_BIN.exists():
-            raise HarnessError(f"{harness.MIRRORGUARD_BIN} missing (cargo build --bins)")
+        if not self.binary.exists():
+            raise HarnessError(f"{self.binary} missing (cargo build --bins)")
         env = dict(os.environ)
         env.setdefault("RUST_BACKTRACE", "1")
         env.setdefault("NO_COLOR", "1")
@@ -266,7 +268,7 @@ metadata_refresh_ms = {metadata_refresh_ms}
         self.killed = False
         self.proc = ManagedProcess(
             f"{self.name}.{self.generation}",
-            [harness.MIRRORGUARD_BIN, "run", "--config", self.config_path],
+            [self.binary, "run", "--config", self.config_path],
             self.log_path,
             env=env,
         )

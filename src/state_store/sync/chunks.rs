@@ -76,6 +76,9 @@ impl StateSync {
             self.note_open_chunk(&key, v);
         }
         if !start_up {
+            // Another instance's generation (or our own, read back: chunks
+            // are not skipped by the tail): where it is, for a take-over.
+            self.note_other_chunk(&key, r, value.as_ref());
             return;
         }
         self.chunk_generation

@@ -229,6 +229,22 @@ impl StateSync {
         start_up: bool,
     ) {
         if !start_up {
+            // Another instance's claim (ours come back too: claims are not
+            // skipped by the tail; a live claim of ours is in `claimed`):
+            // applied when this instance takes the partition over.
+            let ours = self
+                .destination_topic_name(&key.topic_id)
+                .is_some_and(|topic| {
+                    let pk = PartitionKey::new([0; 16], topic, key.partition);
+                    self.claimed
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .get(&pk)
+                        .is_some_and(|c| c.pids.contains_key(&key.producer_id))
+                });
+            if !ours || value.is_none() {
+                self.note_other_claim(&key, value.as_ref());
+            }
             return;
         }
         if self.loading.load(std::sync::atomic::Ordering::SeqCst) {

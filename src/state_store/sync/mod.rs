@@ -39,6 +39,7 @@ use crate::PersistError;
 mod chunks;
 mod error;
 mod load;
+mod others;
 mod persist;
 mod serving;
 mod snapshots;
@@ -47,6 +48,7 @@ mod topics;
 use chunks::chunk_records;
 use chunks::needs_chunks;
 pub use error::SyncError;
+pub use others::OTHER_TYPE5_KEPT;
 use snapshots::open_txns_of;
 
 impl From<MirrorPartitionState> for LifecycleState {
@@ -150,11 +152,10 @@ pub struct StateSync {
     /// by the tail) and this one has not taken back: their state here is
     /// stale, so they are not snapshotted from here.
     stale: std::sync::Mutex<std::collections::HashSet<PartitionKey>>,
-    /// The latest type-5 snapshot another instance wrote per partition,
-    /// read by the tail: restored when this instance takes the partition
-    /// over and its own state is older.
-    others_snapshots:
-        std::sync::Mutex<std::collections::HashMap<SnapshotKey, MirrorProducerSnapshotValue>>,
+    /// Where other instances' snapshots of each partition are (offsets
+    /// only) and their live claims, read by the tail: a take-over restores
+    /// from them (`others`).
+    others: std::sync::Mutex<std::collections::HashMap<SnapshotKey, others::OthersState>>,
 }
 
 /// The open transactions of one chunk generation being read back.
@@ -267,7 +268,7 @@ impl StateSync {
             instance_id: Default::default(),
             serving: Default::default(),
             stale: Default::default(),
-            others_snapshots: Default::default(),
+            others: Default::default(),
             missing_since: Default::default(),
             dest_refresh_rounds: std::sync::atomic::AtomicU64::new(10),
         })

@@ -90,7 +90,8 @@ impl StateSync {
     /// Takes partitions over from whichever instances served them: reads
     /// the state to its end once (salts, life cycle, serving records,
     /// snapshots), restores another instance's snapshot newer than this
-    /// instance's state of a partition (and not past its fetcher), then
+    /// instance's state of a partition (and not past its fetcher; a type-5
+    /// record or a chunk generation) and applies their live claims, then
     /// persists this instance's serving records, [`SERVING_PER_APPEND`] per
     /// Produce request. Returns each partition's previous serving record.
     pub(super) async fn take_over_partitions(
@@ -105,20 +106,13 @@ impl StateSync {
         for job in &jobs {
             previous.push(self.serving_of(&job.key));
             let topic_id = self.topic_id_for(&job.key.topic).await?;
-            let snapshot = self
-                .others_snapshots
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(&(topic_id, job.key.partition))
-                .cloned();
-            if let Some(snapshot) = snapshot {
-                let next = self.registry.partition(&job.key).with(|s| s.next_offset());
-                if snapshot.snapshot_offset > next && snapshot.snapshot_offset <= job.from_offset {
-                    // The replay then starts at the snapshot, not at our older
-                    // state (or at the log start for a partition never served).
-                    self.restore_producers(&job.key, &snapshot);
-                }
-            }
+            // The replay then starts at their snapshot, not at our older
+            // state (or at the log start for a partition never served).
+            let (restored, claims) = self
+                .restore_from_others(&job.key, topic_id, job.from_offset)
+                .await?;
+            tracing::debug!(partition = %job.key, restored, claims,
+                "other instances' producer state applied before taking the partition over");
             let k = MirrorPartitionServingKey {
                 topic_id,
                 partition: job.key.partition,
@@ -179,13 +173,9 @@ impl StateSync {
             .unwrap_or_else(|p| p.into_inner())
             .get(key)
             .map(|(offset, _)| *offset);
-        let other = self.destination_topic_id(&key.topic).and_then(|id| {
-            self.others_snapshots
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .get(&(id, key.partition))
-                .map(|v| v.snapshot_offset)
-        });
+        let other = self
+            .destination_topic_id(&key.topic)
+            .and_then(|id| self.others_snapshot_offset((id, key.partition)));
         by.snapshot_offset = own.max(other);
         Some(by)
     }

@@ -104,12 +104,9 @@ impl StateSync {
             .unwrap_or_else(|p| p.into_inner())
             .insert((key.topic_id, key.partition), open);
         if !start_up {
-            // Another instance's view (ours are skipped by the tail): kept
-            // for a take-over of the partition by this instance.
-            self.others_snapshots
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .insert((key.topic_id, key.partition), value);
+            // Another instance's view (ours are skipped by the tail): where
+            // it is, for a take-over of the partition by this instance.
+            self.note_other_snapshot((key.topic_id, key.partition), r, value.snapshot_offset);
             return;
         }
         if self.loading.load(std::sync::atomic::Ordering::SeqCst) {

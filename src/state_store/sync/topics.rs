@@ -44,10 +44,7 @@ impl StateSync {
                 missing.remove(name);
                 if let Some(id) = t.by_name.remove(name) {
                     t.by_id.remove(&id);
-                    self.others_snapshots
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .retain(|(topic_id, _), _| *topic_id != id);
+                    self.forget_others_of(id);
                 }
             }
             for (name, id, _partitions) in view.topics {
