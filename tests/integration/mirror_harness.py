@@ -186,11 +186,14 @@ class MirrorGuard:
             extra = f'source_cluster_id = "{m.source_cluster_id}"\n' if m.source_cluster_id else ""
             if m.destination_bootstrap:
                 extra += f'destination_bootstrap = [{", ".join(chr(34) + a + chr(34) for a in m.destination_bootstrap.split(","))}]\n'
-            if m.destination_hw:
+            # Another release's binary (the mixed-version test) gets only the keys it knows:
+            # the previous release predates the high-watermark rule and completes a seal
+            # on the fetcher's offset.
+            if m.destination_hw and self.binary == harness.MIRRORGUARD_BIN:
                 extra += ("destination_hw_bootstrap = ["
                           + ", ".join(f'"{a}"' for a in m.destination_hw.split(",")) + "]\n"
                           + "destination_hw_poll_ms = 100\n")
-            if m.stopped_when or not m.destination_hw:
+            if (m.stopped_when or not m.destination_hw) and self.binary == harness.MIRRORGUARD_BIN:
                 extra += f'stopped_when = "{m.stopped_when or "fetcher_offset"}"\n'
             if m.extra:
                 extra += m.extra.rstrip("\n") + "\n"

@@ -31,7 +31,7 @@ from kafka.record.default_records import DefaultRecordBatch
 
 import harness
 import rawkafka
-from kafka_dest import kafka_dest_factory  # noqa: F401 - fixture
+from kafka_dest import dest_hw_bootstrap, kafka_dest_factory  # noqa: F401 - fixture
 from mirror_harness import (  # noqa: F401 - mirror_factory is a fixture
     MirrorSpec,
     idempotent_producer,
@@ -106,14 +106,16 @@ def test_old_and_new_release_share_mirror_state(kafka1, kafka_dest_factory, mirr
     old_bin = _old_binary()
     topic = harness.topic_name("mixed")
     harness.create_topics(kafka1.bootstrap, [topic], partitions=2)
-    spec = lambda: [MirrorSpec.of(MIRROR, kafka1)]  # noqa: E731
+    dest = kafka_dest_factory("mixed")
+    # The new release completes seals on the destination's high watermark (its default
+    # rule, read on the stand-in); the old one knows only the fetcher's offset.
+    spec = lambda: [MirrorSpec.of(MIRROR, kafka1, destination_hw=dest_hw_bootstrap(dest))]  # noqa: E731
     mg_old = mirror_factory(kafka1.bootstrap, spec(), snapshot_interval_ms=300, binary=old_bin)
     mg_new = mirror_factory(kafka1.bootstrap, spec(), snapshot_interval_ms=300)
     for mg in (mg_old, mg_new):
         mg.wait_sources_known()
     ip = idempotent_producer(kafka1.bootstrap)
     tp = transactional_producer(kafka1.bootstrap, f"txn-{topic}", **{"transaction.timeout.ms": 600000})
-    dest = kafka_dest_factory("mixed")
     via = {"old": mg_old.mirrors[MIRROR].bootstrap, "new": mg_new.mirrors[MIRROR].bootstrap}
     n = iter(range(100))
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import time
 
 import harness
-from kafka_dest import kafka_dest_factory  # noqa: F401 - fixture
+from kafka_dest import dest_hw_bootstrap, kafka_dest_factory  # noqa: F401 - fixture
 from mirror_harness import (  # noqa: F401 - mirror_factory is a fixture
     MirrorSpec,
     idempotent_producer,
@@ -56,14 +56,15 @@ class Brokers:
 def test_partitions_move_around_three_instances(kafka1, kafka_dest_factory, mirror_factory):  # noqa: F811
     topic = harness.topic_name("three")
     harness.create_topics(kafka1.bootstrap, [topic], partitions=2)
-    spec = lambda: [MirrorSpec.of(MIRROR, kafka1)]  # noqa: E731
+    dest = kafka_dest_factory("three")
+    # The destination holds a log (Kafka's engine): seals complete on its high watermark.
+    spec = lambda: [MirrorSpec.of(MIRROR, kafka1, destination_hw=dest_hw_bootstrap(dest))]  # noqa: E731
     mg = {name: mirror_factory(kafka1.bootstrap, spec(), snapshot_interval_ms=300) for name in "abc"}
     for m in mg.values():
         m.wait_sources_known()
     ip = idempotent_producer(kafka1.bootstrap)
     tp = transactional_producer(kafka1.bootstrap, f"txn-{topic}", **{"transaction.timeout.ms": 600000})
     tp2 = transactional_producer(kafka1.bootstrap, f"txn2-{topic}", **{"transaction.timeout.ms": 600000})
-    dest = kafka_dest_factory("three")
     brokers = Brokers(dest, topic, {name: m.mirrors[MIRROR].bootstrap for name, m in mg.items()})
 
     def mirror_all() -> None:
