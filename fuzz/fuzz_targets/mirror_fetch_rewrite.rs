@@ -4,58 +4,44 @@
 //! rewriting, at every Fetch version. The body length never changes.
 #![no_main]
 
-use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 
 use libfuzzer_sys::fuzz_target;
-use mirrorguard::config::{LayoutConfig, MirrorConfig, PidMode};
+use mirrorguard::config::MirrorConfig;
 use mirrorguard::lifecycle::Lifecycle;
 use mirrorguard::metrics::Metrics;
 use mirrorguard::mirror::{rewrite_fetch_body, MirrorContext, PendingSalt, SaltStore};
-use mirrorguard::producer_state::ProducerStateRegistry;
-
-type Fut = Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>;
+use mirrorguard::producer_state::{ProducerStateRegistry, RegistryConfig};
+use mirrorguard::{BoxFuture, PersistError};
 
 /// Salts are never persisted here: the rewrite only reports what it needs.
 struct NoStore;
 
 impl SaltStore for NoStore {
-    fn durable(&self) -> bool {
-        false
-    }
-    fn persist_snapshot(&self, _snapshot: mirrorguard::producer_state::PartitionSnapshot) -> Fut {
-        Box::pin(async { Ok(()) })
-    }
     fn topic_id(&self, _topic: &str) -> Option<[u8; 16]> {
         Some([7; 16])
     }
-    fn refresh_topic_ids(&self) -> Fut {
+    fn refresh_topic_ids(&self) -> BoxFuture<'static, Result<(), PersistError>> {
         Box::pin(async { Ok(()) })
     }
-    fn persist(&self, _salts: Vec<PendingSalt>) -> Fut {
+    fn persist(&self, _salts: Vec<PendingSalt>) -> BoxFuture<'static, Result<(), PersistError>> {
         Box::pin(async { Ok(()) })
     }
 }
 
-fn mirror(layout: LayoutConfig) -> Arc<MirrorContext> {
-    let cfg = MirrorConfig {
-        name: "fuzz".into(),
-        bootstrap: "127.0.0.1:1".into(),
-        listen_host: "127.0.0.1".into(),
-        advertised_host: "127.0.0.1".into(),
-        node_port_base: 20000,
-        source_bootstrap: vec!["127.0.0.1:2".into()],
-        source_cluster_id: Some("AAAAAAAAAAAAAAAAAAAAAQ".into()),
-        pid_mode: PidMode::Region,
-        layout,
-        destination_topic_prefix: String::new(),
-        connect_timeout_ms: 1000,
-        metadata_refresh_ms: 1000,
-    };
+/// A region-mode mirror with the given PID layout (`high` or `sign-bit`).
+fn mirror(layout: &str) -> Arc<MirrorContext> {
+    let cfg: MirrorConfig = toml::from_str(&format!(
+        "name = \"fuzz\"\nbootstrap = \"127.0.0.1:1\"\nadvertised_host = \"127.0.0.1\"\n\
+         node_port_base = 20000\nsource_bootstrap = [\"127.0.0.1:2\"]\n\
+         source_cluster_id = \"AAAAAAAAAAAAAAAAAAAAAQ\"\npid_mode = \"region\"\n\
+         layout = \"{layout}\"\n"
+    ))
+    .expect("valid fuzz config");
     let metrics = Metrics::new();
     MirrorContext::new(
         &cfg,
-        Arc::new(ProducerStateRegistry::default()),
+        Arc::new(ProducerStateRegistry::new(RegistryConfig::default())),
         Arc::new(NoStore),
         Lifecycle::new(metrics.clone()),
         &metrics,
@@ -71,9 +57,9 @@ fuzz_target!(|data: &[u8]| {
     };
     let version = 4 + (selector % 14) as i16;
     let m = if selector & 0x80 == 0 {
-        HIGH.get_or_init(|| mirror(LayoutConfig::High))
+        HIGH.get_or_init(|| mirror("high"))
     } else {
-        SIGN.get_or_init(|| mirror(LayoutConfig::SignBit))
+        SIGN.get_or_init(|| mirror("sign-bit"))
     };
     let mut body = rest.to_vec();
     let _ = rewrite_fetch_body(m, version, &mut body, &|_, _| false);
