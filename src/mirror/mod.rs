@@ -61,7 +61,6 @@ use batch::rewrite_partition_records;
 pub use planner::rewrite_fetch_body;
 pub use planner::rewrite_fetch_body_as;
 pub use planner::rewrite_fetch_body_holding;
-use planner::PartitionSlice;
 pub use planner::Pending;
 pub use planner::PendingSalt;
 
