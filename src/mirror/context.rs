@@ -220,6 +220,7 @@ impl MirrorContext {
             sessions: Default::default(),
             lookups: Default::default(),
             source_identity: Default::default(),
+            stream_hold: std::sync::atomic::AtomicBool::new(true),
         };
         if let Some(text) = &cfg.source_cluster_id {
             ctx.set_source(SourceIdentity::parse(text)?)?;

@@ -52,6 +52,9 @@ mod adapters;
 mod batch;
 mod context;
 mod planner;
+pub mod stream;
+#[cfg(test)]
+mod stream_tests;
 
 pub(crate) use adapters::run_replays;
 pub use batch::map_with_salt;
@@ -303,6 +306,10 @@ pub struct MirrorContext {
     lookups: Arc<topic_lookup::TopicIdLookups>,
     /// mirrorguard's own SASL identity toward the source (set at start-up).
     source_identity: std::sync::OnceLock<crate::sasl::Identity>,
+    /// Whether Fetch responses are held whole rather than streamed: at
+    /// start-up, and after a streamed one met a partition only a held one
+    /// can answer (see [`stream`]), until a held one needs no such answer.
+    pub(crate) stream_hold: std::sync::atomic::AtomicBool,
 }
 
 /// Seal metric handles of one mirror.

@@ -938,6 +938,52 @@ async fn read_answer<R: AsyncRead + Unpin>(
     }
 }
 
+/// After a streamed response failed: the end of the connection, or, when
+/// the upstream failed before a byte reached the client and the request is
+/// kept for a local answer, that answer (the connection goes offline as on
+/// a held response). Once bytes went out the connection closes: the client
+/// never sees a short frame followed by another.
+async fn streamed_failure(
+    ctx: &ConnectionContext,
+    peer: SocketAddr,
+    mode: &Mode,
+    h: &RequestHeader,
+    entry: &InFlight,
+    failure: crate::mirror::stream::StreamFailure,
+) -> Result<BytesMut, ConnectionEnd> {
+    use crate::mirror::stream::StreamError;
+    match failure.error {
+        StreamError::Write(e) => Err(ConnectionEnd::ClientReset(format!(
+            "writing a response: {e}"
+        ))),
+        StreamError::Read(e) => {
+            let kind = if matches!(e, FrameError::Io(_) | FrameError::Truncated { .. }) {
+                "disconnect"
+            } else {
+                "protocol"
+            };
+            Metrics::count(&ctx.metrics.upstream_errors, &ctx.listener, kind);
+            let why = format!("reading upstream: {e}");
+            if failure.written > 0 || !entry.kept {
+                return Err(ConnectionEnd::UpstreamClosed(why));
+            }
+            mode.go_offline(ctx, peer, &why);
+            offline_frame(ctx, h, entry.request.as_ref(), entry.sent_at).await
+        }
+        StreamError::Rewrite(_) | StreamError::NotStreamable(_) => {
+            let kind = if matches!(failure.error, StreamError::NotStreamable(_)) {
+                "not_streamable"
+            } else {
+                "unparseable_response"
+            };
+            Metrics::count(&ctx.metrics.rewrite_errors, &ctx.listener, kind);
+            tracing::warn!(listener = %ctx.listener, error = %failure.error, written = failure.written,
+                "streamed Fetch response failed; closing the connection");
+            Err(ConnectionEnd::UpstreamProtocol(failure.error.to_string()))
+        }
+    }
+}
+
 /// The error for a response that does not answer the oldest request.
 fn correlation_mismatch(
     ctx: &ConnectionContext,
@@ -1044,8 +1090,16 @@ where
             continue;
         }
         // Streamed: nothing to rewrite, and no local answer to fall back on.
-        let streams =
-            (!entry.kept && entry.state.is_none() && !ctx.chain.wants(&h)).then_some(stream_above);
+        // A response the chain rewrites as it arrives (a mirror's Fetch)
+        // streams too, through its walker.
+        let mut walker = if !mode.is_offline() && ctx.chain.wants(&h) {
+            ctx.chain.response_stream(&h, entry.state.as_ref())
+        } else {
+            None
+        };
+        let streams = (walker.is_some()
+            || (!entry.kept && entry.state.is_none() && !ctx.chain.wants(&h)))
+        .then_some(stream_above);
         let read = if mode.is_offline() && entry.kept {
             Err(None)
         } else {
@@ -1095,27 +1149,47 @@ where
                 if id != Some(h.correlation_id) {
                     return correlation_mismatch(ctx, &h, id);
                 }
-                match reader.copy_frame(total, &mut client_wr, None, false).await {
-                    Ok(n) => {
-                        entry.metrics.bytes_out.inc_by(n as u64);
-                        entry
-                            .metrics
-                            .latency
-                            .observe(entry.sent_at.elapsed().as_secs_f64());
-                        continue;
+                if let Some(mut w) = walker.take() {
+                    w.start(total);
+                    match crate::mirror::stream::relay(*w, &mut reader, &mut client_wr).await {
+                        Ok(n) => {
+                            entry.metrics.bytes_out.inc_by(n as u64);
+                            entry
+                                .metrics
+                                .latency
+                                .observe(entry.sent_at.elapsed().as_secs_f64());
+                            continue;
+                        }
+                        Err(failure) => {
+                            match streamed_failure(ctx, peer, mode, &h, &entry, failure).await {
+                                Ok(f) => f,
+                                Err(end) => return end,
+                            }
+                        }
                     }
-                    Err(CopyError::Write(e)) => {
-                        return ConnectionEnd::ClientReset(format!("writing a response: {e}"))
-                    }
-                    Err(CopyError::Read(e)) => {
-                        let kind = if matches!(e, FrameError::Io(_) | FrameError::Truncated { .. })
-                        {
-                            "disconnect"
-                        } else {
-                            "protocol"
-                        };
-                        Metrics::count(&ctx.metrics.upstream_errors, &ctx.listener, kind);
-                        return ConnectionEnd::UpstreamClosed(format!("reading upstream: {e}"));
+                } else {
+                    match reader.copy_frame(total, &mut client_wr, None, false).await {
+                        Ok(n) => {
+                            entry.metrics.bytes_out.inc_by(n as u64);
+                            entry
+                                .metrics
+                                .latency
+                                .observe(entry.sent_at.elapsed().as_secs_f64());
+                            continue;
+                        }
+                        Err(CopyError::Write(e)) => {
+                            return ConnectionEnd::ClientReset(format!("writing a response: {e}"))
+                        }
+                        Err(CopyError::Read(e)) => {
+                            let kind =
+                                if matches!(e, FrameError::Io(_) | FrameError::Truncated { .. }) {
+                                    "disconnect"
+                                } else {
+                                    "protocol"
+                                };
+                            Metrics::count(&ctx.metrics.upstream_errors, &ctx.listener, kind);
+                            return ConnectionEnd::UpstreamClosed(format!("reading upstream: {e}"));
+                        }
                     }
                 }
             }
