@@ -27,11 +27,16 @@
 //! collisions (two origins on one mapped PID: a salt is persisted), and
 //! producers seen for the first time (their claim on the mapped PID is
 //! persisted as one small type-6 record each, all of a response together). The response is held meanwhile;
-//! only then is it rewritten.
+//! only then is it rewritten. Large responses whose length cannot change
+//! are not held: [`stream`] rewrites them as they arrive with the same
+//! per-batch step, holding only the heads and the batches that wait for
+//! something durable.
 //!
 //! The files: `planner` (the phases as functions over the producer state
 //! that change nothing and return the [`Pending`] work), `batch` (the
-//! in-place rewriting of one partition's batches and aborted transactions),
+//! in-place rewriting of one partition's batches and aborted transactions;
+//! its per-batch step is shared by both paths), [`stream`] (the streamed
+//! path: a walker over a response as it arrives, and its relay),
 //! `adapters` (the I/O the planner's answers turn into: persisting claims
 //! and salts through the [`SaltStore`] port, replays, the blocked-response
 //! glue, what Metadata refreshes teach), `context` (a mirror's lookups:

@@ -26,7 +26,7 @@
 //! corrupt entry and what follows it, and error partitions pass untouched.
 //! The per-batch step, the checks and the salt resolution are the ones the
 //! store-and-forward path ([`super::rewrite_fetch_body`]) runs
-//! ([`super::batch::BatchStep`], [`super::planner`]), so the bytes and the
+//! (`batch::BatchStep`, the `planner` functions), so the bytes and the
 //! producer state come out the same (the proptests compare them).
 //!
 //! Memory: at most one held item at a time, plus one read piece
@@ -36,6 +36,22 @@
 //! listener's frame limit (a frame above it is refused before a byte is
 //! read), so a hostile source that sends one huge batch costs what the held
 //! path would, never more. While a wait runs the walker reads nothing more.
+//!
+//! One difference from the store-and-forward path, by design: that path
+//! scans a whole response against the state from before it, and once its
+//! claims and salts are durable runs again from the start; the walker checks
+//! each batch against the state the batches before it left. They differ only
+//! where the held path looks ahead within one response: a batch after a
+//! MIRROR_PID_RESET barrier (checked against the state before the barrier
+//! there), a batch of an origin whose collision a later batch of the response
+//! reveals (salted there, not here, as it would be had the response ended
+//! before the later batch), and a corrupt batch of a producer a later valid
+//! batch claims (mapped and observed there; passed untouched, like any
+//! corrupt batch that would start a producer, here). The walker's outcome is
+//! the one the held path gives for the same bytes cut into responses at
+//! those batches, so it does not depend on where the source cut its
+//! responses. The proptests compare the two paths on responses without
+//! such look-ahead.
 //!
 //! What is not streamed (decided before the response arrives, by the mirror
 //! fetch filter): responses whose length must change. Those are a seal's

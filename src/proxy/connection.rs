@@ -26,13 +26,22 @@
 //! request state that no filter handles ([`Chain::wants`]) are forwarded as
 //! they arrive, in pieces of at most [`READ_CHUNK`] bytes, once their head
 //! (size, header, correlation id) has been read and checked; only frames of
-//! at most one piece, and the frames the chain rewrites, are held whole. So
+//! at most one piece, and the frames the chain rewrites (but see below), are
+//! held whole. So
 //! a plain or guard listener's Produce requests and Fetch responses (below
 //! v16, whose responses carry no addresses) cost one piece of memory
 //! whatever their size. Requests a mirror listener keeps for a local answer (Fetch,
 //! Metadata, ApiVersions: all small) are held whole; so are the responses
 //! to requests it keeps, because a local answer is only possible while
 //! nothing of the upstream's has reached the client.
+//!
+//! A mirror listener's Fetch responses are rewritten, yet large ones stream
+//! too: when one filter of the chain rewrites a response as it arrives and
+//! the others leave it alone ([`Chain::response_stream`]), the frame goes
+//! through that filter's walker ([`crate::mirror::stream`]), which holds
+//! back only what must change first. If the upstream fails before a byte of
+//! it reached the client, the request is still answered locally like a held
+//! one; after that the connection closes.
 //!
 //! A client that abandons a streamed request mid-frame has had part of it
 //! forwarded: the connection then ends, closing the upstream connection
