@@ -216,6 +216,8 @@ pub struct MirrorMetrics {
     take_overs: Counter,
     /// Owned partitions dropped because another instance serves them now.
     stale_dropped: Counter,
+    /// Fetch responses relayed as they arrived ([`stream`]).
+    streamed: Counter,
     /// Partitions owned here (`mirrorguard_partitions_served`).
     served: Gauge,
     anomalies: Family<MirrorKindLabels, Counter>,
@@ -248,6 +250,7 @@ impl MirrorMetrics {
             held: m("held_unknown_topic"),
             take_overs: m("take_over"),
             stale_dropped: m("stale_dropped"),
+            streamed: m("response_streamed"),
             served: metrics
                 .partitions_served
                 .get_or_create(&crate::metrics::MirrorLabels {

@@ -827,6 +827,7 @@ where
                         written,
                     ));
                 }
+                walker.mirror.metrics.streamed.inc();
                 return Ok(written);
             }
             Step::Wait(pending) => {

@@ -286,3 +286,4 @@ def test_mirror_listener_streams_large_region_fetches(kafka_factory, kafka1, mir
     assert grown < 8, f"peak RSS grew by {grown:.1f} MiB relaying {FRAME_MIB} MiB region-mode Fetch responses"
     m = mg.metrics()
     assert m.sum("mirrorguard_rewrite_errors_total") == 0
+    assert m.sum("mirrorguard_mirror_events_total", mirror="big", kind="response_streamed") >= 2
