@@ -797,9 +797,23 @@ fn classify(head: &[u8], rec_left: usize) -> Head {
 /// `out` through `walker`: bytes leave as soon as they are final, reading
 /// stops while a wait runs. Returns the bytes written.
 pub async fn relay<R, W>(
+    walker: FetchStream,
+    reader: &mut FrameReader<R>,
+    out: &mut W,
+) -> Result<usize, StreamFailure>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    relay_measured(walker, reader, out, &mut 0).await
+}
+
+/// [`relay`] that records in `peak` the most bytes its buffer held at once.
+pub(crate) async fn relay_measured<R, W>(
     mut walker: FetchStream,
     reader: &mut FrameReader<R>,
     out: &mut W,
+    peak: &mut usize,
 ) -> Result<usize, StreamFailure>
 where
     R: AsyncRead + Unpin,
@@ -873,6 +887,7 @@ where
                 } else {
                     buf.extend_from_slice(&piece);
                 }
+                *peak = (*peak).max(buf.len());
             }
         }
     }

@@ -478,3 +478,104 @@ proptest! {
         })?;
     }
 }
+
+/// A response of `n` batches of `size` bytes each from producer 6 (a new
+/// producer: its first batch waits for a claim when `durable`).
+fn big_response(n: usize, size: usize) -> Vec<u8> {
+    let value = vec![b'x'; size];
+    let mut records = Vec::new();
+    for i in 0..n {
+        records.extend(build_batch(
+            &BatchSpec {
+                base_offset: i as i64,
+                partition_leader_epoch: 3,
+                producer_id: 6,
+                producer_epoch: 0,
+                base_sequence: i as i32,
+                ..BatchSpec::default()
+            },
+            &[RecordSpec {
+                value: Some(&value),
+                ..RecordSpec::default()
+            }],
+        ));
+    }
+    let mut p = FetchPartitionResponse::new(0);
+    p.high_watermark = n as i64;
+    p.last_stable_offset = n as i64;
+    p.records = Some(records.into());
+    build_fetch_response(12, 0, 0, 0, &[(FetchTopic::Name("a"), vec![p])]).unwrap()
+}
+
+/// Streamed through a duplex in 64 KiB writes: the bytes out and the most
+/// the walker's buffer held.
+async fn streamed_peak(m: &Arc<MirrorContext>, frame: Vec<u8>) -> (Vec<u8>, usize) {
+    let (mut up, down) = tokio::io::duplex(1 << 16);
+    let writer = tokio::spawn(async move {
+        for piece in frame.chunks(1 << 16) {
+            let _ = up.write_all(piece).await;
+        }
+    });
+    let mut reader = FrameReader::new(down, 1 << 26);
+    let total = reader.peek(8).await.unwrap().unwrap();
+    let mut w = stream::FetchStream::new(m.clone(), &header(12), true).unwrap();
+    w.start(total);
+    let mut out = Vec::new();
+    let mut peak = 0;
+    stream::relay_measured(w, &mut reader, &mut out, &mut peak)
+        .await
+        .unwrap();
+    writer.await.unwrap();
+    (out, peak)
+}
+
+/// Memory is bounded by one read piece and one held batch, not the
+/// response: 16 batches of 1 MiB stream with at most a new producer's
+/// first batch (held whole for its claim) and a piece in the buffer.
+#[tokio::test]
+async fn a_large_response_streams_in_bounded_memory() {
+    let (a, _) = mirror(true);
+    let (b, _) = mirror(true);
+    let body = big_response(16, 1 << 20);
+    let want = held(&a, 12, &body).await.unwrap();
+    let (got, peak) = streamed_peak(&b, frame(12, &body)).await;
+    assert_eq!(got, frame(12, &want));
+    assert!(
+        peak <= (1 << 20) + 2 * READ_CHUNK_FOR_TESTS,
+        "peak buffer {peak} bytes"
+    );
+    // Known producer now: nothing held but heads and a piece.
+    let body = big_response(16, 1 << 20);
+    let (_, peak) = streamed_peak(&b, frame(12, &body)).await;
+    assert!(peak <= 2 * READ_CHUNK_FOR_TESTS, "peak buffer {peak} bytes");
+    assert_eq!(b.metrics.streamed.get(), 2);
+}
+
+const READ_CHUNK_FOR_TESTS: usize = crate::codec::frame::READ_CHUNK;
+
+/// An upstream that ends mid-response after bytes went to the client: the
+/// relay fails (the connection then closes; no short frame is completed).
+#[tokio::test]
+async fn an_upstream_ending_mid_response_fails_after_bytes_left() {
+    let (m, _) = mirror(false);
+    let body = big_response(4, 256 << 10);
+    let mut f = frame(12, &body);
+    f.truncate(f.len() / 2);
+    let (mut up, down) = tokio::io::duplex(1 << 16);
+    let writer = tokio::spawn(async move {
+        let _ = up.write_all(&f).await;
+    });
+    let mut reader = FrameReader::new(down, 1 << 26);
+    let total = reader.peek(8).await.unwrap().unwrap();
+    let mut w = stream::FetchStream::new(m.clone(), &header(12), true).unwrap();
+    w.start(total);
+    let mut out = Vec::new();
+    let failure = stream::relay(w, &mut reader, &mut out).await.unwrap_err();
+    writer.await.unwrap();
+    assert!(
+        matches!(failure.error, stream::StreamError::Read(_)),
+        "{:?}",
+        failure.error
+    );
+    assert!(failure.written > 0 && failure.written == out.len() && out.len() < total);
+}
