@@ -518,7 +518,18 @@ pub(super) fn scan_partition(
     state: &ps::PartitionState,
     records: &[u8],
 ) -> Scan {
-    let mut scan = Scan::default();
+    scan_partition_from(mirror, source, state, records, Scan::default())
+}
+
+/// [`scan_partition`] continuing `scan` (the streamed walk seeds it with the
+/// claims found earlier in the same partition of the response).
+pub(super) fn scan_partition_from(
+    mirror: &MirrorContext,
+    source: &SourceIdentity,
+    state: &ps::PartitionState,
+    records: &[u8],
+    mut scan: Scan,
+) -> Scan {
     for entry in walk(records) {
         let h = match entry {
             Ok(Entry::V2(h)) => h,

@@ -75,7 +75,8 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
 use super::batch::{rewrite_aborted, BatchStep, PartitionWalk};
 use super::planner::{
-    batch_need, ownership, replay_job, salt_for, scan_partition, BatchNeed, Ownership, SaltNeed,
+    batch_need, ownership, replay_job, salt_for, scan_partition_from, BatchNeed, Ownership,
+    SaltNeed, Scan,
 };
 use super::*;
 use crate::codec::frame::READ_CHUNK;
@@ -200,6 +201,9 @@ pub struct FetchStream {
     sink: Vec<Anomaly>,
     /// Waits so far.
     waits: usize,
+    /// Claims the current partition's batches made in this response (what
+    /// the held path's scan remembers; cleared per partition).
+    claimed: std::collections::HashMap<i64, Origin>,
 }
 
 impl FetchStream {
@@ -234,6 +238,7 @@ impl FetchStream {
             aborted: Vec::new(),
             sink: Vec::new(),
             waits: 0,
+            claimed: std::collections::HashMap::new(),
             mirror,
         })
     }
@@ -555,6 +560,7 @@ impl FetchStream {
             self.hold = Some(start);
         }
         self.cur = start + used;
+        self.claimed.clear();
         self.part = Some(Part {
             ended: handle.is_none(),
             handle,
@@ -628,7 +634,18 @@ impl FetchStream {
             }
             self.part_mut().first = false;
         }
-        let need = handle.with(|s| batch_need(&self.mirror, &self.source, s, &header));
+        let mut need = handle.with(|s| batch_need(&self.mirror, &self.source, s, &header));
+        if let BatchNeed::Claim(mapped, origin) = need {
+            // A producer this partition of the response started already
+            // (its claim not in the state: a reader without durable claims)
+            // starts nothing again; another origin on its PID collides, as
+            // in the held path's scan.
+            match self.claimed.get(&mapped) {
+                Some(first) if *first == origin => need = BatchNeed::Nothing,
+                Some(_) => need = BatchNeed::Salt(origin),
+                None => {}
+            }
+        }
         let whole =
             header.is_control() || self.step(&handle).sample_due() || need != BatchNeed::Nothing;
         if whole && avail < total {
@@ -640,7 +657,12 @@ impl FetchStream {
             // here on, found as the store-and-forward path finds them.
             let window_end = self.cur + avail.min(self.part_ref().rec_left);
             let window = &buf[self.cur..window_end];
-            let scan = handle.with(|s| scan_partition(&self.mirror, &self.source, s, window));
+            let seed = Scan {
+                claimed: self.claimed.clone(),
+                ..Scan::default()
+            };
+            let scan =
+                handle.with(|s| scan_partition_from(&self.mirror, &self.source, s, window, seed));
             corrupt = scan.corrupt.contains(&0);
             if !corrupt {
                 if let Some(p) = self.durable_first(&handle, scan)? {
@@ -658,6 +680,9 @@ impl FetchStream {
         self.sink = sink;
         self.part_mut().walk = walk;
         res.map_err(|e| self.err(e.to_string()))?;
+        if let (BatchNeed::Claim(mapped, origin), false) = (need, corrupt) {
+            self.claimed.insert(mapped, origin);
+        }
         self.cur += len;
         self.part_mut().rec_left -= len;
         if total > len {
@@ -676,11 +701,14 @@ impl FetchStream {
         let mirror = &self.mirror;
         let mut salts = Vec::new();
         for origin in &scan.colliding {
-            let earlier: Vec<(i64, Origin)> = scan
-                .claims
+            // Claims of this partition of the response not in the state yet
+            // (the held path resolves against the same).
+            let earlier: Vec<(i64, Origin)> = self
+                .claimed
                 .iter()
+                .map(|(m, o)| (*m, *o))
+                .chain(scan.claims.iter().copied())
                 .filter(|(_, o)| o != origin)
-                .copied()
                 .collect();
             match salt_for(mirror, &self.source, handle, *origin, &earlier, self.now)
                 .map_err(|e| self.err(e.to_string()))?
