@@ -27,15 +27,17 @@
 //! The per-batch step, the checks and the salt resolution are the ones the
 //! store-and-forward path ([`super::rewrite_fetch_body`]) runs
 //! (`batch::BatchStep`, the `planner` functions), so the bytes and the
-//! producer state come out the same (the proptests compare them).
+//! producer state come out the same (the proptests compare them; see
+//! below for where the held path looks ahead).
 //!
 //! Memory: at most one held item at a time, plus one read piece
-//! ([`READ_CHUNK`]): a batch is at most the fetcher's partition max bytes
-//! (`replica.fetch.max.bytes`, 1 MiB by default), a partition with aborted
-//! transactions at most its share of the response. The hard cap is the
-//! listener's frame limit (a frame above it is refused before a byte is
-//! read), so a hostile source that sends one huge batch costs what the held
-//! path would, never more. While a wait runs the walker reads nothing more.
+//! ([`READ_CHUNK`]): a batch held whole is at most the fetcher's partition
+//! max bytes, or the source's largest batch when that is larger (KIP-74), a
+//! partition with aborted transactions at most its share of the response.
+//! The hard cap is the listener's frame limit (`[limits] max_frame_bytes`:
+//! a frame above it is refused before a byte of it is read), so a hostile
+//! source that sends one huge batch costs at most what the held path
+//! would, never more. While a wait runs the walker reads nothing more.
 //!
 //! One difference from the store-and-forward path, by design: that path
 //! scans a whole response against the state from before it, and once its
@@ -373,11 +375,9 @@ impl FetchStream {
                         let id = if version >= 13 {
                             Some(r.read_uuid("FetchResponse.responses.topic_id")?)
                         } else {
-                            let start = r.position();
                             let name = r.read_string_v(flex, "FetchResponse.responses.topic")?;
                             let end = r.position();
                             name_at = end - name.len()..end;
-                            let _ = start;
                             None
                         };
                         let parts =
