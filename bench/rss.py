@@ -14,8 +14,9 @@ the listener's ApiVersions (Fetch v15 through mirrorguard since the clamp: v16+
 responses carry KIP-951 NodeEndpoints and are held whole); the row's "fetch
 version" column is the highest FetchRequest version librdkafka logged.
 
-The "mirror" listener kind is a `[[mirror]]` listener in pid_mode region (no state
-cluster) in front of the same broker as its source; its "fetch" row reads, with raw
+The "mirror" listener kind is a `[[mirror]]` listener in pid_mode region in front of
+the same broker as its source (also its state cluster, a fresh state topic per run, and
+its destination); its "fetch" row reads, with raw
 Fetch v4 after one warm-up fetch (a mirror holds its first response whole), frames of
 `mib` idempotent batches of 1 MiB each from one producer, so every batch's PID is
 mapped on the way (the row checks one). Only the "fetch" direction applies to it.
@@ -108,8 +109,16 @@ upstream_bootstrap = ["{upstream}"]
         base = harness.free_node_port_base(taken | set(range(p.ports.node_port_base, p.ports.node_port_base + 16)),
                                            nodes=list(node_ids))
         with open(p.config_path, "a") as f:
+            # Region mode needs a state cluster: the broker itself (a single-node
+            # bench cluster; it is the destination too, so topic ids are known).
             f.write(
                 f"""
+[state]
+bootstrap = ["{upstream.split(",")[0]}"]
+topic = "__mirror_state_rss_{time.monotonic_ns()}"
+production = false
+allow_source_cluster = true
+
 [[mirror]]
 name = "mirror"
 bootstrap = "{HOST}:{port}"
