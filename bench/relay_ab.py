@@ -8,8 +8,9 @@ the fetchbench load generator on the paths in interleaved rounds (the order
 rotates every round): `direct` (the fixture), `base` and `new` (a plain
 `[[listener]]` of the binary given by --base, the same of --new) and, with
 `--modes region` (the default runs both), `base-region` and `new-region`
-(a `[[mirror]]` listener in pid_mode region, no state cluster: every batch's
-PID is mapped, observed and patched, which a warm-up fetch checks). Reports per
+(a `[[mirror]]` listener in pid_mode region, its claims in a one-node Kafka
+4.4 started for the run, a state topic per instance: every batch's PID is
+mapped, observed and patched, which a warm-up fetch checks). Reports per
 path the median over the rounds of: throughput at saturation (one
 connection, one fetch in flight), relayed bytes per mirrorguard CPU-second,
 and p50/p99 request latency at half of the direct path's saturated request
@@ -36,6 +37,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import e2e  # noqa: E402  (fetchbench runner, process helpers, CPU accounting)
+import harness  # noqa: E402  (e2e puts tests/integration on the path)
+from kafka_broker import KafkaCluster  # noqa: E402
 from e2e import HOST, Ports, Procs, leg, mirrorguard_config, port_open, ready_url, rotate  # noqa: E402
 
 
@@ -52,6 +55,7 @@ def main() -> int:
 
     work = Path(tempfile.mkdtemp(prefix="mg-relay-ab-"))
     procs = Procs(work)
+    stops: list = []
     ports = Ports()
     try:
         fx = ports.one()
@@ -62,6 +66,15 @@ def main() -> int:
         paths = [("direct", f"{HOST}:{fx}")]
         watch = {"fixture": fixture.pid}
         modes = args.modes.split(",")
+        state = None
+        if "region" in modes:
+            # Region mode keeps producer claims in a state cluster: a one-node Kafka
+            # 4.4 (also the destination: it lists the topic whose id keys them).
+            cluster = KafkaCluster(work / "kafka", nodes=1)
+            cluster.start()
+            stops.append(cluster.stop)
+            state = cluster.bootstrap.split(",")[0]
+            harness.create_topics(state, ["synth"], partitions=args.partitions)
         for mode in modes:
             for name, binary in (("base", args.base), ("new", args.new)):
                 name = name if mode == "plain" else f"{name}-{mode}"
@@ -71,8 +84,12 @@ def main() -> int:
                 if mode == "plain":
                     mirrorguard_config(cfg, admin, None, [target], [])
                 else:
-                    mirrorguard_config(cfg, admin, None, [],
+                    mirrorguard_config(cfg, admin, state, [],
                                        [dict(target, mode="region", cid="MkU3OEVBNTcwNTJENDM2Qg")])
+                    # A state topic per instance: sharing one, they would take the
+                    # partitions over from each other every round.
+                    text = cfg.read_text().replace("[state]\n", f'[state]\ntopic = "__mirror_state_{name}"\n', 1)
+                    cfg.write_text(text)
                 p = procs.start(name, [binary, "run", "--config", cfg],
                                 ready=ready_url(f"http://{HOST}:{admin}/readyz"))
                 watch[name] = p.pid
@@ -95,6 +112,8 @@ def main() -> int:
                 half[name].append(leg(name, addr, "synth", args.partitions, args.seconds, watch, rate=rate))
     finally:
         procs.stop_all()
+        for stop in stops:
+            stop()
 
     med = statistics.median
     d_mb = med(r["mb_per_s"] for r in sat["direct"])
