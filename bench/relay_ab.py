@@ -1,11 +1,16 @@
-"""Plain-listener relay, two mirrorguard builds side by side (BENCHMARKS.md
-"Cut-through relay").
+"""Relay through a plain listener and a region-mode mirror listener, two
+mirrorguard builds side by side (BENCHMARKS.md "Cut-through relay").
 
 Against the synthetic upstream fixture (examples/fetchbench.rs `upstream`,
-8 partitions x 64 x 16 KiB batches: 8 MiB Fetch v12 responses), runs the
-fetchbench load generator on three paths in interleaved rounds (the order
-rotates every round): `direct` (the fixture), `base` (a plain `[[listener]]`
-of the binary given by --base) and `new` (the same of --new). Reports per
+8 partitions x 64 x 16 KiB batches: 8 MiB Fetch v12 responses; its batches
+carry producer ids, 16 per partition, and new offsets every response), runs
+the fetchbench load generator on the paths in interleaved rounds (the order
+rotates every round): `direct` (the fixture), `base` and `new` (a plain
+`[[listener]]` of the binary given by --base, the same of --new) and, with
+`--modes region` (the default runs both), `base-region` and `new-region`
+(a `[[mirror]]` listener in pid_mode region, its claims in a one-node Kafka
+4.4 started for the run, a state topic per instance: every batch's PID is
+mapped, observed and patched, which a warm-up fetch checks). Reports per
 path the median over the rounds of: throughput at saturation (one
 connection, one fetch in flight), relayed bytes per mirrorguard CPU-second,
 and p50/p99 request latency at half of the direct path's saturated request
@@ -14,8 +19,10 @@ rate, with the latency each proxy adds over direct in the same round.
     cargo build --release --bin mirrorguard --example fetchbench
     .tools/venv/bin/python bench/relay_ab.py --base /tmp/mg-base-release \\
         --new target/release/mirrorguard --rounds 5 --seconds 3
+    # the region-mode mirror listener only:
+    .tools/venv/bin/python bench/relay_ab.py --base ... --new ... --modes region
 
-Bounded: rounds x 3 paths x 2 legs x `seconds`.
+Bounded: rounds x (1 + 2 x modes) paths x 2 legs x `seconds`.
 """
 
 from __future__ import annotations
@@ -30,6 +37,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import e2e  # noqa: E402  (fetchbench runner, process helpers, CPU accounting)
+import harness  # noqa: E402  (e2e puts tests/integration on the path)
+from kafka_broker import KafkaCluster  # noqa: E402
 from e2e import HOST, Ports, Procs, leg, mirrorguard_config, port_open, ready_url, rotate  # noqa: E402
 
 
@@ -41,10 +50,12 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--batches", type=int, default=64, help="16 KiB batches per partition in each response")
+    ap.add_argument("--modes", default="plain,region", help="listeners through which to relay: plain, region")
     args = ap.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="mg-relay-ab-"))
     procs = Procs(work)
+    stops: list = []
     ports = Ports()
     try:
         fx = ports.one()
@@ -54,18 +65,41 @@ def main() -> int:
                               ready=lambda: port_open(fx))
         paths = [("direct", f"{HOST}:{fx}")]
         watch = {"fixture": fixture.pid}
-        for name, binary in (("base", args.base), ("new", args.new)):
-            admin, port = ports.one(), ports.one()
-            cfg = work / f"{name}.toml"
-            mirrorguard_config(cfg, admin, None, [{"name": "plain", "port": port, "base": ports.base(0),
-                                                   "upstream": f"{HOST}:{fx}"}], [])
-            p = procs.start(name, [binary, "run", "--config", cfg], ready=ready_url(f"http://{HOST}:{admin}/readyz"))
-            watch[name] = p.pid
-            paths.append((name, f"{HOST}:{port}"))
-        for name, addr in paths:  # warm-up, and a CRC check of every path
+        modes = args.modes.split(",")
+        state = None
+        if "region" in modes:
+            # Region mode keeps producer claims in a state cluster: a one-node Kafka
+            # 4.4 (also the destination: it lists the topic whose id keys them).
+            cluster = KafkaCluster(work / "kafka", nodes=1)
+            cluster.start()
+            stops.append(cluster.stop)
+            state = cluster.bootstrap.split(",")[0]
+            harness.create_topics(state, ["synth"], partitions=args.partitions)
+        for mode in modes:
+            for name, binary in (("base", args.base), ("new", args.new)):
+                name = name if mode == "plain" else f"{name}-{mode}"
+                admin, port = ports.one(), ports.one()
+                cfg = work / f"{name}.toml"
+                target = {"name": mode, "port": port, "base": ports.base(0), "upstream": f"{HOST}:{fx}"}
+                if mode == "plain":
+                    mirrorguard_config(cfg, admin, None, [target], [])
+                else:
+                    mirrorguard_config(cfg, admin, state, [],
+                                       [dict(target, mode="region", cid="MkU3OEVBNTcwNTJENDM2Qg")])
+                    # A state topic per instance: sharing one, they would take the
+                    # partitions over from each other every round.
+                    text = cfg.read_text().replace("[state]\n", f'[state]\ntopic = "__mirror_state_{name}"\n', 1)
+                    cfg.write_text(text)
+                p = procs.start(name, [binary, "run", "--config", cfg],
+                                ready=ready_url(f"http://{HOST}:{admin}/readyz"))
+                watch[name] = p.pid
+                paths.append((name, f"{HOST}:{port}"))
+        for name, addr in paths:  # warm-up, and a CRC (and mapping) check of every path
             r = e2e.run_fetch(addr, "synth", args.partitions, 1.0, verify=True)
             if r["crc_errors"]:
                 raise RuntimeError(f"{name}: {r['crc_errors']} CRC errors")
+            if name.endswith("-region") and r["mapped_batches"] != r["batches"]:
+                raise RuntimeError(f"{name}: only {r['mapped_batches']}/{r['batches']} batches mapped")
         sat: dict[str, list[dict]] = {n: [] for n, _ in paths}
         for i in range(args.rounds):
             for name, addr in rotate(paths, i):
@@ -78,6 +112,8 @@ def main() -> int:
                 half[name].append(leg(name, addr, "synth", args.partitions, args.seconds, watch, rate=rate))
     finally:
         procs.stop_all()
+        for stop in stops:
+            stop()
 
     med = statistics.median
     d_mb = med(r["mb_per_s"] for r in sat["direct"])

@@ -14,7 +14,15 @@ the listener's ApiVersions (Fetch v15 through mirrorguard since the clamp: v16+
 responses carry KIP-951 NodeEndpoints and are held whole); the row's "fetch
 version" column is the highest FetchRequest version librdkafka logged.
 
+The "mirror" listener kind is a `[[mirror]]` listener in pid_mode region in front of
+the same broker as its source (also its state cluster, a fresh state topic per run, and
+its destination); its "fetch" row reads, with raw
+Fetch v4 after one warm-up fetch (a mirror holds its first response whole), frames of
+`mib` idempotent batches of 1 MiB each from one producer, so every batch's PID is
+mapped on the way (the row checks one). Only the "fetch" direction applies to it.
+
     .tools/venv/bin/python bench/rss.py                   # target/debug/mirrorguard
+    .tools/venv/bin/python bench/rss.py --kinds mirror --directions fetch --mib 32
     .tools/venv/bin/python bench/rss.py --binary /tmp/mg-main --mib 50 --rounds 3
     .tools/venv/bin/python bench/rss.py --directions consume --kinds plain
 
@@ -28,6 +36,7 @@ import argparse
 import logging
 import re
 import shutil
+import struct
 import sys
 import tempfile
 import time
@@ -93,8 +102,58 @@ node_port_base = {base}
 upstream_bootstrap = ["{upstream}"]
 """
             )
+    if kind == "mirror":
+        taken = {p.ports.bootstrap, p.ports.admin}
+        port = harness.free_port(taken)
+        taken.add(port)
+        base = harness.free_node_port_base(taken | set(range(p.ports.node_port_base, p.ports.node_port_base + 16)),
+                                           nodes=list(node_ids))
+        with open(p.config_path, "a") as f:
+            # Region mode needs a state cluster: the broker itself (a single-node
+            # bench cluster; it is the destination too, so topic ids are known).
+            f.write(
+                f"""
+[state]
+bootstrap = ["{upstream.split(",")[0]}"]
+topic = "__mirror_state_rss_{time.monotonic_ns()}"
+production = false
+allow_source_cluster = true
+
+[[mirror]]
+name = "mirror"
+bootstrap = "{HOST}:{port}"
+listen_host = "{HOST}"
+advertised_host = "{HOST}"
+node_port_base = {base}
+source_bootstrap = ["{upstream}"]
+pid_mode = "region"
+"""
+            )
+        port = base + list(node_ids)[0]
     p.start()
     return p, port
+
+
+def pid_batch(size: int, pid: int, seq: int) -> bytes:
+    """One idempotent batch of one record of about `size` bytes from producer `pid`."""
+    value = bytes(range(256)) * (size // 256)
+    b = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False,
+                                  producer_id=pid, producer_epoch=0, base_sequence=seq,
+                                  batch_size=size + 4096)
+    b.append(0, timestamp=None, key=None, value=value, headers=[])
+    return bytes(b.build())
+
+
+def mirror_fetch(port: int, topic: str, rounds: int, mib: int) -> None:
+    """Fetches `rounds` frames of `mib` 1 MiB batches through a mirror listener, and
+    checks that PIDs were mapped."""
+    with rawkafka.Connection(HOST, port, timeout=60) as c:
+        for i in range(rounds):
+            f = rawkafka.fetch_v4(c, topic, 0, i * mib, max_bytes=mib << 20)
+            assert f.error_code == 0 and f.records and len(f.records) >= (mib - 1) << 20, (
+                f"fetch through mirror: error {f.error_code}, {len(f.records or b'')} bytes")
+            (pid,) = struct.unpack_from(">q", f.records, 43)
+            assert pid != 7777, "PID not mapped by the region-mode mirror listener"
 
 
 def consume(port: int, topic: str, rounds: int, mib: int) -> int:
@@ -167,15 +226,31 @@ def main() -> int:
             for _ in range(args.rounds):
                 err, _ = rawkafka.produce_v3(c, topic, 0, records, acks=-1, timeout_ms=30000)
                 assert err == 0, f"direct produce failed: error {err}"
+        mirror_topic = harness.topic_name("rss-mirror")
+        if "mirror" in args.kinds.split(","):
+            harness.create_topics(cluster.bootstrap, [mirror_topic])
+            with rawkafka.Connection(host, int(kport), timeout=60) as c:
+                for seq in range(args.rounds * args.mib + 1):
+                    err, _ = rawkafka.produce_v3(c, mirror_topic, 0, pid_batch((1 << 20) - 8192, 7777, seq),
+                                                 acks=-1, timeout_ms=30000)
+                    assert err == 0, f"direct produce failed: error {err}"
         for kind in args.kinds.split(","):
             for direction in args.directions.split(","):
+                if kind == "mirror" and direction != "fetch":
+                    continue
                 p, port = start_proxy(work, args.binary, cluster.bootstrap, cluster.node_ids, kind)
                 try:
                     pid = p.proc.pid
+                    if kind == "mirror":
+                        # A mirror holds its first response whole (one 1 MiB batch here).
+                        with rawkafka.Connection(HOST, port, timeout=60) as c:
+                            rawkafka.fetch_v4(c, mirror_topic, 0, 0, max_bytes=64 << 10)
                     before = status_kib(pid, "VmHWM")
                     started = time.monotonic()
                     version = "v3" if direction == "produce" else "v4"
-                    if direction == "consume":
+                    if kind == "mirror":
+                        mirror_fetch(port, mirror_topic, args.rounds, args.mib)
+                    elif direction == "consume":
                         version = f"v{consume(port, topic, args.rounds, args.mib)}"
                     else:
                         with rawkafka.Connection(HOST, port, timeout=60) as c:

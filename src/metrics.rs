@@ -255,7 +255,8 @@ impl Metrics {
              updated in O(1)), aborted_txn_rewritten, barrier_seen, collision, \
              oversized_source_pid, corrupt_records, state_limit, take_over (a partition taken \
              over from another instance or at its first fetch here), stale_dropped (another \
-             instance took a partition served here over)",
+             instance took a partition served here over), response_streamed (a large Fetch \
+             response rewritten as it arrived)",
             mirror_events.clone(),
         );
         registry.register(

@@ -274,6 +274,28 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         }
     }
 
+    /// Takes the next piece of the frame being read piecewise: at most
+    /// `max` bytes, whatever is buffered, else what one read brings (at
+    /// most [`READ_CHUNK`]). The caller counts how much of the frame is
+    /// left and never asks past it. A stream that ends is `Truncated`
+    /// (`got`/`expected` count this piece only).
+    pub async fn read_piece(&mut self, max: usize) -> Result<BytesMut, FrameError> {
+        if self.buf.is_empty() && max > 0 {
+            let want = max.min(READ_CHUNK);
+            if self.buf.capacity() < want {
+                self.buf.reserve(want);
+            }
+            if self.inner.read_buf(&mut self.buf).await? == 0 {
+                return Err(FrameError::Truncated {
+                    got: 0,
+                    expected: max,
+                });
+            }
+        }
+        let n = max.min(self.buf.len());
+        Ok(self.buf.split_to(n))
+    }
+
     /// Reads the next frame, `total` bytes long, and discards it.
     pub async fn skip_frame(&mut self, total: usize) -> Result<(), FrameError> {
         match self

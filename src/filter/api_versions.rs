@@ -12,7 +12,9 @@
 //! ([`Filter::streams_at_most`]: the
 //! address rewrite for Fetch, whose v16+ responses it must hold whole):
 //! the maximum is lowered to that version too, unless another filter of
-//! the chain handles responses of that version anyway.
+//! the chain holds responses of that version anyway (a filter that
+//! streams them, [`Filter::streams_responses`]: the mirror fetch rewrite,
+//! does not count).
 //! [`Chain::new`](super::Chain::new)
 //! appends this filter to every chain, computed from the others.
 
@@ -58,7 +60,10 @@ impl ApiVersionsClamp {
                 let Some(v) = f.streams_at_most(*key) else {
                     continue;
                 };
-                if filters.iter().any(|g| g.handles(*key, v)) {
+                if filters
+                    .iter()
+                    .any(|g| g.handles(*key, v) && !g.streams_responses(*key, v))
+                {
                     continue;
                 }
                 match prefer.iter_mut().find(|(k, _)| k == key) {

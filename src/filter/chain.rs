@@ -7,7 +7,9 @@ use std::time::Duration;
 use bytes::BytesMut;
 
 use super::api_versions::ApiVersionsClamp;
-use super::{Filter, OfflineAnswer, RequestAction, RequestState, RewriteError, Rewritten};
+use super::{
+    Filter, OfflineAnswer, RequestAction, RequestState, ResponseStream, RewriteError, Rewritten,
+};
 use crate::codec::RequestHeader;
 
 /// The filters of one listener, shared by its connections.
@@ -79,6 +81,34 @@ impl Chain {
                     || !f.reads_request(h.api_key, h.api_version)
                     || f.passes_from_head(h, head, total)
             })
+    }
+
+    /// The streaming walker of the response to `h`, when one filter
+    /// rewrites it as it arrives and every other that handles it leaves it
+    /// untouched ([`Filter::response_stream`]); `None`: held whole (or, when
+    /// no filter handles it, relayed as it is).
+    pub fn response_stream(
+        &self,
+        h: &RequestHeader,
+        state: Option<&RequestState>,
+    ) -> Option<Box<crate::mirror::stream::FetchStream>> {
+        let mut walker = None;
+        for f in &self.filters {
+            if !f.handles(h.api_key, h.api_version) {
+                continue;
+            }
+            match f.response_stream(h, state) {
+                ResponseStream::Hold => return None,
+                ResponseStream::Untouched => {}
+                ResponseStream::Rewrite(w) => {
+                    if walker.is_some() {
+                        return None;
+                    }
+                    walker = Some(w);
+                }
+            }
+        }
+        walker
     }
 
     /// Whether some filter can answer requests of `api_key` without the

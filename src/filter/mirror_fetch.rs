@@ -7,13 +7,17 @@
 //! follows replaces them). A response whose rewrite must wait for something
 //! durable (a collision salt, producer claims, a replay) is held: the filter
 //! returns [`Rewritten::Blocked`] with the frame unchanged.
+//!
+//! Large responses whose length cannot change are not held at all: they
+//! are rewritten as they arrive ([`Filter::response_stream`], the walker of
+//! [`crate::mirror::stream`]), with the same result.
 
 use std::ops::RangeInclusive;
 use std::sync::Arc;
 
 use bytes::BytesMut;
 
-use super::{decoded_by_handlers, Filter, RequestState, RewriteError, Rewritten};
+use super::{decoded_by_handlers, Filter, RequestState, ResponseStream, RewriteError, Rewritten};
 use crate::codec::api;
 use crate::codec::RequestHeader;
 use crate::handlers::FetchTopic;
@@ -47,6 +51,30 @@ impl Filter for MirrorFetch {
 
     fn handles(&self, api_key: i16, _api_version: i16) -> bool {
         api_key == api::FETCH
+    }
+
+    fn streams_responses(&self, api_key: i16, _api_version: i16) -> bool {
+        api_key == api::FETCH
+    }
+
+    /// Streamed unless the response may need a length change: a seal plan
+    /// (controlled partitions, readers below a cut), any controlled
+    /// partition (a session's strays), or the mirror holding responses
+    /// until its topic ids are known (see [`crate::mirror::stream`]).
+    fn response_stream(&self, h: &RequestHeader, state: Option<&RequestState>) -> ResponseStream {
+        if state.is_some()
+            || self.mirror.lifecycle.controls()
+            || self
+                .mirror
+                .stream_hold
+                .load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return ResponseStream::Hold;
+        }
+        match crate::mirror::stream::FetchStream::new(self.mirror.clone(), h, self.fetcher) {
+            Some(w) => ResponseStream::Rewrite(Box::new(w)),
+            None => ResponseStream::Hold,
+        }
     }
 
     fn on_response(

@@ -85,6 +85,23 @@ pub trait Filter: Send + Sync {
         None
     }
 
+    /// Whether this filter can rewrite responses of `api_key` at
+    /// `api_version` as they arrive ([`response_stream`](Self::response_stream)
+    /// says so for the common case). The ApiVersions clamp does not count
+    /// such a filter as one that holds the responses anyway.
+    fn streams_responses(&self, _api_key: i16, _api_version: i16) -> bool {
+        false
+    }
+
+    /// For a response this filter handles, decided before it arrives (from
+    /// the request's `state`): whether the filter needs it whole (the
+    /// default), leaves it untouched, or rewrites it as it arrives with a
+    /// streaming walker. The chain streams a response only when one filter
+    /// streams it and every other that handles it leaves it untouched.
+    fn response_stream(&self, _h: &RequestHeader, _state: Option<&RequestState>) -> ResponseStream {
+        ResponseStream::Hold
+    }
+
     /// Whether [`on_request`](Self::on_request) reads the body of a request
     /// of `api_key` at `api_version`. When no filter of a chain does, the
     /// connection streams the request upstream as it arrives instead of
@@ -186,6 +203,17 @@ impl RequestState {
             _ => None,
         }
     }
+}
+
+/// How a filter treats a response before it arrives
+/// ([`Filter::response_stream`]).
+pub enum ResponseStream {
+    /// Held whole and passed to [`Filter::on_response`].
+    Hold,
+    /// `on_response` would return it unchanged: it may pass as it arrives.
+    Untouched,
+    /// Rewritten as it arrives by this walker (a mirror's Fetch response).
+    Rewrite(Box<crate::mirror::stream::FetchStream>),
 }
 
 /// What to do with a client request.

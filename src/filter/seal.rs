@@ -14,7 +14,10 @@ use std::sync::Arc;
 
 use bytes::BytesMut;
 
-use super::{decoded_by_handlers, Filter, RequestAction, RequestState, RewriteError, Rewritten};
+use super::{
+    decoded_by_handlers, Filter, RequestAction, RequestState, ResponseStream, RewriteError,
+    Rewritten,
+};
 use crate::codec::api;
 use crate::codec::RequestHeader;
 use crate::mirror::{seal_path, MirrorContext};
@@ -52,6 +55,20 @@ impl Filter for Seal {
     fn on_request(&self, h: &RequestHeader, frame: &[u8]) -> Result<RequestAction, RewriteError> {
         Ok(seal_path::plan_fetch(&self.mirror, h, frame, self.fetcher)?
             .unwrap_or_else(RequestAction::forward))
+    }
+
+    fn streams_responses(&self, api_key: i16, _api_version: i16) -> bool {
+        api_key == api::FETCH
+    }
+
+    /// Untouched without a plan while no partition is controlled (no stray
+    /// can come back); held otherwise.
+    fn response_stream(&self, _h: &RequestHeader, state: Option<&RequestState>) -> ResponseStream {
+        if state.is_none() && !self.mirror.lifecycle.controls() {
+            ResponseStream::Untouched
+        } else {
+            ResponseStream::Hold
+        }
     }
 
     fn on_response(

@@ -179,18 +179,36 @@ impl MirrorContext {
                 .map_err(|e| err(e.to_string()))?;
         let Some(pending) = pending else {
             if held.is_empty() {
+                // Every partition could have been streamed.
+                self.stream_hold
+                    .store(false, std::sync::atomic::Ordering::Relaxed);
                 return Ok(Rewritten::Ready(frame));
             }
             // Everything else is rewritten: answer the held partitions with
             // no records and look their topic ids up.
             return topic_lookup::hold_partitions(self, h, body_at, frame, &held);
         };
+        let wait = self.pending_wait(pending, h.api_version);
+        Ok(Rewritten::Blocked {
+            frame: Some(frame),
+            wait,
+        })
+    }
+}
+
+impl MirrorContext {
+    /// The work `pending` names, as one future (the store-and-forward path
+    /// blocks the response on it; the streamed path its current batch).
+    pub(crate) fn pending_wait(
+        self: &Arc<Self>,
+        pending: Pending,
+        version: i16,
+    ) -> BoxFuture<'static, Result<(), RewriteError>> {
         let salts = self.salts.clone();
         let mirror = self.clone();
         let servers = self.replay_servers();
         let max_frame = crate::config::DEFAULT_MAX_FRAME_BYTES as usize;
-        let version = h.api_version;
-        let wait: BoxFuture<'static, Result<(), RewriteError>> = Box::pin(async move {
+        Box::pin(async move {
             let what = match &pending {
                 Pending::Salts(_) => "collision salt not persisted",
                 Pending::TopicIds => "destination topic ids not read",
@@ -212,10 +230,6 @@ impl MirrorContext {
                 version,
                 message: format!("{what}: {message}"),
             })
-        });
-        Ok(Rewritten::Blocked {
-            frame: Some(frame),
-            wait,
         })
     }
 }

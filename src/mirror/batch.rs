@@ -51,14 +51,21 @@ pub(super) fn rewrite_partition_records(
     observe: bool,
     corrupt: &[usize],
 ) -> Result<(), MirrorError> {
-    // Collect headers first: the walk borrows the buffer immutably.
+    let step = BatchStep {
+        mirror,
+        source,
+        handle,
+        now,
+        forwarding,
+        observe,
+    };
+    let mut walk = PartitionWalk::default();
     let mut pos = 0;
-    let mut last_epoch = None;
     let result = loop {
         if pos >= records.len() {
             break Ok(());
         }
-        let header = match walk(&records[pos..]).next() {
+        let header = match walk_at(records, pos) {
             Some(Ok(Entry::V2(h))) => h,
             // A legacy (v0/v1) entry is forwarded untouched, but the v2
             // batches after it (a down-converted prefix, an old segment
@@ -69,24 +76,89 @@ pub(super) fn rewrite_partition_records(
             }
             Some(Ok(_)) | None => break Ok(()), // truncated tail: untouched
             Some(Err(e)) => {
-                mirror.metrics.corrupt.inc();
-                tracing::warn!(mirror = %mirror.name, partition = %handle.key(), position = pos, error = %e,
-                    "corrupt record batch in a Fetch response; forwarding the rest of the partition untouched");
+                step.corrupt_entry(pos, &e);
                 break Ok(());
             }
         };
         let start = pos;
         let end = pos + header.range.end;
         pos = end;
-        if observe && forwarding && last_epoch.is_none() {
+        let batch = &mut records[start..end];
+        if let Err(e) = step.batch(&mut walk, &header, batch, sink, corrupt.contains(&start)) {
+            break Err(e);
+        }
+    };
+    step.finish(&walk);
+    result
+}
+
+/// The first entry of `records[pos..]`.
+fn walk_at(records: &[u8], pos: usize) -> Option<Result<Entry, crate::records::BatchError>> {
+    records.get(pos..).and_then(|r| walk(r).next())
+}
+
+/// What one partition's walk carries from one batch to the next.
+#[derive(Default)]
+pub(super) struct PartitionWalk {
+    /// Leader epoch of the last batch processed (`None`: none yet).
+    last_epoch: Option<i32>,
+}
+
+/// The per-batch step of the fetch path, shared by the store-and-forward
+/// walk ([`rewrite_partition_records`]) and the streamed one
+/// ([`super::stream`]): one v2 batch observed and its PID patched in place.
+pub(super) struct BatchStep<'a> {
+    pub(super) mirror: &'a MirrorContext,
+    pub(super) source: &'a SourceIdentity,
+    pub(super) handle: &'a PartitionHandle,
+    pub(super) now: i64,
+    /// Whether the batch is forwarded (a replay forwards nothing).
+    pub(super) forwarding: bool,
+    /// Whether the shadow producer state follows it (the fetcher's).
+    pub(super) observe: bool,
+}
+
+impl BatchStep<'_> {
+    /// Counts and logs a corrupt entry at `position` of the partition's
+    /// records (the rest of the partition passes untouched).
+    pub(super) fn corrupt_entry(&self, position: usize, e: &crate::records::BatchError) {
+        self.mirror.metrics.corrupt.inc();
+        tracing::warn!(mirror = %self.mirror.name, partition = %self.handle.key(), position, error = %e,
+            "corrupt record batch in a Fetch response; forwarding the rest of the partition untouched");
+    }
+
+    /// Whether the sampled verification of the next batch is due (the
+    /// streamed walk then holds that batch whole; see `crc_verify_every`).
+    pub(super) fn sample_due(&self) -> bool {
+        let every = self.mirror.metrics.crc_verify_every;
+        every > 0 && self.mirror.metrics.batches.get() % every == 0
+    }
+
+    /// Observes one v2 batch and maps its PID in place. `batch` starts at
+    /// the batch's first byte and holds its header at least; it holds the
+    /// whole batch when it is a control batch (its first record is read)
+    /// and wherever the caller has it (the sampled check reads it only
+    /// then). `corrupt`: the batch was verified (it would have created
+    /// durable state) and its CRC-32C does not match.
+    pub(super) fn batch(
+        &self,
+        walk: &mut PartitionWalk,
+        header: &crate::records::BatchHeader,
+        batch: &mut [u8],
+        sink: &mut Vec<Anomaly>,
+        corrupt: bool,
+    ) -> Result<(), MirrorError> {
+        let (mirror, source, handle, now) = (self.mirror, self.source, self.handle, self.now);
+        let (observe, forwarding) = (self.observe, self.forwarding);
+        let whole = batch.len() >= header.size();
+        if observe && forwarding && walk.last_epoch.is_none() {
             // The destination fetcher asked for an offset within this first
             // batch: it appended everything below it.
             handle.with(|s| s.note_fetcher_position(header.base_offset));
         }
-        last_epoch = Some(header.partition_leader_epoch);
+        walk.last_epoch = Some(header.partition_leader_epoch);
         let seen = mirror.metrics.batches.inc();
-        let batch = &mut records[start..end];
-        if corrupt.contains(&start) {
+        if corrupt {
             // Phase 1 verified it (it would have started a producer or needed
             // a salt) and its CRC-32C does not match: it creates no state and
             // leaves byte for byte as it came, still corrupt, for the
@@ -95,13 +167,13 @@ pub(super) fn rewrite_partition_records(
             tracing::warn!(mirror = %mirror.name, partition = %handle.key(), offset = header.base_offset,
                 producer_id = header.producer_id,
                 "record batch with a bad CRC-32C would start a producer; forwarded as it came, no claim, no state");
-            continue;
+            return Ok(());
         }
         // Optional sampled verification (off by default): the rewrite below
         // keeps a corrupt batch corrupt without reading it, so this is only
         // a count for the operator; the destination verifies every batch.
         let every = mirror.metrics.crc_verify_every;
-        if every > 0 && seen % every == 0 && !crate::records::verify_crc(batch) {
+        if every > 0 && seen % every == 0 && whole && !crate::records::verify_crc(batch) {
             mirror.metrics.corrupt.inc();
             tracing::warn!(mirror = %mirror.name, partition = %handle.key(), offset = header.base_offset,
                 "record batch with a bad CRC-32C (sampled check); forwarded still corrupt");
@@ -129,9 +201,9 @@ pub(super) fn rewrite_partition_records(
                             _ => "?",
                         };
                         if observe {
-                            pass_barrier(mirror, handle, &header, from, now, sink);
+                            pass_barrier(mirror, handle, header, from, now, sink);
                         }
-                        continue;
+                        return Ok(());
                     }
                     (other, _) => ControlKind::Unknown(other.id()),
                 }),
@@ -147,9 +219,9 @@ pub(super) fn rewrite_partition_records(
                             offset = header.base_offset, error = %e,
                             "MIRROR_PID_RESET barrier with an unparseable value: expiring producer state anyway");
                         if observe {
-                            pass_barrier(mirror, handle, &header, "?", now, sink);
+                            pass_barrier(mirror, handle, header, "?", now, sink);
                         }
-                        continue;
+                        return Ok(());
                     }
                     Some(ControlKind::Unknown(-1))
                 }
@@ -159,7 +231,7 @@ pub(super) fn rewrite_partition_records(
         };
         let pid = header.producer_id;
         if pid == -1 {
-            continue;
+            return Ok(());
         }
         let origin = source.origin(pid);
         let mapped = if region_maps(mirror, pid) {
@@ -175,7 +247,7 @@ pub(super) fn rewrite_partition_records(
                 // then persists a salt first).
                 MappingLookup::Collision { mapped_pid, .. } if forwarding => {
                     mirror.metrics.collisions.inc();
-                    break Err(MirrorError::CollisionWhileForwarding {
+                    return Err(MirrorError::CollisionWhileForwarding {
                         key: handle.key().clone(),
                         origin,
                         mapped_pid,
@@ -212,14 +284,22 @@ pub(super) fn rewrite_partition_records(
                 .inc();
             tracing::warn!(mirror = %mirror.name, kind = a.kind().as_str(), "{a}");
         }
-        if mapped != pid && crate::records::rewrite_producer_id(batch, mapped) {
+        if mapped != pid
+            && crate::records::rewrite_producer_id_in_head(batch, header.size(), mapped)
+                == crate::records::RewriteOutcome::Rewritten
+        {
             mirror.metrics.rewritten.inc();
         }
-    };
-    if let (true, Some(epoch)) = (observe && forwarding, last_epoch) {
-        handle.with(|s| s.note_leader_epoch(epoch));
+        Ok(())
     }
-    result
+
+    /// Ends a partition's walk: the fetcher's leader epoch is noted from
+    /// its last batch.
+    pub(super) fn finish(&self, walk: &PartitionWalk) {
+        if let (true, Some(epoch)) = (self.observe && self.forwarding, walk.last_epoch) {
+            self.handle.with(|s| s.note_leader_epoch(epoch));
+        }
+    }
 }
 
 /// A MIRROR_PID_RESET barrier passes: expires the partition's producer
@@ -269,15 +349,16 @@ pub(super) fn pass_barrier(
     }
 }
 
-/// Rewrites the PIDs of `aborted_transactions` with the mapping the batches got.
+/// Rewrites the PIDs of `aborted_transactions` with the mapping the batches
+/// got; `aborted` are the body offsets of their ProducerId fields.
 pub(super) fn rewrite_aborted(
     mirror: &MirrorContext,
     source: &SourceIdentity,
     handle: &PartitionHandle,
     body: &mut [u8],
-    slice: &PartitionSlice,
+    aborted: &[usize],
 ) {
-    for &at in &slice.aborted {
+    for &at in aborted {
         let Some(dst) = body.get_mut(at..at + 8) else {
             continue;
         };

@@ -27,11 +27,16 @@
 //! collisions (two origins on one mapped PID: a salt is persisted), and
 //! producers seen for the first time (their claim on the mapped PID is
 //! persisted as one small type-6 record each, all of a response together). The response is held meanwhile;
-//! only then is it rewritten.
+//! only then is it rewritten. Large responses whose length cannot change
+//! are not held: [`stream`] rewrites them as they arrive with the same
+//! per-batch step, holding only the heads and the batches that wait for
+//! something durable.
 //!
 //! The files: `planner` (the phases as functions over the producer state
 //! that change nothing and return the [`Pending`] work), `batch` (the
-//! in-place rewriting of one partition's batches and aborted transactions),
+//! in-place rewriting of one partition's batches and aborted transactions;
+//! its per-batch step is shared by both paths), [`stream`] (the streamed
+//! path: a walker over a response as it arrives, and its relay),
 //! `adapters` (the I/O the planner's answers turn into: persisting claims
 //! and salts through the [`SaltStore`] port, replays, the blocked-response
 //! glue, what Metadata refreshes teach), `context` (a mirror's lookups:
@@ -53,6 +58,9 @@ mod adapters;
 mod batch;
 mod context;
 mod planner;
+pub mod stream;
+#[cfg(test)]
+mod stream_tests;
 
 pub(crate) use adapters::run_replays;
 pub use batch::map_with_salt;
@@ -62,7 +70,6 @@ use batch::rewrite_partition_records;
 pub use planner::rewrite_fetch_body;
 pub use planner::rewrite_fetch_body_as;
 pub use planner::rewrite_fetch_body_holding;
-use planner::PartitionSlice;
 pub use planner::Pending;
 pub use planner::PendingSalt;
 
@@ -210,6 +217,8 @@ pub struct MirrorMetrics {
     take_overs: Counter,
     /// Owned partitions dropped because another instance serves them now.
     stale_dropped: Counter,
+    /// Fetch responses relayed as they arrived ([`stream`]).
+    streamed: Counter,
     /// Partitions owned here (`mirrorguard_partitions_served`).
     served: Gauge,
     anomalies: Family<MirrorKindLabels, Counter>,
@@ -242,6 +251,7 @@ impl MirrorMetrics {
             held: m("held_unknown_topic"),
             take_overs: m("take_over"),
             stale_dropped: m("stale_dropped"),
+            streamed: m("response_streamed"),
             served: metrics
                 .partitions_served
                 .get_or_create(&crate::metrics::MirrorLabels {
@@ -308,6 +318,10 @@ pub struct MirrorContext {
     /// The destination high watermark gate of seals (`stopped_when =
     /// "destination_hw"`); unset: a seal completes on the fetcher's offset.
     dest_hw: OnceLock<Arc<dest_hw::DestinationHw>>,
+    /// Whether Fetch responses are held whole rather than streamed: at
+    /// start-up, and after a streamed one met a partition only a held one
+    /// can answer (see [`stream`]), until a held one needs no such answer.
+    pub(crate) stream_hold: std::sync::atomic::AtomicBool,
 }
 
 /// Seal metric handles of one mirror.

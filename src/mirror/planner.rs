@@ -171,38 +171,13 @@ pub fn rewrite_fetch_body_holding(
         let mut take_overs = Vec::new();
         let mut rechecks = Vec::new();
         for slice in &slices {
-            let handle = &slice.handle;
-            let owned = mirror.is_owned(&slice.key);
-            if owned && !mirror.salts.shared() {
-                continue;
-            }
             let Some(first) = first_offset(body, slice.records.clone()) else {
                 continue;
             };
-            if owned {
-                // A fetcher ahead of the state it was served from here: the
-                // partition may have been served elsewhere in between (a
-                // move away and back within one tail round), or the source
-                // has a gap (compaction). Reading the state settles it.
-                if mirror.is_warm(&slice.key)
-                    && first > handle.with(|s| s.next_offset())
-                    && !mirror.gap_checked(&slice.key, first)
-                {
-                    rechecks.push(handover::TakeOver {
-                        key: slice.key.clone(),
-                        from_offset: first,
-                    });
-                }
-                continue;
-            }
-            if mirror.salts.shared() {
-                take_overs.push(handover::TakeOver {
-                    key: slice.key.clone(),
-                    from_offset: first,
-                });
-            } else {
-                // No shared state: no other instance to hand over from.
-                mirror.mark_owned(&slice.key);
+            match ownership(mirror, &slice.key, &slice.handle, first) {
+                Ownership::Ready => {}
+                Ownership::TakeOver(t) => take_overs.push(t),
+                Ownership::Recheck(t) => rechecks.push(t),
             }
         }
         if !take_overs.is_empty() {
@@ -218,24 +193,13 @@ pub fn rewrite_fetch_body_holding(
     // range the state has not seen.
     let mut replays = Vec::new();
     for slice in &slices {
-        let handle = &slice.handle;
         if !fetcher || mirror.is_warm(&slice.key) {
             continue;
         }
         let Some(first) = first_offset(body, slice.records.clone()) else {
             continue;
         };
-        let next = handle.with(|s| s.next_offset());
-        match mirror.source_topic(&slice.key.topic) {
-            Some(source_topic) if next < first => replays.push(replay::ReplayJob {
-                key: slice.key.clone(),
-                source_topic,
-                partition: slice.key.partition,
-                from: next,
-                upto: first,
-            }),
-            _ => mirror.mark_warm(&slice.key),
-        }
+        replays.extend(replay_job(mirror, &slice.key, &slice.handle, first));
     }
     if !replays.is_empty() {
         return Ok(Some(Pending::Replay(replays)));
@@ -262,12 +226,6 @@ pub fn rewrite_fetch_body_holding(
             corrupt.push((i, scan.corrupt));
         }
         for origin in scan.colliding {
-            // The salt sequence is seeded by the destination topic id.
-            let Some(topic_id) = mirror.salts.topic_id(&slice.key.topic) else {
-                return Ok(Some(Pending::TopicIds));
-            };
-            let pid = origin.original_pid;
-            let map = |salt: i64| mirror.map(source, pid, salt);
             // Resolve against the state as it will be once the earlier
             // batches of this response are observed (their claims included).
             let earlier: Vec<(i64, Origin)> = scan
@@ -276,44 +234,10 @@ pub fn rewrite_fetch_body_holding(
                 .filter(|(_, o)| *o != origin)
                 .copied()
                 .collect();
-            let choice = handle.with(|state| {
-                let with_claims;
-                let state = if earlier.is_empty() {
-                    &*state
-                } else {
-                    let mut s = state.clone_for_lookup();
-                    for (mapped, o) in &earlier {
-                        s.claim(*mapped, *o, now);
-                    }
-                    with_claims = s;
-                    &with_claims
-                };
-                match state.lookup_mapping(&origin, &map) {
-                    MappingLookup::Ready { .. } => None,
-                    MappingLookup::Collision { .. } => Some(resolve_collision_for_topic(
-                        state,
-                        &topic_id,
-                        &origin,
-                        &map,
-                        DEFAULT_MAX_SALT_CANDIDATES,
-                    )),
-                }
-            });
-            match choice {
-                None => {}
-                Some(Ok(choice)) => {
-                    mirror.metrics.collisions.inc();
-                    tracing::warn!(mirror = %mirror.name, partition = %slice.key, %origin,
-                        holder = %choice.holder, salt = choice.salt, mapped_pid = choice.mapped_pid,
-                        "PID collision: two origins map to one PID; persisting a salt before forwarding");
-                    pending.push(PendingSalt {
-                        partition: slice.key.clone(),
-                        origin,
-                        choice,
-                        timestamp_ms: now,
-                    });
-                }
-                Some(Err(e)) => return Err(MirrorError::Collision(e)),
+            match salt_for(mirror, source, handle, origin, &earlier, now)? {
+                SaltNeed::None => {}
+                SaltNeed::TopicIds => return Ok(Some(Pending::TopicIds)),
+                SaltNeed::Salt(salt) => pending.push(salt),
             }
         }
         if !scan.claims.is_empty() {
@@ -358,10 +282,156 @@ pub fn rewrite_fetch_body_holding(
             )?;
         }
         if !slice.aborted.is_empty() && mirror.mode == PidMode::Region {
-            rewrite_aborted(mirror, source, handle, body, slice);
+            rewrite_aborted(mirror, source, handle, body, &slice.aborted);
         }
     }
     Ok(None)
+}
+
+/// Phase 0 for one partition of the fetcher's response whose first entry
+/// is at offset `first`.
+pub(super) enum Ownership {
+    /// Served here, nothing to read first.
+    Ready,
+    /// Not served here yet (or served elsewhere since): take it over.
+    TakeOver(handover::TakeOver),
+    /// Served here but the fetcher is past its state (a gap): read
+    /// `__mirror_state` again first.
+    Recheck(handover::TakeOver),
+}
+
+/// Whether the fetcher's partition `key`, first entry at `first`, must be
+/// taken over (or its state read again) before anything of it is forwarded.
+/// Marks it owned when there is no shared state to hand over from.
+pub(super) fn ownership(
+    mirror: &MirrorContext,
+    key: &PartitionKey,
+    handle: &PartitionHandle,
+    first: i64,
+) -> Ownership {
+    let owned = mirror.is_owned(key);
+    if owned && !mirror.salts.shared() {
+        return Ownership::Ready;
+    }
+    if owned {
+        // A fetcher ahead of the state it was served from here: the
+        // partition may have been served elsewhere in between (a move away
+        // and back within one tail round), or the source has a gap
+        // (compaction). Reading the state settles it.
+        if mirror.is_warm(key)
+            && first > handle.with(|s| s.next_offset())
+            && !mirror.gap_checked(key, first)
+        {
+            return Ownership::Recheck(handover::TakeOver {
+                key: key.clone(),
+                from_offset: first,
+            });
+        }
+        return Ownership::Ready;
+    }
+    if mirror.salts.shared() {
+        return Ownership::TakeOver(handover::TakeOver {
+            key: key.clone(),
+            from_offset: first,
+        });
+    }
+    // No shared state: no other instance to hand over from.
+    mirror.mark_owned(key);
+    Ownership::Ready
+}
+
+/// The source range the fetcher's partition `key` (not warm yet, first
+/// entry at `first`) must replay into its state before any of its batches
+/// is mapped, if any; marks it warm when there is none.
+pub(super) fn replay_job(
+    mirror: &MirrorContext,
+    key: &PartitionKey,
+    handle: &PartitionHandle,
+    first: i64,
+) -> Option<replay::ReplayJob> {
+    let next = handle.with(|s| s.next_offset());
+    match mirror.source_topic(&key.topic) {
+        Some(source_topic) if next < first => Some(replay::ReplayJob {
+            key: key.clone(),
+            source_topic,
+            partition: key.partition,
+            from: next,
+            upto: first,
+        }),
+        _ => {
+            mirror.mark_warm(key);
+            None
+        }
+    }
+}
+
+/// What a colliding origin needs before its batches leave.
+pub(super) enum SaltNeed {
+    /// No collision any more (resolved meanwhile).
+    None,
+    /// The destination topic id, which seeds the salt sequence.
+    TopicIds,
+    /// This salt persisted.
+    Salt(PendingSalt),
+}
+
+/// Resolves the collision of `origin` in `handle`'s partition against its
+/// state with the claims `earlier` added (batches of the same response
+/// before it, not observed yet); counts and logs a resolved one.
+pub(super) fn salt_for(
+    mirror: &MirrorContext,
+    source: &SourceIdentity,
+    handle: &PartitionHandle,
+    origin: Origin,
+    earlier: &[(i64, Origin)],
+    now: i64,
+) -> Result<SaltNeed, MirrorError> {
+    let key = handle.key();
+    // The salt sequence is seeded by the destination topic id.
+    let Some(topic_id) = mirror.salts.topic_id(&key.topic) else {
+        return Ok(SaltNeed::TopicIds);
+    };
+    let pid = origin.original_pid;
+    let map = |salt: i64| mirror.map(source, pid, salt);
+    let choice = handle.with(|state| {
+        let with_claims;
+        let state = if earlier.is_empty() {
+            &*state
+        } else {
+            let mut s = state.clone_for_lookup();
+            for (mapped, o) in earlier {
+                s.claim(*mapped, *o, now);
+            }
+            with_claims = s;
+            &with_claims
+        };
+        match state.lookup_mapping(&origin, &map) {
+            MappingLookup::Ready { .. } => None,
+            MappingLookup::Collision { .. } => Some(resolve_collision_for_topic(
+                state,
+                &topic_id,
+                &origin,
+                &map,
+                DEFAULT_MAX_SALT_CANDIDATES,
+            )),
+        }
+    });
+    match choice {
+        None => Ok(SaltNeed::None),
+        Some(Ok(choice)) => {
+            mirror.metrics.collisions.inc();
+            tracing::warn!(mirror = %mirror.name, partition = %key, %origin,
+                holder = %choice.holder, salt = choice.salt, mapped_pid = choice.mapped_pid,
+                "PID collision: two origins map to one PID; persisting a salt before forwarding");
+            Ok(SaltNeed::Salt(PendingSalt {
+                partition: key.clone(),
+                origin,
+                choice,
+                timestamp_ms: now,
+            }))
+        }
+        Some(Err(e)) => Err(MirrorError::Collision(e)),
+    }
 }
 
 /// What one scan of a partition's batches found (see phase 1).
@@ -379,6 +449,49 @@ pub(super) struct Scan {
     /// whose CRC-32C does not verify: they create none and leave as they
     /// came (phase 2).
     pub(super) corrupt: Vec<usize>,
+}
+
+/// What one batch would create before it may leave (header only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum BatchNeed {
+    /// Nothing durable.
+    Nothing,
+    /// Its origin collides with another on the mapped PID: a salt.
+    Salt(Origin),
+    /// Its producer is new to the partition: a claim on the mapped PID.
+    Claim(i64, Origin),
+}
+
+/// What batch `h` would need against `state`, from its header alone.
+pub(super) fn batch_need(
+    mirror: &MirrorContext,
+    source: &SourceIdentity,
+    state: &ps::PartitionState,
+    h: &crate::records::BatchHeader,
+) -> BatchNeed {
+    let pid = h.producer_id;
+    if pid == -1 {
+        return BatchNeed::Nothing;
+    }
+    let origin = source.origin(pid);
+    let mapped = if region_maps(mirror, pid) {
+        match state.lookup_mapping(&origin, &|salt| mirror.map(source, pid, salt)) {
+            MappingLookup::Ready { mapped_pid, .. } => mapped_pid,
+            MappingLookup::Collision { .. } => return BatchNeed::Salt(origin),
+        }
+    } else {
+        pid
+    };
+    // Markers do not start producers; data batches do. A batch below what
+    // the state has seen (a re-fetch) starts nothing again: its producer may
+    // be gone for a reason (a barrier after it).
+    if !h.is_control()
+        && h.last_offset() >= state.next_offset()
+        && state.holder_of(mapped).is_none()
+    {
+        return BatchNeed::Claim(mapped, origin);
+    }
+    BatchNeed::Nothing
 }
 
 /// Whether the batch `h` of `records` may create durable state: its CRC-32C
@@ -405,39 +518,32 @@ pub(super) fn scan_partition(
     state: &ps::PartitionState,
     records: &[u8],
 ) -> Scan {
-    let mut scan = Scan::default();
+    scan_partition_from(mirror, source, state, records, Scan::default())
+}
+
+/// [`scan_partition`] continuing `scan` (the streamed walk seeds it with the
+/// claims found earlier in the same partition of the response).
+pub(super) fn scan_partition_from(
+    mirror: &MirrorContext,
+    source: &SourceIdentity,
+    state: &ps::PartitionState,
+    records: &[u8],
+    mut scan: Scan,
+) -> Scan {
     for entry in walk(records) {
         let h = match entry {
             Ok(Entry::V2(h)) => h,
             Ok(Entry::Legacy { .. }) => continue, // v2 batches after it still count
             _ => break,
         };
-        let pid = h.producer_id;
-        if pid == -1 {
-            continue;
-        }
-        let origin = source.origin(pid);
-        let mapped = if region_maps(mirror, pid) {
-            match state.lookup_mapping(&origin, &|salt| mirror.map(source, pid, salt)) {
-                MappingLookup::Ready { mapped_pid, .. } => mapped_pid,
-                MappingLookup::Collision { .. } => {
-                    if !scan.colliding.contains(&origin) && verified(records, &h, &mut scan) {
-                        scan.colliding.push(origin);
-                    }
-                    continue;
+        match batch_need(mirror, source, state, &h) {
+            BatchNeed::Nothing => {}
+            BatchNeed::Salt(origin) => {
+                if !scan.colliding.contains(&origin) && verified(records, &h, &mut scan) {
+                    scan.colliding.push(origin);
                 }
             }
-        } else {
-            pid
-        };
-        // Markers do not start producers; data batches do. A batch below
-        // what the state has seen (a re-fetch) starts nothing again: its
-        // producer may be gone for a reason (a barrier after it).
-        if !h.is_control()
-            && h.last_offset() >= state.next_offset()
-            && state.holder_of(mapped).is_none()
-        {
-            match scan.claimed.get(&mapped) {
+            BatchNeed::Claim(mapped, origin) => match scan.claimed.get(&mapped) {
                 None => {
                     if verified(records, &h, &mut scan) {
                         scan.claimed.insert(mapped, origin);
@@ -452,7 +558,7 @@ pub(super) fn scan_partition(
                     }
                 }
                 Some(_) => {}
-            }
+            },
         }
     }
     scan

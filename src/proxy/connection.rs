@@ -26,13 +26,22 @@
 //! request state that no filter handles ([`Chain::wants`]) are forwarded as
 //! they arrive, in pieces of at most [`READ_CHUNK`] bytes, once their head
 //! (size, header, correlation id) has been read and checked; only frames of
-//! at most one piece, and the frames the chain rewrites, are held whole. So
+//! at most one piece, and the frames the chain rewrites (but see below), are
+//! held whole. So
 //! a plain or guard listener's Produce requests and Fetch responses (below
 //! v16, whose responses carry no addresses) cost one piece of memory
 //! whatever their size. Requests a mirror listener keeps for a local answer (Fetch,
 //! Metadata, ApiVersions: all small) are held whole; so are the responses
 //! to requests it keeps, because a local answer is only possible while
 //! nothing of the upstream's has reached the client.
+//!
+//! A mirror listener's Fetch responses are rewritten, yet large ones stream
+//! too: when one filter of the chain rewrites a response as it arrives and
+//! the others leave it alone ([`Chain::response_stream`]), the frame goes
+//! through that filter's walker ([`crate::mirror::stream`]), which holds
+//! back only what must change first. If the upstream fails before a byte of
+//! it reached the client, the request is still answered locally like a held
+//! one; after that the connection closes.
 //!
 //! A client that abandons a streamed request mid-frame has had part of it
 //! forwarded: the connection then ends, closing the upstream connection
@@ -938,6 +947,52 @@ async fn read_answer<R: AsyncRead + Unpin>(
     }
 }
 
+/// After a streamed response failed: the end of the connection, or, when
+/// the upstream failed before a byte reached the client and the request is
+/// kept for a local answer, that answer (the connection goes offline as on
+/// a held response). Once bytes went out the connection closes: the client
+/// never sees a short frame followed by another.
+async fn streamed_failure(
+    ctx: &ConnectionContext,
+    peer: SocketAddr,
+    mode: &Mode,
+    h: &RequestHeader,
+    entry: &InFlight,
+    failure: crate::mirror::stream::StreamFailure,
+) -> Result<BytesMut, ConnectionEnd> {
+    use crate::mirror::stream::StreamError;
+    match failure.error {
+        StreamError::Write(e) => Err(ConnectionEnd::ClientReset(format!(
+            "writing a response: {e}"
+        ))),
+        StreamError::Read(e) => {
+            let kind = if matches!(e, FrameError::Io(_) | FrameError::Truncated { .. }) {
+                "disconnect"
+            } else {
+                "protocol"
+            };
+            Metrics::count(&ctx.metrics.upstream_errors, &ctx.listener, kind);
+            let why = format!("reading upstream: {e}");
+            if failure.written > 0 || !entry.kept {
+                return Err(ConnectionEnd::UpstreamClosed(why));
+            }
+            mode.go_offline(ctx, peer, &why);
+            offline_frame(ctx, h, entry.request.as_ref(), entry.sent_at).await
+        }
+        StreamError::Rewrite(_) | StreamError::NotStreamable(_) => {
+            let kind = if matches!(failure.error, StreamError::NotStreamable(_)) {
+                "not_streamable"
+            } else {
+                "unparseable_response"
+            };
+            Metrics::count(&ctx.metrics.rewrite_errors, &ctx.listener, kind);
+            tracing::warn!(listener = %ctx.listener, error = %failure.error, written = failure.written,
+                "streamed Fetch response failed; closing the connection");
+            Err(ConnectionEnd::UpstreamProtocol(failure.error.to_string()))
+        }
+    }
+}
+
 /// The error for a response that does not answer the oldest request.
 fn correlation_mismatch(
     ctx: &ConnectionContext,
@@ -1044,8 +1099,16 @@ where
             continue;
         }
         // Streamed: nothing to rewrite, and no local answer to fall back on.
-        let streams =
-            (!entry.kept && entry.state.is_none() && !ctx.chain.wants(&h)).then_some(stream_above);
+        // A response the chain rewrites as it arrives (a mirror's Fetch)
+        // streams too, through its walker.
+        let mut walker = if !mode.is_offline() && ctx.chain.wants(&h) {
+            ctx.chain.response_stream(&h, entry.state.as_ref())
+        } else {
+            None
+        };
+        let streams = (walker.is_some()
+            || (!entry.kept && entry.state.is_none() && !ctx.chain.wants(&h)))
+        .then_some(stream_above);
         let read = if mode.is_offline() && entry.kept {
             Err(None)
         } else {
@@ -1095,27 +1158,47 @@ where
                 if id != Some(h.correlation_id) {
                     return correlation_mismatch(ctx, &h, id);
                 }
-                match reader.copy_frame(total, &mut client_wr, None, false).await {
-                    Ok(n) => {
-                        entry.metrics.bytes_out.inc_by(n as u64);
-                        entry
-                            .metrics
-                            .latency
-                            .observe(entry.sent_at.elapsed().as_secs_f64());
-                        continue;
+                if let Some(mut w) = walker.take() {
+                    w.start(total);
+                    match crate::mirror::stream::relay(*w, &mut reader, &mut client_wr).await {
+                        Ok(n) => {
+                            entry.metrics.bytes_out.inc_by(n as u64);
+                            entry
+                                .metrics
+                                .latency
+                                .observe(entry.sent_at.elapsed().as_secs_f64());
+                            continue;
+                        }
+                        Err(failure) => {
+                            match streamed_failure(ctx, peer, mode, &h, &entry, failure).await {
+                                Ok(f) => f,
+                                Err(end) => return end,
+                            }
+                        }
                     }
-                    Err(CopyError::Write(e)) => {
-                        return ConnectionEnd::ClientReset(format!("writing a response: {e}"))
-                    }
-                    Err(CopyError::Read(e)) => {
-                        let kind = if matches!(e, FrameError::Io(_) | FrameError::Truncated { .. })
-                        {
-                            "disconnect"
-                        } else {
-                            "protocol"
-                        };
-                        Metrics::count(&ctx.metrics.upstream_errors, &ctx.listener, kind);
-                        return ConnectionEnd::UpstreamClosed(format!("reading upstream: {e}"));
+                } else {
+                    match reader.copy_frame(total, &mut client_wr, None, false).await {
+                        Ok(n) => {
+                            entry.metrics.bytes_out.inc_by(n as u64);
+                            entry
+                                .metrics
+                                .latency
+                                .observe(entry.sent_at.elapsed().as_secs_f64());
+                            continue;
+                        }
+                        Err(CopyError::Write(e)) => {
+                            return ConnectionEnd::ClientReset(format!("writing a response: {e}"))
+                        }
+                        Err(CopyError::Read(e)) => {
+                            let kind =
+                                if matches!(e, FrameError::Io(_) | FrameError::Truncated { .. }) {
+                                    "disconnect"
+                                } else {
+                                    "protocol"
+                                };
+                            Metrics::count(&ctx.metrics.upstream_errors, &ctx.listener, kind);
+                            return ConnectionEnd::UpstreamClosed(format!("reading upstream: {e}"));
+                        }
                     }
                 }
             }

@@ -318,12 +318,23 @@ impl Iterator for BatchWalker<'_> {
 /// Decodes the entry starting at `pos`; `None` at the end of the buffer.
 pub(crate) fn next_entry(buf: &[u8], pos: usize) -> Option<Result<Entry, BatchError>> {
     let rest = buf.get(pos..)?;
-    if rest.is_empty() {
+    entry_at(rest, rest.len(), pos)
+}
+
+/// The entry at the start of `head`, the first bytes (at least 61, or all
+/// of them if fewer) of `rest_len` bytes of records: what [`walk`] would say
+/// of it over the whole records, for a streamed walk that has only the head.
+pub(crate) fn next_entry_sized(head: &[u8], rest_len: usize) -> Option<Result<Entry, BatchError>> {
+    entry_at(head, rest_len, 0)
+}
+
+fn entry_at(rest: &[u8], rest_len: usize, pos: usize) -> Option<Result<Entry, BatchError>> {
+    if rest_len == 0 {
         return None;
     }
     let truncated = || {
         Some(Ok(Entry::Truncated {
-            range: pos..buf.len(),
+            range: pos..pos + rest_len,
         }))
     };
     let Some(size) = super::read_i32(rest, 8) else {
@@ -357,7 +368,7 @@ pub(crate) fn next_entry(buf: &[u8], pos: usize) -> Option<Result<Entry, BatchEr
             min: RECORD_BATCH_OVERHEAD - LOG_OVERHEAD,
         }));
     }
-    if rest.len() < total {
+    if rest_len < total {
         return truncated();
     }
     let range = pos..pos + total;

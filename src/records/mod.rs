@@ -26,7 +26,7 @@ pub mod rewrite;
 pub use batch::{walk, BatchError, BatchHeader, BatchWalker, Compression, Entry};
 pub use rewrite::{
     rewrite_all, rewrite_all_verified, rewrite_producer_id, rewrite_producer_id_checked,
-    rewrite_producer_id_verified, RewriteOutcome, RewriteStats,
+    rewrite_producer_id_in_head, rewrite_producer_id_verified, RewriteOutcome, RewriteStats,
 };
 
 /// baseOffset (8) + batchLength (4): the bytes before the length-covered part.

@@ -52,6 +52,20 @@ pub fn rewrite_producer_id_checked(batch: &mut [u8], new_pid: i64) -> RewriteOut
     let Some(end) = declared_end(batch) else {
         return RewriteOutcome::NotV2Batch;
     };
+    rewrite_producer_id_in_head(batch, end, new_pid)
+}
+
+/// [`rewrite_producer_id_checked`] on the head of a batch only: `head` holds
+/// at least the 61-byte header, `end` is the batch's total length
+/// (`12 + batchLength`, at least 61) as the caller checked it against the
+/// records the batch sits in. The rest of the batch need not have arrived:
+/// the CRC delta depends only on the changed bytes and how many bytes follow
+/// them, which is how a streamed batch is patched before its payload is read.
+pub fn rewrite_producer_id_in_head(head: &mut [u8], end: usize, new_pid: i64) -> RewriteOutcome {
+    let batch = head;
+    if end < super::RECORD_BATCH_OVERHEAD || batch.len() < super::RECORD_BATCH_OVERHEAD {
+        return RewriteOutcome::NotV2Batch;
+    }
     if batch.get(MAGIC_OFFSET).copied() != Some(2) {
         return RewriteOutcome::NotV2Batch;
     }

@@ -206,3 +206,84 @@ def test_guard_streams_allowed_and_refuses_mirrored_large_produce(kafka_factory,
     with rawkafka.Connection(host, int(kport), timeout=30) as c:
         f = rawkafka.fetch_v4(c, guard_tests.LOCAL, 0, 0, max_bytes=4 * MIB)
     assert f.error_code == 0 and f.high_watermark == 1 and len(f.records) >= len(records)
+
+
+def _pid_batch(size: int, pid: int, seq: int) -> bytes:
+    """One idempotent batch of one record of about `size` bytes from producer `pid`."""
+    value = bytes(range(256)) * (size // 256)
+    b = DefaultRecordBatchBuilder(magic=2, compression_type=0, is_transactional=False,
+                                  producer_id=pid, producer_epoch=0, base_sequence=seq,
+                                  batch_size=size + 4096)
+    b.append(0, timestamp=None, key=None, value=value, headers=[])
+    return bytes(b.build())
+
+
+def _split_batches(records: bytes) -> list[bytes]:
+    out, at = [], 0
+    while at + 12 <= len(records):
+        (length,) = struct.unpack_from(">i", records, at + 8)
+        end = at + 12 + length
+        if end > len(records):
+            break  # a truncated trailing batch
+        out.append(records[at:end])
+        at = end
+    return out
+
+
+def test_mirror_listener_streams_large_region_fetches(kafka_factory, kafka1, mirror_factory):
+    """A mirror listener (region mode, claims durable in a state cluster) relays Fetch
+    responses of 24 batches of 1 MiB each from a Kafka 4.4 source as they arrive (a new
+    producer's first batch waits for its claim there): every
+    batch leaves with its PID mapped by the SPEC 2.1 formula and a valid CRC-32C, every
+    other byte as the source sent it, and the proxy's peak RSS does not grow with the
+    response (held whole, each response would add >= 24 MiB)."""
+    import crc32c
+    from mirror_harness import MirrorSpec, fold, map_pid
+
+    src = kafka_factory()
+    topic = harness.topic_name("stream-mirror")
+    harness.create_topics(src.bootstrap, [topic], config={"max.message.bytes": str(8 * MIB)})
+    harness.create_topics(kafka1.bootstrap, [topic])  # the destination topic (its id keys claims)
+    pid = 4242
+    host, kport = src.bootstrap.split(",")[0].rsplit(":", 1)
+    with rawkafka.Connection(host, int(kport), timeout=60) as c:
+        # A second producer starts halfway: its claim is made durable while streaming.
+        for i in range(2 * FRAME_MIB):
+            batch = _pid_batch(MIB - 8192, pid + i // FRAME_MIB, i % FRAME_MIB)
+            err, _ = rawkafka.produce_v3(c, topic, 0, batch, acks=-1, timeout_ms=30000)
+            assert err == 0, f"direct produce: error {err}"
+    mg = mirror_factory(kafka1.bootstrap, [MirrorSpec.of("big", src)])
+    spec = mg.mirrors["big"]
+    proc = mg.proc.pid
+    before = _vm_hwm_kib(proc)
+    via, direct = [], []
+    with rawkafka.Connection(HOST, spec.node_port, timeout=60) as c:
+        # The mirror holds its first response (its topic ids are then known) ...
+        first = rawkafka.fetch_v4(c, topic, 0, 0, max_bytes=64 * 1024)
+        assert first.error_code == 0, first.error_code
+        # ... and streams the large ones after it.
+        offset = 0
+        while offset < 2 * FRAME_MIB:
+            f = rawkafka.fetch_v4(c, topic, 0, offset, max_bytes=FRAME_MIB * MIB)
+            assert f.error_code == 0 and f.records, f.error_code
+            got = _split_batches(f.records)
+            via.extend(got)
+            offset += len(got)
+    with rawkafka.Connection(host, int(kport), timeout=60) as c:
+        offset = 0
+        while offset < 2 * FRAME_MIB:
+            f = rawkafka.fetch_v4(c, topic, 0, offset, max_bytes=FRAME_MIB * MIB)
+            got = _split_batches(f.records)
+            direct.extend(got)
+            offset += len(got)
+    grown = (_vm_hwm_kib(proc) - before) / 1024
+    assert len(via) == len(direct) == 2 * FRAME_MIB
+    for i, (v, d) in enumerate(zip(via, direct)):
+        mapped = map_pid(pid + i // FRAME_MIB, fold(src.cluster_id))
+        assert struct.unpack_from(">q", v, 43)[0] == mapped, f"batch {i}: PID not mapped"
+        assert v[:17] + v[21:43] + v[51:] == d[:17] + d[21:43] + d[51:], f"batch {i} differs"
+        assert struct.unpack_from(">I", v, 17)[0] == crc32c.crc32c(v[21:]), f"batch {i}: bad CRC"
+    assert grown < 8, f"peak RSS grew by {grown:.1f} MiB relaying {FRAME_MIB} MiB region-mode Fetch responses"
+    m = mg.metrics()
+    assert m.sum("mirrorguard_rewrite_errors_total") == 0
+    assert m.sum("mirrorguard_mirror_events_total", mirror="big", kind="response_streamed") >= 2
