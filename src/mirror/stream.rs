@@ -509,7 +509,20 @@ impl FetchStream {
                 let len = if flex {
                     (r.read_uvarint("FetchResponse.partitions.records")? as usize).saturating_sub(1)
                 } else {
-                    usize::try_from(r.read_i32("FetchResponse.partitions.records")?).unwrap_or(0)
+                    // -1 is null (no records); any other negative length is
+                    // malformed, as the held path's decoder says.
+                    let at = r.position();
+                    match r.read_i32("FetchResponse.partitions.records")? {
+                        -1 => 0,
+                        n => usize::try_from(n).map_err(|_| {
+                            crate::wire::WireError::InvalidLength {
+                                field: "FetchResponse.partitions.records",
+                                offset: at,
+                                len: i64::from(n),
+                                available: avail_buf.len().saturating_sub(at + 4),
+                            }
+                        })?,
+                    }
                 };
                 Ok((index, error, len))
             })();
