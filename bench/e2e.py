@@ -179,6 +179,8 @@ def mirrorguard_config(path: Path, admin: int, state: str | None, listeners: lis
             f'advertised_host = "{HOST}"\nnode_port_base = {l["base"]}\nupstream_bootstrap = ["{l["upstream"]}"]\n')
     for m in mirrors:
         cid = f'source_cluster_id = "{m["cid"]}"\n' if m.get("cid") else ""
+        if m.get("prefix"):
+            cid += f'destination_topic_prefix = "{m["prefix"]}"\n'
         out.append(
             f'[[mirror]]\nname = "{m["name"]}"\nbootstrap = "{HOST}:{m["port"]}"\nlisten_host = "{HOST}"\n'
             f'advertised_host = "{HOST}"\nnode_port_base = {m["base"]}\nsource_bootstrap = ["{m["upstream"]}"]\n'
@@ -275,7 +277,7 @@ def rotate(paths: list, i: int) -> list:
 
 
 def measure(title: str, paths: list, topic: str, partitions: int, watch: dict[str, int], cpu_keys: list[str],
-            args, *, base: str = "direct", mapped: tuple = ("region",)) -> dict:
+            args, *, base: str = "direct", mapped: tuple = ("region",), max_wait_ms: int = 0) -> dict:
     """One scenario: every path checked once (CRC-32C of every batch; the paths in `mapped`
     must have every batch's PID mapped), then at saturation (one connection, one fetch in
     flight) and at half of `base`'s saturated request rate, `args.repeat` rounds in rotating
@@ -283,7 +285,7 @@ def measure(title: str, paths: list, topic: str, partitions: int, watch: dict[st
     failed = {}
     for name, addr in list(paths):  # warm-up, so first-touch costs stay out of the figures
         try:
-            r = run_fetch(addr, topic, partitions, 1.0, verify=True)
+            r = run_fetch(addr, topic, partitions, 1.0, verify=True, max_wait_ms=max_wait_ms)
         except RuntimeError as e:
             if name == base:
                 raise
@@ -301,7 +303,7 @@ def measure(title: str, paths: list, topic: str, partitions: int, watch: dict[st
     rows = []
     for i in range(args.repeat):
         for name, addr in rotate(paths, i):
-            rows.append(leg(name, addr, topic, partitions, args.seconds, watch))
+            rows.append(leg(name, addr, topic, partitions, args.seconds, watch, max_wait_ms=max_wait_ms))
     sat = summarize(rows, "mirrorguard")
     for o in sat.values():
         o["mb_per_s_per_mg_core"] = o["mb_per_s"] / o["mg_cores"] if o["mg_cores"] > 0.01 else None
@@ -311,7 +313,7 @@ def measure(title: str, paths: list, topic: str, partitions: int, watch: dict[st
     rows = []
     for i in range(args.repeat):
         for name, addr in rotate(paths, i):
-            rows.append(leg(name, addr, topic, partitions, args.seconds, watch, rate=rate))
+            rows.append(leg(name, addr, topic, partitions, args.seconds, watch, rate=rate, max_wait_ms=max_wait_ms))
     half = summarize(rows, "mirrorguard")
     d = half[base]
     for o in half.values():
@@ -386,9 +388,16 @@ def main() -> int:
         # --- synthetic upstream fixture; its topic also exists on the
         # destination (Tansu, the state cluster): a mirror persists producer
         # claims per destination topic and refuses a topic it cannot record.
+        # Each mirror writes its own destination topics (`destination_topic_prefix`): two
+        # mirrors serving one destination partition would take it over from each other
+        # at every response (what the MirrorguardTakeOverPingPong alert is for).
+        dest_topics = [f"synth-{m}.synth" for m in ("preserve", "region")]
+        if not args.skip_tansu:
+            dest_topics += [f"{m}.{topic}" for m in ("preserve", "region")]
         admin_client = AdminClient({"bootstrap.servers": tansu.bootstrap})
-        admin_client.create_topics([NewTopic("synth", num_partitions=args.partitions,
-                                             replication_factor=1)])["synth"].result(10)
+        for t, fut in admin_client.create_topics([NewTopic(t, num_partitions=args.partitions, replication_factor=1)
+                                                  for t in dest_topics]).items():
+            fut.result(10)
         fx_port = ports.one()
         fixture = procs.start("fixture", [FB_BIN, "upstream", "--listen", f"{HOST}:{fx_port}", "--topic", "synth",
                                           "--partitions", str(args.partitions), "--batch-bytes", "16384",
@@ -405,7 +414,7 @@ def main() -> int:
         ]:
             node = harness.TANSU_NODE_ID if "synth" not in name else 0
             L[name] = {"name": name, "kind": kind, "port": ports.one(), "base": ports.base(node),
-                       "upstream": upstream, "mode": mode,
+                       "upstream": upstream, "mode": mode, "prefix": f"{name}." if mode else None,
                        "cid": "MkU3OEVBNTcwNTJENDM2Qg" if "synth" in name else None}
         cfg = work / "mirrorguard.toml"
         mirrorguard_config(cfg, admin, tansu.bootstrap,
@@ -439,7 +448,9 @@ def main() -> int:
                      ("tansu-proxy", f"{HOST}:{tp_port}")]
             results["tansu"] = measure("Tansu source", paths, topic, args.partitions,
                                        {"mirrorguard": mg.pid, "tansu": tansu.proc.pid, "tansu-proxy": tproxy.pid},
-                                       ["mirrorguard", "tansu", "tansu-proxy"], args)
+                                       ["mirrorguard", "tansu", "tansu-proxy"], args,
+                                       # Tansu answers MaxWaitMs 0 with no records at all.
+                                       max_wait_ms=100)
 
         if not args.skip_kafka:
             results["kafka"] = kafka_scenario(procs, ports, work, args)
@@ -477,9 +488,12 @@ def kafka_scenario(procs: Procs, ports: Ports, work: Path, args) -> dict:
                                                "--advertised-listener-url", f"tcp://{HOST}:{tp_port}",
                                                "--origin-url", f"tcp://{kafka.bootstrap}"],
                          ready=lambda: port_open(tp_port))
+    harness.create_topics(kafka.bootstrap, [f"{m}.{topic}" for m in ("preserve", "region")],
+                          partitions=args.partitions)  # each mirror's own destination topic
     admin = ports.one()
     L = {name: {"name": name, "port": ports.one(), "base": ports.base(node), "upstream": kafka.bootstrap,
-                "mode": mode} for name, mode in (("plain", None), ("preserve", "preserve"), ("region", "region"))}
+                "mode": mode, "prefix": f"{name}." if mode else None}
+         for name, mode in (("plain", None), ("preserve", "preserve"), ("region", "region"))}
     cfg = work / "mirrorguard-kafka.toml"
     mirrorguard_config(cfg, admin, kafka.bootstrap, [L["plain"]], [L["preserve"], L["region"]])
     mg = procs.start("mirrorguard-kafka", [MG_BIN, "run", "--config", cfg],
@@ -510,12 +524,9 @@ def tls_overhead(procs: Procs, ports: Ports, work: Path, args, state: str) -> di
     # The mirrored topic exists on the destination (the state cluster here): a mirror
     # holds partitions whose destination topic is not listed.
     admin = AdminClient({"bootstrap.servers": state})
-    fut = admin.create_topics([NewTopic("synth", num_partitions=args.partitions, replication_factor=1)])["synth"]
-    try:
+    for fut in admin.create_topics([NewTopic(f"region-{k}.synth", num_partitions=args.partitions,
+                                             replication_factor=1) for k in ("plain", "tls")]).values():
         fut.result(10)
-    except Exception as e:  # noqa: BLE001 - already there (an earlier scenario made it)
-        if "already exists" not in str(e).lower() and "TOPIC_ALREADY_EXISTS" not in str(e):
-            raise
     ca = CertAuthority(work / "pki", name="bench-ca")
     cert, key = ca.issue("bench")
     fx = {}
@@ -530,7 +541,8 @@ def tls_overhead(procs: Procs, ports: Ports, work: Path, args, state: str) -> di
     mirrors = []
     for kind in ("plain", "tls"):
         mirrors.append({"name": f"region-{kind}", "port": ports.one(), "base": ports.base(0),
-                        "upstream": f"{HOST}:{fx[kind][0]}", "mode": "region", "cid": "MkU3OEVBNTcwNTJENDM2Qg"})
+                        "upstream": f"{HOST}:{fx[kind][0]}", "mode": "region", "cid": "MkU3OEVBNTcwNTJENDM2Qg",
+                        "prefix": f"region-{kind}."})
     cfg = work / "mirrorguard-tls.toml"
     mirrorguard_config(cfg, admin, state, [], mirrors)
     with cfg.open("a") as f:  # the [[mirror]] written last is region-tls

@@ -215,7 +215,6 @@ struct Fixture {
     batches: i64,
     cluster_id: String,
     advertised: (String, i32),
-    generation: AtomicU64,
 }
 
 /// Pre-built responses by (version, partitions requested, producer variant).
@@ -360,7 +359,6 @@ fn upstream(args: &Args) {
         batches: batches as i64,
         cluster_id,
         advertised: (local.ip().to_string(), i32::from(local.port())),
-        generation: AtomicU64::new(0),
     });
     eprintln!(
         "synthetic upstream on {local}: {partitions} partitions, {batches} batches of {} B per \
@@ -403,13 +401,14 @@ fn upstream(args: &Args) {
                         let Ok(req) = FetchRequest::decode(&mut b, version) else {
                             return;
                         };
-                        let mut wanted: Vec<i32> = req
+                        let mut asked: Vec<(i32, i64)> = req
                             .topics
                             .iter()
                             .filter(|t| t.topic.0.as_str() == fx.topic)
-                            .flat_map(|t| t.partitions.iter().map(|p| p.partition))
+                            .flat_map(|t| t.partitions.iter().map(|p| (p.partition, p.fetch_offset)))
                             .collect();
-                        wanted.sort_unstable();
+                        asked.sort_unstable();
+                        let wanted: Vec<i32> = asked.iter().map(|(p, _)| *p).collect();
                         let key = (version, wanted, variant);
                         variant = (variant + 1) % fx.variants.len();
                         let entry = {
@@ -421,12 +420,16 @@ fn upstream(args: &Args) {
                                 .clone()
                         };
                         let mut pre = entry.lock().unwrap_or_else(|p| p.into_inner());
-                        let g = fx.generation.fetch_add(1, Ordering::Relaxed) as i64;
                         let Prebuilt { frame, batches } = &mut *pre;
                         frame[4..8].copy_from_slice(&corr.to_be_bytes());
+                        // Like a log: each partition's batches start at the offset
+                        // the fetcher asked for (a mirror checks that its fetcher's
+                        // position and what it is served agree).
                         for (i, &at) in batches.iter().enumerate() {
+                            let part = i / fx.batches as usize;
                             let slot = i as i64 % fx.batches;
-                            let off = (g * fx.batches + slot) * fx.records_per_batch;
+                            let from = asked.get(part).map_or(0, |(_, o)| (*o).max(0));
+                            let off = from + slot * fx.records_per_batch;
                             frame[at..at + 8].copy_from_slice(&off.to_be_bytes());
                         }
                         conn.write_all(frame).is_ok()
