@@ -59,6 +59,8 @@ mod batch;
 mod context;
 mod planner;
 pub mod stream;
+#[doc(hidden)]
+pub mod stream_check;
 #[cfg(test)]
 mod stream_tests;
 
