@@ -405,7 +405,9 @@ fn upstream(args: &Args) {
                             .topics
                             .iter()
                             .filter(|t| t.topic.0.as_str() == fx.topic)
-                            .flat_map(|t| t.partitions.iter().map(|p| (p.partition, p.fetch_offset)))
+                            .flat_map(|t| {
+                                t.partitions.iter().map(|p| (p.partition, p.fetch_offset))
+                            })
                             .collect();
                         asked.sort_unstable();
                         let wanted: Vec<i32> = asked.iter().map(|(p, _)| *p).collect();
