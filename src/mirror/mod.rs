@@ -326,6 +326,24 @@ pub struct MirrorContext {
     pub(crate) stream_hold: std::sync::atomic::AtomicBool,
 }
 
+/// A Fetch topic reference that outlives the frame it was read from (the
+/// seal path keeps the controlled partitions of a request; the streamed walk
+/// reuses one name buffer across the topics of a response).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum TopicRef {
+    Name(String),
+    Id([u8; 16]),
+}
+
+impl TopicRef {
+    pub(crate) fn as_fetch_topic(&self) -> crate::handlers::FetchTopic<'_> {
+        match self {
+            TopicRef::Name(n) => crate::handlers::FetchTopic::Name(n),
+            TopicRef::Id(id) => crate::handlers::FetchTopic::Id(*id),
+        }
+    }
+}
+
 /// Seal metric handles of one mirror.
 struct SealMetrics {
     aborts: Counter,

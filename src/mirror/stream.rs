@@ -145,21 +145,6 @@ enum Stage {
     Done,
 }
 
-/// The topic being walked (its name buffer is reused across topics).
-enum TopicRef {
-    Name(String),
-    Id([u8; 16]),
-}
-
-impl TopicRef {
-    fn as_fetch_topic(&self) -> FetchTopic<'_> {
-        match self {
-            TopicRef::Name(n) => FetchTopic::Name(n),
-            TopicRef::Id(id) => FetchTopic::Id(*id),
-        }
-    }
-}
-
 /// The partition being walked.
 struct Part {
     /// `None`: passed untouched (an error partition, no records).

@@ -61,21 +61,7 @@ pub use sessions::SessionMemory;
 /// Kafka's FETCH_SESSION_ID_NOT_FOUND: the fetcher starts a full fetch.
 const FETCH_SESSION_ID_NOT_FOUND: i16 = 70;
 
-/// A topic reference that outlives the request frame.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum TopicRef {
-    Name(String),
-    Id([u8; 16]),
-}
-
-impl TopicRef {
-    fn as_fetch_topic(&self) -> FetchTopic<'_> {
-        match self {
-            TopicRef::Name(n) => FetchTopic::Name(n),
-            TopicRef::Id(id) => FetchTopic::Id(*id),
-        }
-    }
-}
+use super::TopicRef;
 
 /// One controlled partition of a request.
 #[derive(Debug, Clone)]
