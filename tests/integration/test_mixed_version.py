@@ -39,7 +39,7 @@ from mirror_harness import (  # noqa: F401 - mirror_factory is a fixture
     send,
     transactional_producer,
 )
-from test_multi_instance import MIRROR, TAIL, _catch_up, _hw, _log, _sealed, _single_instance
+from test_multi_instance import MIRROR, TAIL, Brokers, _catch_up, _hw, _log, _sealed, _single_instance
 
 ROOT = harness.ROOT
 _script = (ROOT / "scripts" / "build-compat.sh").read_text()
@@ -117,21 +117,7 @@ def test_old_and_new_release_share_mirror_state(kafka1, kafka_dest_factory, mirr
     ip = idempotent_producer(kafka1.bootstrap)
     tp = transactional_producer(kafka1.bootstrap, f"txn-{topic}", **{"transaction.timeout.ms": 600000})
     via = {"old": mg_old.mirrors[MIRROR].bootstrap, "new": mg_new.mirrors[MIRROR].bootstrap}
-    n = iter(range(100))
-
-    def fetchers(assign: dict[str, list[int]]) -> dict:
-        out = {}
-        for broker, parts in assign.items():
-            if parts:
-                f = dest.mirror(f"{broker}-{next(n)}", via[broker], [(topic, p) for p in parts])
-                for p in parts:
-                    out[p] = f
-        return out
-
-    def move(current: dict, assign: dict[str, list[int]]) -> dict:
-        for f in {id(f): f for f in current.values()}.values():
-            f.stop()
-        return fetchers(assign)
+    brokers = Brokers(dest, topic, via)
 
     # The old instance serves partition 0, the new one partition 1; a transaction opens
     # on partition 0 while the old one serves it.
@@ -140,11 +126,11 @@ def test_old_and_new_release_share_mirror_state(kafka1, kafka_dest_factory, mirr
     tp.begin_transaction()
     tp.produce(topic, value=b"open-0", partition=0)
     assert tp.flush(20) == 0
-    fs = fetchers({"old": [0], "new": [1]})
+    fs = brokers.lead({"old": [0], "new": [1]})
     _catch_up(fs, topic, _hw(kafka1.bootstrap, topic))
 
     # Partition 0 moves to the new instance (a take-over from the old one's records).
-    fs = move(fs, {"new": [0, 1]})
+    fs = brokers.lead({"new": [0, 1]})
     send(ip, topic, [b"p0-new-%d" % i for i in range(2)], partition=0)
     tp.produce(topic, value=b"open-1", partition=0)
     assert tp.flush(20) == 0
@@ -152,7 +138,7 @@ def test_old_and_new_release_share_mirror_state(kafka1, kafka_dest_factory, mirr
     time.sleep(TAIL)
 
     # And back to the old instance, which must not serve it from the state it had.
-    fs = move(fs, {"old": [0], "new": [1]})
+    fs = brokers.lead({"old": [0], "new": [1]})
     send(ip, topic, [b"p0-old-%d" % i for i in range(2)], partition=0)
     send(ip, topic, [b"p1-new-%d" % i for i in range(2)], partition=1)
     _catch_up(fs, topic, _hw(kafka1.bootstrap, topic))
@@ -167,7 +153,7 @@ def test_old_and_new_release_share_mirror_state(kafka1, kafka_dest_factory, mirr
     _catch_up(fs, topic, hws, extra=seal)
     harness.wait_until(lambda: _sealed(mg_old, topic, [0]) and _sealed(mg_new, topic, [1]), 30,
                        interval=0.1, what="both partitions sealed")
-    move(fs, {})
+    brokers.lead({})
     mixed = {p: _log(dest, topic, p) for p in (0, 1)}
     st = mixed[0][1]
     assert [m["type"] for m in st["markers"]][-2:] == ["ABORT", "TYPE_7"], st["markers"]

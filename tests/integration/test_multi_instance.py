@@ -66,6 +66,29 @@ def _sealed(mg, topic: str, parts: list[int]) -> bool:
     return all((mg.partition(topic, p) or {}).get("state") == "STOPPED" for p in parts)
 
 
+class Brokers:
+    """The simulated destination brokers: which one leads which partition, one fetcher per
+    broker, each through its own instance."""
+
+    def __init__(self, dest, topic: str, via: dict[str, str]):
+        self.dest, self.topic, self.via = dest, topic, via
+        self.fetchers: dict[int, object] = {}
+        self.n = 0
+
+    def lead(self, assign: dict[str, list[int]]) -> dict:
+        """Moves leadership: every fetcher stops, the leaders' fetchers start from the log end."""
+        for f in {id(f): f for f in self.fetchers.values()}.values():
+            f.stop()
+        self.fetchers = {}
+        for broker, parts in assign.items():
+            if parts:
+                self.n += 1
+                f = self.dest.mirror(f"{broker}-{self.n}", self.via[broker], [(self.topic, p) for p in parts])
+                for p in parts:
+                    self.fetchers[p] = f
+        return self.fetchers
+
+
 def _single_instance(kafka1, mirror_factory, kafka_dest_factory, topic: str, hws: list[int],  # noqa: F811
                      seal: dict) -> dict:
     """The same source input mirrored by one instance and one fetcher, stopped at `hws`
@@ -99,22 +122,7 @@ def test_partitions_follow_leadership_moves_between_instances(kafka1, kafka_dest
     tp2 = transactional_producer(kafka1.bootstrap, f"txn2-{topic}", **{"transaction.timeout.ms": 600000})
 
     via = {"a": mg_a.mirrors[MIRROR].bootstrap, "b": mg_b.mirrors[MIRROR].bootstrap}
-    n = iter(range(100))
-
-    def fetchers(assign: dict[str, list[int]]) -> dict:
-        """One fetcher per simulated broker ('a' behind instance A, 'b' behind B)."""
-        out = {}
-        for broker, parts in assign.items():
-            if parts:
-                f = dest.mirror(f"{broker}-{next(n)}", via[broker], [(topic, p) for p in parts])
-                for p in parts:
-                    out[p] = f
-        return out
-
-    def move(current: dict, assign: dict[str, list[int]]) -> dict:
-        for f in {id(f): f for f in current.values()}.values():
-            f.stop()
-        return fetchers(assign)
+    brokers = Brokers(dest, topic, via)
 
     # Steady mirroring: partition 0 behind A, 1 behind B; a transaction opens on both.
     send(ip, topic, [b"p0-%d" % i for i in range(4)], partition=0)
@@ -123,12 +131,12 @@ def test_partitions_follow_leadership_moves_between_instances(kafka1, kafka_dest
     tp.produce(topic, value=b"t1-0", partition=0)
     tp.produce(topic, value=b"t1-1", partition=1)
     assert tp.flush(20) == 0
-    fs = fetchers({"a": [0], "b": [1]})
+    fs = brokers.lead({"a": [0], "b": [1]})
     _catch_up(fs, topic, _hw(kafka1.bootstrap, topic))
 
     # Partition 0 moves to B while the transaction is open; it commits there, and two
     # transactions open on partition 0 while B serves it, one of a producer A never saw.
-    fs = move(fs, {"b": [0, 1]})
+    fs = brokers.lead({"b": [0, 1]})
     send(ip, topic, [b"p0-b-%d" % i for i in range(3)], partition=0)
     tp.commit_transaction(20)
     tp.begin_transaction()
@@ -143,7 +151,7 @@ def test_partitions_follow_leadership_moves_between_instances(kafka1, kafka_dest
     # Partition 0 moves back to A, which served it before: its state there is stale. No
     # pause: A may not have read B's serving record yet (the fetcher's gap makes it read
     # the state before mapping anything).
-    fs = move(fs, {"a": [0], "b": [1]})
+    fs = brokers.lead({"a": [0], "b": [1]})
     send(ip, topic, [b"p0-a-%d" % i for i in range(2)], partition=0)
     send(ip, topic, [b"p1-b2-%d" % i for i in range(2)], partition=1)
     _catch_up(fs, topic, _hw(kafka1.bootstrap, topic))
@@ -151,7 +159,7 @@ def test_partitions_follow_leadership_moves_between_instances(kafka1, kafka_dest
 
     # B is killed while it serves partition 1; its leadership moves to A's broker.
     mg_b.kill9()
-    fs = move(fs, {"a": [0, 1]})
+    fs = brokers.lead({"a": [0, 1]})
     send(ip, topic, [b"p1-a-%d" % i for i in range(2)], partition=1)
     _catch_up(fs, topic, _hw(kafka1.bootstrap, topic))
     mg_b.start()
@@ -166,7 +174,7 @@ def test_partitions_follow_leadership_moves_between_instances(kafka1, kafka_dest
     assert status == 200, body
     harness.wait_until(lambda: _sealed(mg_a, topic, [0, 1]), 30, interval=0.1, what="A sealed both partitions")
     _catch_up(fs, topic, hws, extra={0: 3, 1: 1})
-    move(fs, {})
+    brokers.lead({})
     multi = {p: _log(dest, topic, p) for p in (0, 1)}
 
     # The same input through one instance and one fetcher.

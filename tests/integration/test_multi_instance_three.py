@@ -27,30 +27,7 @@ from mirror_harness import (  # noqa: F401 - mirror_factory is a fixture
     send,
     transactional_producer,
 )
-from test_multi_instance import MIRROR, TAIL, _catch_up, _hw, _log, _sealed, _single_instance
-
-
-class Brokers:
-    """The simulated destination brokers: which one leads which partition, one fetcher per
-    broker, each through its own instance."""
-
-    def __init__(self, dest, topic: str, via: dict[str, str]):
-        self.dest, self.topic, self.via = dest, topic, via
-        self.fetchers: dict[int, object] = {}
-        self.n = 0
-
-    def lead(self, assign: dict[str, list[int]]) -> dict:
-        """Moves leadership: every fetcher stops, the leaders' fetchers start from the log end."""
-        for f in {id(f): f for f in self.fetchers.values()}.values():
-            f.stop()
-        self.fetchers = {}
-        for broker, parts in assign.items():
-            if parts:
-                self.n += 1
-                f = self.dest.mirror(f"{broker}-{self.n}", self.via[broker], [(self.topic, p) for p in parts])
-                for p in parts:
-                    self.fetchers[p] = f
-        return self.fetchers
+from test_multi_instance import MIRROR, TAIL, Brokers, _catch_up, _hw, _log, _sealed, _single_instance
 
 
 def test_partitions_move_around_three_instances(kafka1, kafka_dest_factory, mirror_factory):  # noqa: F811
