@@ -21,7 +21,11 @@
 //! and none is refused, the connection streams the request as it arrives
 //! ([`partitions_in_head`], `Filter::passes_from_head`); a request with a
 //! refused partition, or whose headers lie further in, is held whole and
-//! split or answered as above. Of a streamed request the guard checks only
+//! split or answered as above. Held by design: what goes upstream is the
+//! request without its refused partitions, so its size prefix is known only
+//! once every partition header has been read, and the headers lie between
+//! the records; such a request is a misdirected producer's (refused on every
+//! retry), and memory for it is bounded by `max_frame_bytes`. Of a streamed request the guard checks only
 //! the part up to the last partition's records length; what follows (the
 //! records, trailing tagged fields) is validated by the broker alone, which
 //! refuses a malformed request as it would without the guard.
