@@ -36,7 +36,7 @@ cargo test
 
 step "cargo check of the fuzz targets (fuzz/; scripts/fuzz.sh runs them)"
 # The fuzz crate is outside the workspace: without this its targets rot unseen.
-CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/fuzz-check" cargo check --manifest-path fuzz/Cargo.toml --bins
+CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/fuzz-check" cargo check --locked --manifest-path fuzz/Cargo.toml --bins
 
 step "pytest tests/integration"
 # The integration tests run target/debug/mirrorguard unless MIRRORGUARD_BIN says otherwise.
