@@ -61,7 +61,8 @@ def _state(mg, topic: str) -> str | None:
 class Bed:
     """Three simulated destination brokers, each with its fetcher behind its own instance."""
 
-    def __init__(self, source, state_bootstrap: str, kafka_dest_factory, mirror_factory, name: str):  # noqa: F811
+    def __init__(self, source, state_bootstrap: str, kafka_dest_factory, mirror_factory, name: str,  # noqa: F811
+                 **fetcher_opts):
         self.topic = harness.topic_name(name)
         harness.create_topics(source.bootstrap, [self.topic])
         if state_bootstrap != source.bootstrap:
@@ -77,7 +78,7 @@ class Bed:
         for mg in self.mg.values():
             mg.wait_sources_known()
         self.fetcher = {b: self.dest.mirror(f"b{b}", self.mg[b].mirrors[MIRROR].bootstrap, [(self.topic, 0)],
-                                            broker=b) for b in BROKERS}
+                                            broker=b, **fetcher_opts) for b in BROKERS}
 
     def replicas(self) -> dict[int, dict]:
         return {int(k): v for k, v in self.dest.state(self.topic)["replicas"].items()}
@@ -338,3 +339,69 @@ def test_unreadable_destination_keeps_the_partition_stopping(kafka1, kafka_dest_
     assert "cannot read the destination's high watermark" in mg.log_text()
     f.stop()
     assert dest.state(topic)["log_end_offset"] == cut + 1
+
+
+def test_seal_waiting_for_the_high_watermark_survives_a_restart_with_the_source_hung(
+        kafka1, kafka_factory, kafka_dest_factory, mirror_factory):  # noqa: F811
+    """(e) The seal is appended by the leader but not replicated (the high watermark stays
+    below its end), the source hangs (SIGSTOP) and the leader's instance is killed (-9) and
+    restarted: the restarted instance reads its persisted seal, serves the fetcher that
+    re-fetches with a new session, stays STOPPING while the high watermark is below the seal's
+    end, and goes STOPPED once replication resumes; the log equals a single instance's."""
+    source = kafka_factory(name="src")
+    # Kafka's replica fetcher waits replica.socket.timeout.ms (30 s) for an answer; the
+    # restarted instance's first fetch to the hung source is answered locally after
+    # upstream_request_timeout_ms (10 s).
+    bed = Bed(source, kafka1.bootstrap, kafka_dest_factory, mirror_factory, "seal-restart",
+              request_timeout_ms=30000)
+    T = bed.topic
+    ip = idempotent_producer(source.bootstrap)
+    tp = transactional_producer(source.bootstrap, f"txn-{T}", **{"transaction.timeout.ms": 600000})
+    send(ip, T, [b"a-%d" % i for i in range(2)])
+    tp.begin_transaction()
+    tp.produce(T, value=b"open", partition=0)
+    assert tp.flush(20) == 0
+    send(ip, T, [b"b-0"])
+    cut = high_watermark(source.bootstrap, T)
+    bed.fetcher[1].catch_up(T, cut, timeout=30)
+    for b in (2, 3):
+        bed.wait_replicated(b, cut)
+        bed.dest.pause_replication(T, b)
+    bed.stop(through=2)
+    end = cut + 2  # one ABORT (the open transaction) and the barrier
+    bed.wait_leader_end(end)
+    bed.assert_waits(leader=1, end=end)
+
+    connects = bed.fetcher[1].report()["connects"]
+    source.nodes[0].pause()
+    try:
+        bed.mg[1].kill9()
+        bed.mg[1].start(timeout=60)
+        # The fetcher reconnects and re-fetches from its log end (a new fetch session):
+        # the restarted instance waits for the high watermark again, seal persisted.
+        t0 = time.monotonic()
+        harness.wait_until(lambda: (bed.mg[1].partition(T).get("destination_hw") or {})
+                           .get("high_watermark") is not None, 40, interval=0.1, what="high watermark read again")
+        waited = time.monotonic() - t0
+        bed.assert_waits(leader=1, end=end, seconds=1.5)
+        view = bed.mg[1].partition(T)
+        assert (view["state"], view["cut"], view["seal_batches"]) == ("STOPPING", cut, 2), view
+        assert bed.dest.state(T)["log_end_offset"] == end  # nothing but the seal was appended
+        for b in (2, 3):
+            bed.dest.pause_replication(T, b, paused=False)
+        view = bed.stopped_on()
+        assert (view["cut"], view["seal_batches"]) == (cut, 2), view
+        assert bed.fetcher[1].report()["connects"] > connects, "the fetcher reconnected to the new process"
+        assert waited < 30, f"the restarted instance answered the fetcher only after {waited:.1f} s"
+    finally:
+        source.nodes[0].resume()
+    for b in BROKERS:
+        bed.wait_replicated(b, end)
+        bed.fetcher[b].stop()
+    multi = _log(bed.dest, T)
+    assert [b["kind"] for b in multi[0][-2:]] == ["ABORT", "TYPE_7"], multi[0]
+    assert multi[1]["high_watermark"] == end, multi[1]
+    ref = Reference(source, kafka1.bootstrap, kafka_dest_factory, mirror_factory, T)
+    ref.mirror_to(cut)
+    assert multi == ref.seal(cut)
+    tp.abort_transaction(20)
