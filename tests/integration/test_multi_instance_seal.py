@@ -80,6 +80,21 @@ class Bed:
         self.fetcher = {b: self.dest.mirror(f"b{b}", self.mg[b].mirrors[MIRROR].bootstrap, [(self.topic, 0)],
                                             broker=b, **fetcher_opts) for b in BROKERS}
 
+    def mirror_an_open_transaction(self, source) -> tuple[int, object]:
+        """Two idempotent records, a transaction left open, one more record; broker 1's
+        fetcher mirrors them all. Returns the cut (the source's high watermark) and the
+        transactional producer."""
+        ip = idempotent_producer(source.bootstrap)
+        tp = transactional_producer(source.bootstrap, f"txn-{self.topic}", **{"transaction.timeout.ms": 600000})
+        send(ip, self.topic, [b"a-%d" % i for i in range(2)])
+        tp.begin_transaction()
+        tp.produce(self.topic, value=b"open", partition=0)
+        assert tp.flush(20) == 0
+        send(ip, self.topic, [b"b-0"])
+        cut = high_watermark(source.bootstrap, self.topic)
+        self.fetcher[1].catch_up(self.topic, cut, timeout=30)
+        return cut, tp
+
     def replicas(self) -> dict[int, dict]:
         return {int(k): v for k, v in self.dest.state(self.topic)["replicas"].items()}
 
@@ -265,15 +280,7 @@ def test_move_during_a_seal_with_the_source_killed(kafka1, kafka_factory, kafka_
     source = kafka_factory(name="src")
     bed = Bed(source, kafka1.bootstrap, kafka_dest_factory, mirror_factory, "seal-kill")
     T = bed.topic
-    ip = idempotent_producer(source.bootstrap)
-    tp = transactional_producer(source.bootstrap, f"txn-{T}", **{"transaction.timeout.ms": 600000})
-    send(ip, T, [b"a-%d" % i for i in range(2)])
-    tp.begin_transaction()
-    tp.produce(T, value=b"open", partition=0)
-    assert tp.flush(20) == 0
-    send(ip, T, [b"b-0"])
-    cut = high_watermark(source.bootstrap, T)
-    bed.fetcher[1].catch_up(T, cut, timeout=30)
+    cut, tp = bed.mirror_an_open_transaction(source)
     ref = Reference(source, kafka1.bootstrap, kafka_dest_factory, mirror_factory, T)
     ref.mirror_to(cut)
     for b in (2, 3):
@@ -355,15 +362,7 @@ def test_seal_waiting_for_the_high_watermark_survives_a_restart_with_the_source_
     bed = Bed(source, kafka1.bootstrap, kafka_dest_factory, mirror_factory, "seal-restart",
               request_timeout_ms=30000)
     T = bed.topic
-    ip = idempotent_producer(source.bootstrap)
-    tp = transactional_producer(source.bootstrap, f"txn-{T}", **{"transaction.timeout.ms": 600000})
-    send(ip, T, [b"a-%d" % i for i in range(2)])
-    tp.begin_transaction()
-    tp.produce(T, value=b"open", partition=0)
-    assert tp.flush(20) == 0
-    send(ip, T, [b"b-0"])
-    cut = high_watermark(source.bootstrap, T)
-    bed.fetcher[1].catch_up(T, cut, timeout=30)
+    cut, tp = bed.mirror_an_open_transaction(source)
     for b in (2, 3):
         bed.wait_replicated(b, cut)
         bed.dest.pause_replication(T, b)
