@@ -16,6 +16,13 @@ connection, one fetch in flight), relayed bytes per mirrorguard CPU-second,
 and p50/p99 request latency at half of the direct path's saturated request
 rate, with the latency each proxy adds over direct in the same round.
 
+`--floor` adds the floor relay (`fetchbench relay`: bytes copied both ways
+with read/write through a 256 KiB buffer, nothing parsed; `--floor splice`
+adds its splice(2) variant too): what any TCP relay costs on this machine,
+the bound mirrorguard is compared with. `--link-mbps M` paces the fixture's
+responses to M MB/s per connection (a source across a network link instead
+of in memory next to the fetcher).
+
     cargo build --release --bin mirrorguard --example fetchbench
     .tools/venv/bin/python bench/relay_ab.py --base /tmp/mg-base-release \\
         --new target/release/mirrorguard --rounds 5 --seconds 3
@@ -51,6 +58,9 @@ def main() -> int:
     ap.add_argument("--partitions", type=int, default=8)
     ap.add_argument("--batches", type=int, default=64, help="16 KiB batches per partition in each response")
     ap.add_argument("--modes", default="plain,region", help="listeners through which to relay: plain, region")
+    ap.add_argument("--floor", nargs="?", const="rw", default="",
+                    help="add the floor relay: 'rw' (read/write), 'splice' (both variants)")
+    ap.add_argument("--link-mbps", type=float, default=0.0, help="pace the fixture to this many MB/s per connection")
     args = ap.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="mg-relay-ab-"))
@@ -61,10 +71,18 @@ def main() -> int:
         fx = ports.one()
         fixture = procs.start("fixture", [e2e.FB_BIN, "upstream", "--listen", f"{HOST}:{fx}", "--topic", "synth",
                                           "--partitions", str(args.partitions), "--batch-bytes", "16384",
-                                          "--batches", str(args.batches), "--producers", "16"],
+                                          "--batches", str(args.batches), "--producers", "16",
+                                          "--link-mbps", str(args.link_mbps)],
                               ready=lambda: port_open(fx))
         paths = [("direct", f"{HOST}:{fx}")]
         watch = {"fixture": fixture.pid}
+        floors = {"rw": [("floor", [])], "splice": [("floor", []), ("floor-splice", ["--splice"])]}
+        for name, extra in floors.get(args.floor, []):
+            port = ports.one()
+            p = procs.start(name, [e2e.FB_BIN, "relay", "--listen", f"{HOST}:{port}", "--upstream", f"{HOST}:{fx}",
+                                   *extra], ready=lambda port=port: port_open(port))
+            watch[name] = p.pid
+            paths.append((name, f"{HOST}:{port}"))
         modes = args.modes.split(",")
         state = None
         if "region" in modes:
@@ -117,10 +135,11 @@ def main() -> int:
 
     med = statistics.median
     d_mb = med(r["mb_per_s"] for r in sat["direct"])
-    print(f"synthetic upstream, {args.partitions} partitions x {args.batches} x 16 KiB "
+    link = f", paced to {args.link_mbps:,.0f} MB/s" if args.link_mbps else ", memory speed"
+    print(f"synthetic upstream{link}, {args.partitions} partitions x {args.batches} x 16 KiB "
           f"({args.partitions * args.batches * 16 // 1024} MiB responses), 1 connection, "
           f"median of {args.rounds} interleaved rounds of {args.seconds:.0f} s")
-    print("\n| path | MB/s | % of direct | GB relayed per mirrorguard CPU-s | p50 us at half rate | "
+    print("\n| path | MB/s | % of direct | GB relayed per relay CPU-s | p50 us at half rate | "
           "p99 us at half rate | added p50 us | added p99 us |")
     print("|---|---|---|---|---|---|---|---|")
     for name, _ in paths:

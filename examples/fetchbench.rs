@@ -18,7 +18,18 @@
 //! CRC, so patching them is free), so producer-state tracking sees new
 //! batches every time and region mode rewrites every batch.
 //!
-//! Both take TLS options (`upstream --tls-cert C --tls-key K`, `fetch
+//! `fetchbench relay` is the *floor relay*: the least any TCP relay can do,
+//! to compare mirrorguard with. It accepts connections and copies bytes both
+//! ways, one blocking thread per direction, with `read`/`write` through a
+//! 256 KiB buffer, or with `--splice` through a pipe (`splice(2)`, Linux,
+//! no copy into user space). It parses nothing, so what it costs is the
+//! kernel's share of relaying: what no Kafka proxy can go below.
+//!
+//! `upstream --link-mbps M` paces each connection's responses to M MB/s (64
+//! KiB pieces on a schedule), a model of a source across a network link
+//! rather than in memory beside the fetcher.
+//!
+//! Both `upstream` and `fetch` take TLS options (`upstream --tls-cert C --tls-key K`, `fetch
 //! --tls-ca CA`) so the cost of TLS on the mirror path can be measured
 //! against the same path in plaintext.
 //!
@@ -92,7 +103,7 @@ fn usage() -> ! {
     eprintln!(
         "usage:\n  fetchbench upstream --listen HOST:PORT --topic T --partitions N \
          [--batch-bytes B] [--batches K] [--producers P] [--records-per-batch R] \
-         [--cluster-id ID] [--tls-cert C --tls-key K]\n  fetchbench fetch --addr HOST:PORT --topic T --partitions N \
+         [--cluster-id ID] [--link-mbps M] [--tls-cert C --tls-key K]\n  fetchbench relay --listen HOST:PORT --upstream HOST:PORT [--splice] [--buffer-kib K]\n  fetchbench fetch --addr HOST:PORT --topic T --partitions N \
          [--connections C] [--seconds S] [--max-mb M] [--rate REQ_PER_S_PER_CONN] \
          [--partition-max-bytes B] [--max-wait-ms W] [--verify-crc] [--tls-ca CA]"
     );
@@ -146,6 +157,7 @@ fn main() {
     let args = Args::parse(argv);
     match cmd.as_str() {
         "upstream" => upstream(&args),
+        "relay" => relay(&args),
         "fetch" => fetch(&args),
         "crc" => crc(&args),
         _ => usage(),
@@ -365,6 +377,8 @@ fn upstream(args: &Args) {
          partition per response, {producers} producers per partition ({nvariants} variants)",
         fx.variants[0].len() / batches
     );
+    // Bytes per second of each connection's link (0: memory speed).
+    let link_bps: f64 = args.num::<f64>("link-mbps", 0.0) * 1e6;
     let cache: Arc<Mutex<ResponseCache>> = Arc::default();
     for conn in socket.incoming() {
         let Ok(tcp) = conn else { continue };
@@ -382,6 +396,7 @@ fn upstream(args: &Args) {
             };
             let mut buf = Vec::new();
             let mut variant = 0usize;
+            let mut link = Link::new(link_bps);
             while let Ok(true) = read_frame(&mut conn, &mut buf) {
                 let mut b = bytes::Bytes::copy_from_slice(&buf[4..]);
                 let api = i16::from_be_bytes([buf[4], buf[5]]);
@@ -396,7 +411,7 @@ fn upstream(args: &Args) {
                     return;
                 }
                 let out_ok = match api {
-                    METADATA => conn.write_all(&fx.metadata(version, corr)).is_ok(),
+                    METADATA => link.send(&mut conn, &fx.metadata(version, corr)).is_ok(),
                     FETCH if (4..=12).contains(&version) => {
                         let Ok(req) = FetchRequest::decode(&mut b, version) else {
                             return;
@@ -434,7 +449,7 @@ fn upstream(args: &Args) {
                             let off = from + slot * fx.records_per_batch;
                             frame[at..at + 8].copy_from_slice(&off.to_be_bytes());
                         }
-                        conn.write_all(frame).is_ok()
+                        link.send(&mut conn, frame).is_ok()
                     }
                     _ => {
                         eprintln!("synthetic upstream: unsupported api {api} v{version}");
@@ -447,6 +462,162 @@ fn upstream(args: &Args) {
             }
         });
     }
+}
+
+/// A connection's link: writes paced to a byte rate, in 64 KiB pieces.
+struct Link {
+    bytes_per_s: f64,
+    /// When the link is free again (the last piece's end on the schedule).
+    free_at: Instant,
+}
+
+impl Link {
+    const PIECE: usize = 64 << 10;
+
+    fn new(bytes_per_s: f64) -> Self {
+        Self {
+            bytes_per_s,
+            free_at: Instant::now(),
+        }
+    }
+
+    fn send(&mut self, out: &mut impl Write, frame: &[u8]) -> std::io::Result<()> {
+        if self.bytes_per_s <= 0.0 {
+            return out.write_all(frame);
+        }
+        // An idle link starts now; a busy one continues its schedule.
+        self.free_at = self.free_at.max(Instant::now());
+        for piece in frame.chunks(Self::PIECE) {
+            let wait = self.free_at.saturating_duration_since(Instant::now());
+            if !wait.is_zero() {
+                std::thread::sleep(wait);
+            }
+            out.write_all(piece)?;
+            self.free_at += Duration::from_secs_f64(piece.len() as f64 / self.bytes_per_s);
+        }
+        Ok(())
+    }
+}
+
+// ---------------------------------------------------------------------------
+// floor relay
+
+fn relay(args: &Args) {
+    let listen = args.str("listen");
+    let upstream = args.str("upstream");
+    let splice = args.flag("splice");
+    let buffer = args.num::<usize>("buffer-kib", 256).max(1) << 10;
+    if splice && !cfg!(target_os = "linux") {
+        eprintln!("--splice needs Linux");
+        std::process::exit(2)
+    }
+    let socket = TcpListener::bind(&listen).expect("bind");
+    eprintln!(
+        "floor relay on {} to {upstream} ({})",
+        socket.local_addr().expect("addr"),
+        if splice { "splice" } else { "read/write" }
+    );
+    for conn in socket.incoming() {
+        let Ok(client) = conn else { continue };
+        let Ok(up) = TcpStream::connect(&upstream) else {
+            eprintln!("floor relay: cannot connect to {upstream}");
+            continue;
+        };
+        for s in [&client, &up] {
+            let _ = s.set_nodelay(true);
+        }
+        let (Ok(client2), Ok(up2)) = (client.try_clone(), up.try_clone()) else {
+            continue;
+        };
+        std::thread::spawn(move || copy_one_way(client, up, splice, buffer));
+        std::thread::spawn(move || copy_one_way(up2, client2, splice, buffer));
+    }
+}
+
+/// Copies `from` to `to` until end of stream, then half-closes `to`.
+fn copy_one_way(mut from: TcpStream, mut to: TcpStream, splice: bool, buffer: usize) {
+    #[cfg(target_os = "linux")]
+    if splice {
+        let _ = splice_one_way(&from, &to);
+        let _ = to.shutdown(std::net::Shutdown::Write);
+        return;
+    }
+    let _ = splice;
+    let mut buf = vec![0u8; buffer];
+    loop {
+        match from.read(&mut buf) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => {
+                if to.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+        }
+    }
+    let _ = to.shutdown(std::net::Shutdown::Write);
+}
+
+/// `from` to `to` through a 1 MiB pipe with splice(2): the bytes never
+/// enter user space.
+#[cfg(target_os = "linux")]
+fn splice_one_way(from: &TcpStream, to: &TcpStream) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let mut pipe = [0i32; 2];
+    // SAFETY: pipe() writes two descriptors into the array it is given.
+    if unsafe { libc::pipe(pipe.as_mut_ptr()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let (rd, wr) = (pipe[0], pipe[1]);
+    // SAFETY: fcntl on a descriptor this function owns; failure keeps 64 KiB.
+    unsafe { libc::fcntl(wr, libc::F_SETPIPE_SZ, 1 << 20) };
+    // Not SPLICE_F_MORE: it corks the socket (MSG_MORE), holding a
+    // response's tail back for up to 200 ms.
+    let flags = libc::SPLICE_F_MOVE;
+    let result = 'copy: loop {
+        // SAFETY: splice between descriptors alive for the whole loop
+        // (`from`, `to` borrowed; the pipe closed below).
+        let n = unsafe {
+            libc::splice(
+                from.as_raw_fd(),
+                std::ptr::null_mut(),
+                wr,
+                std::ptr::null_mut(),
+                1 << 20,
+                flags,
+            )
+        };
+        if n <= 0 {
+            break if n == 0 {
+                Ok(())
+            } else {
+                Err(std::io::Error::last_os_error())
+            };
+        }
+        let mut left = n as usize;
+        while left > 0 {
+            // SAFETY: as above.
+            let m = unsafe {
+                libc::splice(
+                    rd,
+                    std::ptr::null_mut(),
+                    to.as_raw_fd(),
+                    std::ptr::null_mut(),
+                    left,
+                    flags,
+                )
+            };
+            if m <= 0 {
+                break 'copy Err(std::io::Error::last_os_error());
+            }
+            left -= m as usize;
+        }
+    };
+    // SAFETY: closing the pipe this function opened, once.
+    unsafe {
+        libc::close(rd);
+        libc::close(wr);
+    }
+    result
 }
 
 // ---------------------------------------------------------------------------

@@ -109,16 +109,23 @@ pub fn frame_boundary(buf: &[u8], max_frame: usize) -> Result<Option<usize>, Fra
     Ok((buf.len() >= total).then_some(total))
 }
 
-/// Initial buffer, the most we reserve before bytes arrive, and the largest
-/// piece [`FrameReader::copy_frame`] holds.
-pub const READ_CHUNK: usize = 64 * 1024;
+/// The most we reserve before bytes arrive, and the largest piece
+/// [`FrameReader::copy_frame`] holds. 256 KiB: with 64 KiB pieces a relay
+/// made four times the syscalls and carried about a fifth less
+/// (BENCHMARKS.md, "Relay floor and read size").
+pub const READ_CHUNK: usize = 256 * 1024;
+
+/// A new reader's buffer: enough for the frames of an ordinary request or
+/// response; it grows towards [`READ_CHUNK`] only on a connection that
+/// carries large frames, so idle connections stay small.
+const INITIAL_BUFFER: usize = 16 * 1024;
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
     /// Wraps a stream; frames larger than `max_frame` bytes (after the size) are refused.
     pub fn new(inner: R, max_frame: usize) -> Self {
         Self {
             inner,
-            buf: BytesMut::with_capacity(READ_CHUNK),
+            buf: BytesMut::with_capacity(INITIAL_BUFFER),
             max_frame,
         }
     }

@@ -250,21 +250,6 @@ impl FetchStream {
         self.drained += n;
     }
 
-    /// Payload bytes that may pass without entering the buffer: the rest of
-    /// the current pass, when nothing is held and the buffer is drained.
-    pub fn passing(&self) -> usize {
-        match (self.stage, self.hold) {
-            (Stage::Pass(n), None) if self.cur == 0 => n,
-            _ => 0,
-        }
-    }
-
-    /// `n` bytes of the current pass went straight to the client.
-    pub fn passed(&mut self, n: usize) {
-        self.drained += n;
-        self.consume_pass(n);
-    }
-
     /// Frame bytes not received yet, given the buffer holds `buffered`.
     pub fn missing(&self, buffered: usize) -> usize {
         self.total.saturating_sub(self.drained + buffered)
@@ -890,20 +875,10 @@ where
                         written,
                     ));
                 }
-                let passing = walker.passing();
-                if buf.is_empty() && passing > 0 {
-                    // Payload: straight from the reader to the client.
-                    let piece = reader
-                        .read_piece(passing.min(READ_CHUNK))
-                        .await
-                        .map_err(|e| fail(StreamError::Read(e), written))?;
-                    out.write_all(&piece)
-                        .await
-                        .map_err(|e| fail(StreamError::Write(e), written))?;
-                    written += piece.len();
-                    walker.passed(piece.len());
-                    continue;
-                }
+                // As much of the frame as one read brings, even when the
+                // walker needs only the rest of a payload: the next batch
+                // heads are walked in the same pass and everything final
+                // leaves in one write (a write per read, not per batch).
                 let piece = reader
                     .read_piece(missing.min(READ_CHUNK))
                     .await
