@@ -212,6 +212,66 @@ def test_a_multi_instance_alert_that_never_fires_fails_its_rule_test(tmp_path):
     assert r.returncode != 0, explain(r)
 
 
+# The seal alerts: one for a seal that waits on the destination's high
+# watermark for too long, one for a seal planned with open transactions
+# possibly unknown; quiet for a seal that waits a few minutes.
+SEAL_RULE_TESTS = """
+rule_files: [{alerts}]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      # mg-a: one seal of mirror m waits on the destination for an hour.
+      - series: 'mirrorguard_seals_awaiting_destination_hw{{job="mirrorguard",instance="mg-a",mirror="m"}}'
+        values: '1x60'
+      # mg-b: a seal of mirror n waits 3 minutes, then completes.
+      - series: 'mirrorguard_seals_awaiting_destination_hw{{job="mirrorguard",instance="mg-b",mirror="n"}}'
+        values: '1 1 1 0x57'
+      # mg-b planned one seal without every closing past its cut, at minute 20.
+      - series: 'mirrorguard_seal_events_total{{job="mirrorguard",instance="mg-b",mirror="n",kind="open_at_cut_incomplete"}}'
+        values: '0x20 1x40'
+      - series: 'mirrorguard_seal_events_total{{job="mirrorguard",instance="mg-a",mirror="m",kind="seal_completed"}}'
+        values: '0 1x59'
+    alert_rule_test:
+      - eval_time: 5m
+        alertname: MirrorguardSealAwaitingDestinationHw
+        exp_alerts: []
+      - eval_time: 15m
+        alertname: MirrorguardSealAwaitingDestinationHw
+        exp_alerts:
+          - exp_labels: {{severity: warning, job: mirrorguard, instance: mg-a, mirror: m}}
+            exp_annotations:
+              summary: "1 seal(s) of mirror m on mg-a served whole but waiting 10 minutes for the destination's high watermark"
+              description: "The destination fetcher appended the seal, but the destination has not replicated it (an under-replicated partition, a follower down) or its high watermark cannot be read (seal_events_total{{kind=\\"destination_hw_read_error\\"}}). The partition stays STOPPING until the high watermark passes the seal's end; GET /v1/partitions shows destination_hw."
+      - eval_time: 10m
+        alertname: MirrorguardSealMayMissOpenTransactions
+        exp_alerts: []
+      - eval_time: 25m
+        alertname: MirrorguardSealMayMissOpenTransactions
+        exp_alerts:
+          - exp_labels: {{severity: warning, job: mirrorguard, instance: mg-b, mirror: n, kind: open_at_cut_incomplete}}
+            exp_annotations:
+              summary: "A seal of mirror n was planned without knowing every transaction open at its cut"
+              description: "Transaction closings past the cut were no longer known (see the WARN line naming the partition), so a transaction may be left open on the destination. After promotion run `mirrorguard ctl abort-open` for that partition."
+"""
+
+
+def test_seal_alerts_fire_on_a_stuck_or_incomplete_seal_only(tmp_path):
+    tests = tmp_path / "seal_test.yml"
+    tests.write_text(SEAL_RULE_TESTS.format(alerts=ALERTS))
+    r = run([PROMTOOL, "test", "rules", tests])
+    assert r.returncode == 0, explain(r)
+    assert "SUCCESS" in r.stdout + r.stderr, explain(r)
+
+
+def test_a_seal_alert_on_the_wrong_event_fails_its_rule_test(tmp_path):
+    bad = broken(tmp_path, ALERTS, 'kind="open_at_cut_incomplete"', 'kind="seal_completed"')
+    tests = tmp_path / "seal_test.yml"
+    tests.write_text(SEAL_RULE_TESTS.format(alerts=bad))
+    r = run([PROMTOOL, "test", "rules", tests])
+    assert r.returncode != 0, explain(r)
+
+
 def dashboard_rules(dashboard: Path, work: Path) -> Path:
     """The dashboard's queries as recording rules, so promtool parses each one."""
     panels = json.loads(dashboard.read_text())["panels"]
