@@ -192,10 +192,15 @@ tests:
 """
 
 
+def rule_test(tmp_path, tests: str, alerts: Path):
+    """`promtool test rules` of the rule tests `tests` against the alert rules `alerts`."""
+    f = tmp_path / "rule_test.yml"
+    f.write_text(tests.format(alerts=alerts))
+    return run([PROMTOOL, "test", "rules", f])
+
+
 def test_multi_instance_alerts_fire_on_churn_only(tmp_path):
-    tests = tmp_path / "multi_instance_test.yml"
-    tests.write_text(MULTI_INSTANCE_RULE_TESTS.format(alerts=ALERTS))
-    r = run([PROMTOOL, "test", "rules", tests])
+    r = rule_test(tmp_path, MULTI_INSTANCE_RULE_TESTS, ALERTS)
     assert r.returncode == 0, explain(r)
     assert "SUCCESS" in r.stdout + r.stderr, explain(r)
 
@@ -206,9 +211,7 @@ def test_a_multi_instance_alert_that_never_fires_fails_its_rule_test(tmp_path):
     bad = broken(tmp_path, ALERTS,
                  'increase(mirrorguard_mirror_events_total{kind="take_over"}[10m])) > 0',
                  'increase(mirrorguard_mirror_events_total{kind="no_such_kind"}[10m])) > 0')
-    tests = tmp_path / "multi_instance_test.yml"
-    tests.write_text(MULTI_INSTANCE_RULE_TESTS.format(alerts=bad))
-    r = run([PROMTOOL, "test", "rules", tests])
+    r = rule_test(tmp_path, MULTI_INSTANCE_RULE_TESTS, bad)
     assert r.returncode != 0, explain(r)
 
 
@@ -257,18 +260,14 @@ tests:
 
 
 def test_seal_alerts_fire_on_a_stuck_or_incomplete_seal_only(tmp_path):
-    tests = tmp_path / "seal_test.yml"
-    tests.write_text(SEAL_RULE_TESTS.format(alerts=ALERTS))
-    r = run([PROMTOOL, "test", "rules", tests])
+    r = rule_test(tmp_path, SEAL_RULE_TESTS, ALERTS)
     assert r.returncode == 0, explain(r)
     assert "SUCCESS" in r.stdout + r.stderr, explain(r)
 
 
 def test_a_seal_alert_on_the_wrong_event_fails_its_rule_test(tmp_path):
     bad = broken(tmp_path, ALERTS, 'kind="open_at_cut_incomplete"', 'kind="seal_completed"')
-    tests = tmp_path / "seal_test.yml"
-    tests.write_text(SEAL_RULE_TESTS.format(alerts=bad))
-    r = run([PROMTOOL, "test", "rules", tests])
+    r = rule_test(tmp_path, SEAL_RULE_TESTS, bad)
     assert r.returncode != 0, explain(r)
 
 
