@@ -118,6 +118,16 @@ pub(super) struct BatchStep<'a> {
     pub(super) observe: bool,
 }
 
+/// What [`BatchStep::batch`] did to the partition's producer state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum BatchEffect {
+    /// The batch was observed (or passed) as usual.
+    Observed,
+    /// A MIRROR_PID_RESET barrier expired the partition's producer state:
+    /// producers seen before it are new again after it.
+    StateReset,
+}
+
 impl BatchStep<'_> {
     /// Counts and logs a corrupt entry at `position` of the partition's
     /// records (the rest of the partition passes untouched).
@@ -147,7 +157,7 @@ impl BatchStep<'_> {
         batch: &mut [u8],
         sink: &mut Vec<Anomaly>,
         corrupt: bool,
-    ) -> Result<(), MirrorError> {
+    ) -> Result<BatchEffect, MirrorError> {
         let (mirror, source, handle, now) = (self.mirror, self.source, self.handle, self.now);
         let (observe, forwarding) = (self.observe, self.forwarding);
         let whole = batch.len() >= header.size();
@@ -167,7 +177,7 @@ impl BatchStep<'_> {
             tracing::warn!(mirror = %mirror.name, partition = %handle.key(), offset = header.base_offset,
                 producer_id = header.producer_id,
                 "record batch with a bad CRC-32C would start a producer; forwarded as it came, no claim, no state");
-            return Ok(());
+            return Ok(BatchEffect::Observed);
         }
         // Optional sampled verification (off by default): the rewrite below
         // keeps a corrupt batch corrupt without reading it, so this is only
@@ -200,10 +210,9 @@ impl BatchStep<'_> {
                             } => source_cluster_id,
                             _ => "?",
                         };
-                        if observe {
-                            pass_barrier(mirror, handle, header, from, now, sink);
-                        }
-                        return Ok(());
+                        return Ok(barrier_effect(
+                            observe && pass_barrier(mirror, handle, header, from, now, sink),
+                        ));
                     }
                     (other, _) => ControlKind::Unknown(other.id()),
                 }),
@@ -218,10 +227,9 @@ impl BatchStep<'_> {
                         tracing::warn!(mirror = %mirror.name, partition = %handle.key(),
                             offset = header.base_offset, error = %e,
                             "MIRROR_PID_RESET barrier with an unparseable value: expiring producer state anyway");
-                        if observe {
-                            pass_barrier(mirror, handle, header, "?", now, sink);
-                        }
-                        return Ok(());
+                        return Ok(barrier_effect(
+                            observe && pass_barrier(mirror, handle, header, "?", now, sink),
+                        ));
                     }
                     Some(ControlKind::Unknown(-1))
                 }
@@ -231,7 +239,7 @@ impl BatchStep<'_> {
         };
         let pid = header.producer_id;
         if pid == -1 {
-            return Ok(());
+            return Ok(BatchEffect::Observed);
         }
         let origin = source.origin(pid);
         let mapped = if region_maps(mirror, pid) {
@@ -290,7 +298,7 @@ impl BatchStep<'_> {
         {
             mirror.metrics.rewritten.inc();
         }
-        Ok(())
+        Ok(BatchEffect::Observed)
     }
 
     /// Ends a partition's walk: the fetcher's leader epoch is noted from
@@ -306,7 +314,8 @@ impl BatchStep<'_> {
 /// state through [`PartitionState::observe`](ps::PartitionState::observe),
 /// whose replay guard makes a re-fetch of a barrier already seen (a lost
 /// response, a reader starting at 0, a replay) change nothing: producers
-/// seen after the barrier keep their state.
+/// seen after the barrier keep their state. Returns whether the state was
+/// expired.
 pub(super) fn pass_barrier(
     mirror: &MirrorContext,
     handle: &PartitionHandle,
@@ -314,7 +323,7 @@ pub(super) fn pass_barrier(
     from: &str,
     now: i64,
     sink: &mut Vec<Anomaly>,
-) {
+) -> bool {
     let obs = BatchObservation {
         base_offset: header.base_offset,
         last_offset: header.last_offset(),
@@ -342,10 +351,20 @@ pub(super) fn pass_barrier(
         tracing::info!(mirror = %mirror.name, partition = %handle.key(),
             offset = header.base_offset, barrier_source = from, expired = before,
             "MIRROR_PID_RESET barrier passed: producer state expired");
+        true
     } else {
         tracing::debug!(mirror = %mirror.name, partition = %handle.key(),
             offset = header.base_offset, ?outcome,
             "MIRROR_PID_RESET barrier re-fetched: producer state already past it, left alone");
+        false
+    }
+}
+
+fn barrier_effect(reset: bool) -> BatchEffect {
+    if reset {
+        BatchEffect::StateReset
+    } else {
+        BatchEffect::Observed
     }
 }
 

@@ -52,8 +52,16 @@
 //! corrupt batch that would start a producer, here). The walker's outcome is
 //! the one the held path gives for the same bytes cut into responses at
 //! those batches, so it does not depend on where the source cut its
-//! responses. The proptests compare the two paths on responses without
-//! such look-ahead.
+//! responses (a barrier also ends what the walk remembers of the producers
+//! the response started). The proptests compare the two paths on responses
+//! without such look-ahead, and the walk of any response with the held path
+//! serving its entries one per response
+//! (`streamed_equals_held_one_entry_per_response`). Which one is right is
+//! settled for the walk: an outcome that depends on response boundaries
+//! (which the source chooses, and a re-fetch changes) cannot be the
+//! reference; the held path keeps its look-ahead only for the responses it
+//! must hold (the cases are corrupt batches, which the destination
+//! refuses anyway, and batches after a barrier inside one response).
 //!
 //! What is not streamed (decided before the response arrives, by the mirror
 //! fetch filter): responses whose length must change. Those are a seal's
@@ -75,7 +83,7 @@ use std::sync::atomic::Ordering;
 use bytes::BytesMut;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 
-use super::batch::{rewrite_aborted, BatchStep, PartitionWalk};
+use super::batch::{rewrite_aborted, BatchEffect, BatchStep, PartitionWalk};
 use super::planner::{
     batch_need, ownership, replay_job, salt_for, scan_partition_from, BatchNeed, Ownership,
     SaltNeed, Scan,
@@ -662,7 +670,11 @@ impl FetchStream {
             .batch(&mut walk, &header, batch, &mut sink, corrupt);
         self.sink = sink;
         self.part_mut().walk = walk;
-        res.map_err(|e| self.err(e.to_string()))?;
+        if res.map_err(|e| self.err(e.to_string()))? == BatchEffect::StateReset {
+            // Producers this response started before the barrier are new
+            // again after it, as they are to a response that starts there.
+            self.claimed.clear();
+        }
         if let (BatchNeed::Claim(mapped, origin), false) = (need, corrupt) {
             self.claimed.insert(mapped, origin);
         }
