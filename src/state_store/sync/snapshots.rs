@@ -26,15 +26,24 @@ pub(super) fn closings_tag(
     snap: &ps::PartitionSnapshot,
     max_bytes: usize,
 ) -> Option<Result<crate::state_store::schema::RawTaggedField, SyncError>> {
-    let c = snap.closings.as_ref()?;
+    encode_closings(snap.closings.as_ref()?, snap.producers.len(), max_bytes)
+}
+
+/// `c` as the tagged field of a snapshot record with `producers` producers,
+/// when the record stays below `max_bytes` with it.
+pub(super) fn encode_closings(
+    c: &ps::ClosingsSnapshot,
+    producers: usize,
+    max_bytes: usize,
+) -> Option<Result<crate::state_store::schema::RawTaggedField, SyncError>> {
     let size = 64usize
-        .saturating_add(snap.producers.len().saturating_mul(67))
+        .saturating_add(producers.saturating_mul(67))
         .saturating_add(c.closed.len().saturating_mul(55));
     if size > max_bytes {
         return None;
     }
     let value = crate::state_store::schema::SnapshotClosings {
-        fetcher_position: c.fetcher_position,
+        kept_from: c.kept_from,
         dropped_upto: c.dropped_upto,
         closings: c
             .closed
@@ -66,7 +75,7 @@ pub(super) fn closings_from(value: &MirrorProducerSnapshotValue) -> Option<ps::C
         }
     };
     Some(ps::ClosingsSnapshot {
-        fetcher_position: c.fetcher_position,
+        kept_from: c.kept_from,
         dropped_upto: c.dropped_upto,
         closed: c
             .closings
@@ -416,7 +425,7 @@ mod tests {
             marker_offset: 44,
         };
         let closings = ps::ClosingsSnapshot {
-            fetcher_position: 40,
+            kept_from: 40,
             dropped_upto: -1,
             closed: vec![txn],
         };
