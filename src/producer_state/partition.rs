@@ -1015,6 +1015,8 @@ mod tests {
             "{}",
             size_of::<ProducerEntry>()
         );
+        // README ("Limits for operators") quotes it for the closings kept.
+        assert!(size_of::<ClosedTransaction>() <= 64);
     }
 
     #[test]
