@@ -1216,6 +1216,44 @@ pid_mode = "preserve"
         assert!(err.contains("wildcard"), "{err}");
     }
 
+    /// The closings kept below the fetcher's position (issue 17): defaults,
+    /// and out-of-range values refused by name.
+    #[test]
+    fn closings_retention_is_read_and_checked() {
+        let text = r#"
+[admin]
+listen = "127.0.0.1:9644"
+
+[[mirror]]
+name = "a-to-b"
+bootstrap = "127.0.0.1:39092"
+node_port_base = 39100
+source_bootstrap = ["127.0.0.1:9093"]
+pid_mode = "preserve"
+"#;
+        let c = parse(text).unwrap();
+        assert_eq!(
+            c.mirrors[0].closings_retention(),
+            crate::producer_state::ClosingsRetention::default()
+        );
+        let set = format!("{text}closings_retained_offsets = 500\nclosings_retained_max = 7\n");
+        let r = parse(&set).unwrap().mirrors[0].closings_retention();
+        assert_eq!((r.offsets, r.max), (500, 7));
+        for (bad, field) in [
+            (
+                "closings_retained_offsets = -1",
+                "mirror[0].closings_retained_offsets",
+            ),
+            (
+                "closings_retained_max = 16385",
+                "mirror[0].closings_retained_max",
+            ),
+        ] {
+            let err = parse(&format!("{text}{bad}\n")).unwrap_err().to_string();
+            assert!(err.contains(field), "{err}");
+        }
+    }
+
     #[test]
     fn defaults_apply() {
         let c = parse(GOOD).unwrap();
