@@ -162,6 +162,35 @@ pub struct MirrorConfig {
     /// it (doubled up to 5 s while the destination cannot be read).
     #[serde(default = "default_destination_hw_poll_ms")]
     pub destination_hw_poll_ms: u64,
+    /// Transaction closings kept below the destination fetcher's position,
+    /// in offsets: a destination leader can lose records it appended but
+    /// did not replicate, and a seal planned again where its successor's log
+    /// ends needs the transactions their markers closed. A cut further back
+    /// than what is kept is reported (`open_at_cut_incomplete`).
+    #[serde(default = "default_closings_retained_offsets")]
+    pub closings_retained_offsets: i64,
+    /// Most transaction closings kept below the destination fetcher's
+    /// position per partition (the oldest go first; at most 16,384 in all).
+    #[serde(default = "default_closings_retained_max")]
+    pub closings_retained_max: usize,
+}
+
+impl MirrorConfig {
+    /// What the partitions of this mirror keep below the fetcher's position.
+    pub fn closings_retention(&self) -> crate::producer_state::ClosingsRetention {
+        crate::producer_state::ClosingsRetention {
+            offsets: self.closings_retained_offsets,
+            max: self.closings_retained_max,
+        }
+    }
+}
+
+fn default_closings_retained_offsets() -> i64 {
+    crate::producer_state::DEFAULT_CLOSINGS_RETAINED_OFFSETS
+}
+
+fn default_closings_retained_max() -> usize {
+    crate::producer_state::DEFAULT_CLOSINGS_RETAINED_MAX
 }
 
 /// When a sealing partition becomes STOPPED (`[[mirror]] stopped_when`).
@@ -848,6 +877,21 @@ impl Config {
                     ));
                 }
             }
+            if m.closings_retained_offsets < 0 {
+                return Err(invalid(
+                    format!("mirror[{i}].closings_retained_offsets"),
+                    "must not be negative".into(),
+                ));
+            }
+            if m.closings_retained_max > crate::producer_state::MAX_CLOSED_TRANSACTIONS {
+                return Err(invalid(
+                    format!("mirror[{i}].closings_retained_max"),
+                    format!(
+                        "at most {} (the bound of all closings a partition keeps)",
+                        crate::producer_state::MAX_CLOSED_TRANSACTIONS
+                    ),
+                ));
+            }
             if !(100..=600_000).contains(&m.upstream_request_timeout_ms) {
                 return Err(invalid(
                     format!("mirror[{i}].upstream_request_timeout_ms"),
@@ -1170,6 +1214,44 @@ pid_mode = "preserve"
         let err = parse(&wild).unwrap_err().to_string();
         assert!(err.contains("mirror[0].advertised_host"), "{err}");
         assert!(err.contains("wildcard"), "{err}");
+    }
+
+    /// The closings kept below the fetcher's position (issue 17): defaults,
+    /// and out-of-range values refused by name.
+    #[test]
+    fn closings_retention_is_read_and_checked() {
+        let text = r#"
+[admin]
+listen = "127.0.0.1:9644"
+
+[[mirror]]
+name = "a-to-b"
+bootstrap = "127.0.0.1:39092"
+node_port_base = 39100
+source_bootstrap = ["127.0.0.1:9093"]
+pid_mode = "preserve"
+"#;
+        let c = parse(text).unwrap();
+        assert_eq!(
+            c.mirrors[0].closings_retention(),
+            crate::producer_state::ClosingsRetention::default()
+        );
+        let set = format!("{text}closings_retained_offsets = 500\nclosings_retained_max = 7\n");
+        let r = parse(&set).unwrap().mirrors[0].closings_retention();
+        assert_eq!((r.offsets, r.max), (500, 7));
+        for (bad, field) in [
+            (
+                "closings_retained_offsets = -1",
+                "mirror[0].closings_retained_offsets",
+            ),
+            (
+                "closings_retained_max = 16385",
+                "mirror[0].closings_retained_max",
+            ),
+        ] {
+            let err = parse(&format!("{text}{bad}\n")).unwrap_err().to_string();
+            assert!(err.contains(field), "{err}");
+        }
     }
 
     #[test]

@@ -88,6 +88,8 @@ fn mirror_with(mode: PidMode, layout: LayoutConfig, limits: RegistryConfig) -> A
         stopped_when: Default::default(),
         destination_hw_bootstrap: Vec::new(),
         destination_hw_poll_ms: 500,
+        closings_retained_offsets: mirrorguard::producer_state::DEFAULT_CLOSINGS_RETAINED_OFFSETS,
+        closings_retained_max: mirrorguard::producer_state::DEFAULT_CLOSINGS_RETAINED_MAX,
     };
     let metrics = Metrics::new();
     let m = MirrorContext::new(

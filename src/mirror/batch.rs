@@ -164,7 +164,8 @@ impl BatchStep<'_> {
         if observe && forwarding && walk.last_epoch.is_none() {
             // The destination fetcher asked for an offset within this first
             // batch: it appended everything below it.
-            handle.with(|s| s.note_fetcher_position(header.base_offset));
+            let retention = mirror.closings_retention;
+            handle.with(|s| s.note_fetcher_position(header.base_offset, retention));
         }
         walk.last_epoch = Some(header.partition_leader_epoch);
         let seen = mirror.metrics.batches.inc();

@@ -221,6 +221,7 @@ impl MirrorContext {
             lookups: Default::default(),
             source_identity: Default::default(),
             dest_hw: OnceLock::new(),
+            closings_retention: cfg.closings_retention(),
             stream_hold: std::sync::atomic::AtomicBool::new(true),
         };
         if let Some(text) = &cfg.source_cluster_id {

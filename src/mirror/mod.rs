@@ -320,6 +320,9 @@ pub struct MirrorContext {
     /// The destination high watermark gate of seals (`stopped_when =
     /// "destination_hw"`); unset: a seal completes on the fetcher's offset.
     dest_hw: OnceLock<Arc<dest_hw::DestinationHw>>,
+    /// Transaction closings kept below the destination fetcher's position
+    /// (`[[mirror]] closings_retained_*`).
+    pub(crate) closings_retention: crate::producer_state::ClosingsRetention,
     /// Whether Fetch responses are held whole rather than streamed: at
     /// start-up, and after a streamed one met a partition only a held one
     /// can answer (see [`stream`]), until a held one needs no such answer.

@@ -84,10 +84,12 @@ pub struct OpenTransaction {
     pub origin: Origin,
 }
 
-/// A transaction closed by a COMMIT or ABORT marker at or above the
-/// destination fetcher's last known position: the fetcher may not have
-/// appended that marker yet (its response lost, or not fetched yet), so a
-/// cut taken below it must still see the transaction open.
+/// A transaction closed by a COMMIT or ABORT marker the destination may
+/// not hold: one at or above the destination fetcher's last known position
+/// (its response lost, or not fetched yet), or one below it that a
+/// destination leader can still lose (not yet replicated: a new leader
+/// truncates to its own log). A cut taken below the marker must still see
+/// the transaction open.
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Serialize, Deserialize)]
 pub struct ClosedTransaction {
     /// The transaction as it was before its marker (epoch of its batches).
@@ -120,18 +122,54 @@ pub struct OpenAtCut {
     pub closed_past_cut: usize,
     /// Closings at or above the cut may be unknown: dropped at the bound
     /// ([`MAX_CLOSED_TRANSACTIONS`]), lost with a restore from a snapshot
-    /// (which holds no closings) taken past the cut, or forgotten before the
-    /// fetcher's position moved back below them. Transactions they closed
-    /// are missing from `transactions`.
+    /// (which holds no closings) taken past the cut, or pruned below the
+    /// fetcher's position ([`ClosingsRetention`]) before the position moved
+    /// back below them. Transactions they closed are missing from
+    /// `transactions`.
     pub incomplete: bool,
 }
 
-/// Most closings remembered per partition past the destination fetcher's
-/// position (see [`ClosedTransaction`]). They are pruned as the fetcher
-/// moves, so the record holds about one Fetch response's markers; past the
-/// bound the oldest are dropped and a cut at or below them is reported as
+/// Most closings remembered per partition (see [`ClosedTransaction`]). They
+/// are pruned as the fetcher moves ([`ClosingsRetention`]); past the bound
+/// the oldest are dropped and a cut at or below them is reported as
 /// incomplete ([`OpenAtCut::incomplete`]), never silently.
 pub const MAX_CLOSED_TRANSACTIONS: usize = 16_384;
+
+/// Default of [`ClosingsRetention::offsets`].
+pub const DEFAULT_CLOSINGS_RETAINED_OFFSETS: i64 = 1_000_000;
+/// Default of [`ClosingsRetention::max`].
+pub const DEFAULT_CLOSINGS_RETAINED_MAX: usize = 1024;
+
+/// How many closings below the destination fetcher's position a partition
+/// keeps (`[[mirror]] closings_retained_offsets` and
+/// `closings_retained_max`).
+///
+/// The fetcher appended every offset below its position, but the
+/// destination leader it runs on may not have replicated them yet: when
+/// leadership moves, the new leader's log ends where its copy ended (never
+/// below the destination's high watermark) and the fetcher comes back there.
+/// A seal planned again at that offset needs the transactions closed by the
+/// markers it lost. The destination's high watermark is not read in steady
+/// state (a ListOffsets per partition), so closings are kept within a window
+/// below the position instead: those whose marker is at most `offsets`
+/// below it, and, of those, at most `max` (the oldest go first). A cut below
+/// a closing that was pruned is reported incomplete, never silently.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct ClosingsRetention {
+    /// Offsets below the fetcher's position within which closings are kept.
+    pub offsets: i64,
+    /// Most closings kept below the fetcher's position.
+    pub max: usize,
+}
+
+impl Default for ClosingsRetention {
+    fn default() -> Self {
+        Self {
+            offsets: DEFAULT_CLOSINGS_RETAINED_OFFSETS,
+            max: DEFAULT_CLOSINGS_RETAINED_MAX,
+        }
+    }
+}
 
 /// Capacity of the closings kept when they empty after a burst.
 const CLOSED_KEPT_CAPACITY: usize = 64;
@@ -165,19 +203,20 @@ pub struct PartitionState {
     /// (-1 before any): stamps a seal when the fetcher's request carries no
     /// LastFetchedEpoch (Fetch < v12).
     last_leader_epoch: i32,
-    /// Transactions closed at or above `fetcher_position`, in marker offset
-    /// order (markers are observed in offset order).
+    /// Transactions closed at or above `fetcher_position`, and those below
+    /// it still retained ([`ClosingsRetention`]), in marker offset order
+    /// (markers are observed in offset order).
     closed: VecDeque<ClosedTransaction>,
     /// Lower bound of the destination fetcher's position: it appended
     /// every offset below it. Moved only by the fetcher's own responses.
     fetcher_position: i64,
-    /// Highest offset below which closings at or above the fetcher's
-    /// position may be unknown (-1: none): a closing dropped at the bound,
-    /// the state restored from a snapshot (closings are not in it: markers
-    /// re-fetched below its `next_offset` are replays and never
-    /// remembered), or closings forgotten at a position the fetcher later
-    /// moved back from. Cleared once the fetcher's position passes it.
-    closed_dropped_upto: i64,
+    /// Every closing whose marker is at or above this offset is in
+    /// `closed`; below it some may be missing. Raised past each closing
+    /// forgotten (pruned below the fetcher's position, or dropped at the
+    /// bound) and to a restored snapshot's offset when the snapshot holds
+    /// no closings (markers re-fetched below its `next_offset` are replays
+    /// and never remembered). A cut below it is incomplete.
+    closed_known_from: i64,
 }
 
 impl PartitionState {
@@ -191,39 +230,38 @@ impl PartitionState {
             last_leader_epoch: -1,
             closed: VecDeque::new(),
             fetcher_position: 0,
-            closed_dropped_upto: -1,
+            closed_known_from: 0,
         }
     }
 
     /// Notes that the destination fetcher appended every offset below
     /// `offset` (its fetch offset, or the first batch of a response it
     /// fetched: that batch holds its fetch offset). Closings below it are
-    /// appended on the destination too and are forgotten. Only the
-    /// destination fetcher's fetches may call this: another reader's
-    /// position says nothing about the destination's log.
-    pub fn note_fetcher_position(&mut self, offset: i64) {
-        if offset < self.fetcher_position {
-            // The fetcher moved back (its log truncated, or a reader taken
-            // for it): closings below the old position were forgotten and
-            // come back as replays, never remembered again. A cut below the
-            // old position may miss them: say so rather than guess.
-            self.closed_dropped_upto = self.closed_dropped_upto.max(self.fetcher_position - 1);
-        }
+    /// appended on the destination, but its leader may still lose them
+    /// (not replicated yet): they are kept as `retention` says, and the
+    /// older ones forgotten. Only the destination fetcher's fetches may
+    /// call this: another reader's position says nothing about the
+    /// destination's log. O(closings forgotten); never allocates.
+    pub fn note_fetcher_position(&mut self, offset: i64, retention: ClosingsRetention) {
+        // A position that moved back (the destination's log truncated)
+        // needs nothing more: the closings kept are still facts, and those
+        // forgotten raised `closed_known_from` when they went.
         self.fetcher_position = offset;
-        while self
-            .closed
-            .front()
-            .is_some_and(|c| c.marker_offset < offset)
-        {
+        let floor = offset.saturating_sub(retention.offsets.max(0));
+        while let Some(c) = self.closed.front() {
+            let below = c.marker_offset < offset;
+            if !(c.marker_offset < floor || below && self.closed.len() > retention.max) {
+                break;
+            }
+            self.closed_known_from = self.closed_known_from.max(c.marker_offset + 1);
             self.closed.pop_front();
         }
-        if self.closed_dropped_upto < offset {
-            self.closed_dropped_upto = -1;
-        }
-        if self.closed.is_empty() && self.closed.capacity() > CLOSED_KEPT_CAPACITY {
-            // Give back the memory of a burst of markers, keeping a small
-            // buffer so that steady traffic does not reallocate.
-            self.closed.shrink_to(CLOSED_KEPT_CAPACITY);
+        let cap = self.closed.capacity();
+        if cap > CLOSED_KEPT_CAPACITY && self.closed.len() < cap / 4 {
+            // Give back the memory of a burst of markers, keeping a buffer
+            // so that steady traffic does not reallocate.
+            self.closed
+                .shrink_to((2 * self.closed.len()).max(CLOSED_KEPT_CAPACITY));
         }
     }
 
@@ -238,11 +276,12 @@ impl PartitionState {
             last_leader_epoch: self.last_leader_epoch,
             closed: VecDeque::new(),
             fetcher_position: self.fetcher_position,
-            closed_dropped_upto: self.closed_dropped_upto,
+            closed_known_from: self.closed_known_from,
         }
     }
 
-    /// Transactions closed past the fetcher's position still remembered.
+    /// Transactions closed past the fetcher's position, and those below it
+    /// still retained, in marker offset order.
     pub fn closed_transactions(&self) -> impl Iterator<Item = &ClosedTransaction> {
         self.closed.iter()
     }
@@ -251,7 +290,7 @@ impl PartitionState {
     /// will ever be appended).
     pub fn forget_closed(&mut self) {
         self.closed = VecDeque::new();
-        self.closed_dropped_upto = -1;
+        self.closed_known_from = 0;
     }
 
     /// The transactions open at destination offset `cut`, as the
@@ -286,25 +325,43 @@ impl PartitionState {
         }
         out.transactions
             .sort_unstable_by_key(|t| (t.txn.first_offset, t.txn.mapped_pid));
-        out.incomplete = self.closed_dropped_upto >= cut;
+        out.incomplete = cut < self.closed_known_from;
         out
     }
 
-    /// Remembers a closing past the fetcher's position (bounded).
-    fn remember_closed(&mut self, closed: ClosedTransaction) {
-        if closed.marker_offset < self.fetcher_position {
-            return;
+    /// The closings a seal at `cut` keeps with its snapshot (which holds the
+    /// transactions open at the cut, at offset `cut`): those below the cut,
+    /// so that the seal planned again further back (a new destination
+    /// leader that truncated), after a restart or by another instance,
+    /// still finds the transactions they closed. `None` when this state has
+    /// not seen up to the cut (restored from an older record, say): it then
+    /// cannot say what was closed below it.
+    pub fn closings_at_cut(&self, cut: i64) -> Option<ClosingsSnapshot> {
+        if self.next_offset < cut {
+            return None;
         }
+        let below = self.closed.partition_point(|c| c.marker_offset < cut);
+        Some(ClosingsSnapshot {
+            kept_from: self.fetcher_position.min(self.closed_known_from).min(cut),
+            dropped_upto: self.closed_known_from - 1,
+            closed: self.closed.range(..below).copied().collect(),
+        })
+    }
+
+    /// Remembers a closing (bounded).
+    fn remember_closed(&mut self, closed: ClosedTransaction) {
         if self.closed.len() >= MAX_CLOSED_TRANSACTIONS {
             if let Some(old) = self.closed.pop_front() {
-                if self.closed_dropped_upto < 0 {
+                if old.marker_offset >= self.fetcher_position
+                    && self.closed_known_from <= self.fetcher_position
+                {
                     tracing::warn!(partition = %self.key, marker_offset = old.marker_offset,
                         fetcher_position = self.fetcher_position, bound = MAX_CLOSED_TRANSACTIONS,
                         "too many transaction closings past the destination fetcher's position: \
                          the oldest are forgotten; a seal cut at or below them may miss open \
                          transactions (reported when the cut is taken)");
                 }
-                self.closed_dropped_upto = self.closed_dropped_upto.max(old.marker_offset);
+                self.closed_known_from = self.closed_known_from.max(old.marker_offset + 1);
             }
         }
         self.closed.push_back(closed);
@@ -776,8 +833,11 @@ impl PartitionState {
             producers,
             salts,
             closings: Some(ClosingsSnapshot {
-                fetcher_position: self.fetcher_position,
-                dropped_upto: self.closed_dropped_upto,
+                // Read by an older reader as "the fetcher's position, every
+                // closing at or above it kept; missing below `dropped_upto`
+                // + 1": true of these values too (see `restore`).
+                kept_from: self.fetcher_position.min(self.closed_known_from),
+                dropped_upto: self.closed_known_from - 1,
                 closed: self.closed.iter().copied().collect(),
             }),
         }
@@ -794,21 +854,26 @@ impl PartitionState {
             // The markers below `next_offset` are replays from here on:
             // the closings they made come from the snapshot.
             Some(c) => {
-                state.fetcher_position = c.fetcher_position;
-                state.closed_dropped_upto = c.dropped_upto;
+                // Closings are kept from `kept_from` (an older writer: its
+                // fetcher position, nothing kept below it), and those below
+                // `dropped_upto` + 1 may be missing.
+                state.fetcher_position = c.kept_from;
+                state.closed_known_from = c.kept_from.max(c.dropped_upto.saturating_add(1));
+                let known_from = state.closed_known_from;
+                let kept = &c.closed[c.closed.partition_point(|t| t.marker_offset < known_from)..];
                 // Bounded like the live record (a foreign record may hold
                 // more): the oldest go, and a cut at them is reported.
-                let extra = c.closed.len().saturating_sub(MAX_CLOSED_TRANSACTIONS);
-                if let Some(last_dropped) = extra.checked_sub(1).map(|i| c.closed[i]) {
-                    state.closed_dropped_upto =
-                        state.closed_dropped_upto.max(last_dropped.marker_offset);
+                let extra = kept.len().saturating_sub(MAX_CLOSED_TRANSACTIONS);
+                if let Some(last_dropped) = extra.checked_sub(1).map(|i| kept[i]) {
+                    state.closed_known_from =
+                        state.closed_known_from.max(last_dropped.marker_offset + 1);
                 }
-                state.closed = c.closed[extra..].iter().copied().collect();
+                state.closed = kept[extra..].iter().copied().collect();
             }
             // Without them, a snapshot taken ahead of the fetcher (a
             // response in flight) hides the transactions closed below its
             // offset from a cut there: report such a cut.
-            None => state.closed_dropped_upto = snapshot.next_offset - 1,
+            None => state.closed_known_from = snapshot.next_offset,
         }
         state.producers.reserve(snapshot.producers.len());
         for p in &snapshot.producers {
@@ -866,8 +931,10 @@ pub struct PartitionSnapshot {
 /// The closings of a [`PartitionSnapshot`].
 #[derive(Clone, PartialEq, Eq, Debug, Default, Serialize, Deserialize)]
 pub struct ClosingsSnapshot {
-    /// The fetcher position they are kept from.
-    pub fetcher_position: i64,
+    /// The offset they are kept from: at most the fetcher's position (an
+    /// older writer kept none below it; this one keeps those a destination
+    /// leader may still lose, see [`ClosingsRetention`]).
+    pub kept_from: i64,
     /// Highest offset below which closings may be missing (-1: none).
     pub dropped_upto: i64,
     /// The closings, in marker offset order.
@@ -919,6 +986,10 @@ mod tests {
     use super::*;
     use crate::producer_state::ClusterId;
 
+    /// Nothing kept below the fetcher's position (the behaviour before
+    /// issue 17), for the tests of what lies at or above it.
+    const NONE: ClosingsRetention = ClosingsRetention { offsets: 0, max: 0 };
+
     fn key() -> PartitionKey {
         PartitionKey::new([7; 16], "t", 0)
     }
@@ -944,6 +1015,8 @@ mod tests {
             "{}",
             size_of::<ProducerEntry>()
         );
+        // README ("Limits for operators") quotes it for the closings kept.
+        assert!(size_of::<ClosedTransaction>() <= 64);
     }
 
     #[test]
@@ -1017,14 +1090,14 @@ mod tests {
             0,
             &mut sink,
         );
-        s.note_fetcher_position(4);
+        s.note_fetcher_position(4, NONE);
         s.observe(
             &o,
             &BatchObservation::marker(8, 0, 5, true, 3),
             0,
             &mut sink,
         );
-        s.note_fetcher_position(10);
+        s.note_fetcher_position(10, NONE);
         s.observe(
             &o,
             &BatchObservation::data(7, 0, 11, 0, 1, true),
@@ -1067,7 +1140,7 @@ mod tests {
         let pids: Vec<i64> = at.transactions.iter().map(|t| t.txn.mapped_pid).collect();
         assert_eq!(pids, vec![6, 7]);
         // The fetcher appends the marker: forgotten.
-        s.note_fetcher_position(13);
+        s.note_fetcher_position(13, NONE);
         assert_eq!(s.closed_transactions().count(), 0);
     }
 
@@ -1108,7 +1181,7 @@ mod tests {
                 .collect::<Vec<_>>(),
             vec![102]
         );
-        s.note_fetcher_position(2 * n);
+        s.note_fetcher_position(2 * n, NONE);
         assert_eq!(s.closed_transactions().count(), 0);
         assert!(!s.open_at(2 * n).incomplete);
     }
@@ -1130,18 +1203,18 @@ mod tests {
             0,
             &mut sink,
         );
-        s.note_fetcher_position(6);
+        s.note_fetcher_position(6, NONE);
         assert!(!s.open_at(6).incomplete);
         // The destination truncated to 3: the closing at 5 was forgotten;
         // pid 9 is open at 3 and a cut there must not pass silently.
-        s.note_fetcher_position(3);
+        s.note_fetcher_position(3, NONE);
         let at = s.open_at(3);
         assert!(
             at.incomplete || at.transactions.iter().any(|t| t.txn.mapped_pid == 9),
             "{at:?}"
         );
         // Past the old position nothing is missing.
-        s.note_fetcher_position(6);
+        s.note_fetcher_position(6, NONE);
         assert!(!s.open_at(6).incomplete);
     }
 
@@ -1156,7 +1229,7 @@ mod tests {
             0,
             &mut sink,
         );
-        s.note_fetcher_position(1);
+        s.note_fetcher_position(1, NONE);
         s.observe(
             &o,
             &BatchObservation::marker(9, 0, 5, true, 0),
@@ -1170,7 +1243,7 @@ mod tests {
         for (snap, kept) in [(snap, true), (without, false)] {
             let mut r = PartitionState::restore(&snap).unwrap();
             // The fetcher re-fetches from 1: the marker at 5 is a replay.
-            r.note_fetcher_position(1);
+            r.note_fetcher_position(1, NONE);
             assert_eq!(
                 r.observe(
                     &o,
@@ -1191,7 +1264,7 @@ mod tests {
             }
             // A fetcher at or past the snapshot's offset misses nothing.
             let mut r = PartitionState::restore(&snap).unwrap();
-            r.note_fetcher_position(6);
+            r.note_fetcher_position(6, NONE);
             assert!(!r.open_at(6).incomplete);
         }
     }
@@ -1216,13 +1289,13 @@ mod tests {
             );
         }
         assert!(s.closed.capacity() > CLOSED_KEPT_CAPACITY);
-        s.note_fetcher_position(400);
+        s.note_fetcher_position(400, NONE);
         let cap = s.closed.capacity();
         assert!(
             (CLOSED_KEPT_CAPACITY..=2 * CLOSED_KEPT_CAPACITY).contains(&cap),
             "{cap}"
         );
-        s.note_fetcher_position(400);
+        s.note_fetcher_position(400, NONE);
         assert_eq!(s.closed.capacity(), cap);
     }
 
@@ -1248,5 +1321,259 @@ mod tests {
         assert_eq!(c.closed_transactions().count(), 0);
         assert_eq!(c.producer(9), s.producer(9));
         assert_eq!(c.next_offset(), s.next_offset());
+    }
+
+    /// Issue 17: txn T (pid 9) begins at 10 and its COMMIT marker is at 15;
+    /// the fetcher appends past it (positions 16, 20) and the cut is taken
+    /// at 20, where T is closed. Returns the state and the origin.
+    fn committed_below_the_cut() -> (PartitionState, Origin) {
+        let mut s = PartitionState::new(key());
+        let mut sink = Vec::new();
+        let o = origin(1);
+        let r = ClosingsRetention::default();
+        s.observe(
+            &o,
+            &BatchObservation::data(5, 0, 0, 0, 10, false),
+            0,
+            &mut sink,
+        );
+        s.observe(
+            &o,
+            &BatchObservation::data(9, 3, 10, 0, 5, true),
+            0,
+            &mut sink,
+        );
+        s.note_fetcher_position(12, r);
+        s.observe(
+            &o,
+            &BatchObservation::marker(9, 3, 15, true, 7),
+            0,
+            &mut sink,
+        );
+        s.note_fetcher_position(16, r);
+        s.observe(
+            &o,
+            &BatchObservation::data(5, 0, 16, 10, 4, false),
+            0,
+            &mut sink,
+        );
+        s.note_fetcher_position(20, r);
+        assert!(sink.is_empty(), "{sink:?}");
+        let at = s.open_at(20);
+        assert!(at.transactions.is_empty() && !at.incomplete, "{at:?}");
+        (s, o)
+    }
+
+    fn pids(at: &OpenAtCut) -> Vec<i64> {
+        at.transactions.iter().map(|t| t.txn.mapped_pid).collect()
+    }
+
+    #[test]
+    fn a_seal_planned_again_below_a_lost_marker_aborts_its_transaction() {
+        let (mut s, _) = committed_below_the_cut();
+        // The marker at 15 is below the fetcher's position but kept: the
+        // destination leader may not have replicated it.
+        assert_eq!(
+            s.closed_transactions()
+                .map(|c| c.marker_offset)
+                .collect::<Vec<_>>(),
+            vec![15]
+        );
+        // Leadership moves; the new leader truncated to 12 and fetches there.
+        s.note_fetcher_position(12, ClosingsRetention::default());
+        let at = s.open_at(12);
+        assert!(!at.incomplete, "{at:?}");
+        assert_eq!(at.closed_past_cut, 1);
+        let t = at.transactions[0];
+        assert_eq!(
+            (
+                pids(&at),
+                t.txn.epoch,
+                t.txn.first_offset,
+                t.coordinator_epoch
+            ),
+            (vec![9], 3, 10, -1)
+        );
+        // At 10 T had not begun; at 16 it was closed.
+        assert!(s.open_at(10).transactions.is_empty());
+        assert!(s.open_at(16).transactions.is_empty());
+    }
+
+    #[test]
+    fn closings_further_below_the_position_than_kept_are_reported() {
+        // By offsets: kept 10 below the position.
+        let (mut s, _) = committed_below_the_cut();
+        let r = ClosingsRetention {
+            offsets: 10,
+            max: 1024,
+        };
+        s.note_fetcher_position(25, r);
+        assert_eq!(s.closed_transactions().count(), 1);
+        s.note_fetcher_position(26, r);
+        assert_eq!(s.closed_transactions().count(), 0);
+        // A destination that truncated to 12 finds it reported, not missing
+        // silently; a cut past the forgotten marker is complete.
+        s.note_fetcher_position(12, r);
+        assert!(s.open_at(12).incomplete);
+        assert!(s.open_at(15).incomplete);
+        assert!(!s.open_at(16).incomplete);
+
+        // By count: of three closings below the position, two are kept.
+        let mut s = PartitionState::new(key());
+        let mut sink = Vec::new();
+        let o = origin(1);
+        for i in 0..3 {
+            s.observe(
+                &o,
+                &BatchObservation::data(100 + i, 0, 2 * i, 0, 1, true),
+                0,
+                &mut sink,
+            );
+            s.observe(
+                &o,
+                &BatchObservation::marker(100 + i, 0, 2 * i + 1, true, 0),
+                0,
+                &mut sink,
+            );
+        }
+        let r = ClosingsRetention {
+            offsets: 1000,
+            max: 2,
+        };
+        s.note_fetcher_position(10, r);
+        assert_eq!(
+            s.closed_transactions()
+                .map(|c| c.marker_offset)
+                .collect::<Vec<_>>(),
+            vec![3, 5]
+        );
+        s.note_fetcher_position(2, r);
+        let at = s.open_at(3);
+        assert!(!at.incomplete && pids(&at) == [101], "{at:?}");
+        let at = s.open_at(1);
+        assert!(at.incomplete, "{at:?}");
+        // Closings at or above the position are never pruned by count.
+        let mut s = PartitionState::new(key());
+        for i in 0..3 {
+            s.observe(
+                &o,
+                &BatchObservation::data(100 + i, 0, 2 * i, 0, 1, true),
+                0,
+                &mut sink,
+            );
+            s.observe(
+                &o,
+                &BatchObservation::marker(100 + i, 0, 2 * i + 1, true, 0),
+                0,
+                &mut sink,
+            );
+        }
+        s.note_fetcher_position(0, r);
+        assert_eq!(s.closed_transactions().count(), 3);
+        assert!(!s.open_at(0).incomplete);
+    }
+
+    #[test]
+    fn closings_kept_below_the_position_survive_a_restore() {
+        let (s, o) = committed_below_the_cut();
+        let snap = s.snapshot();
+        let c = snap.closings.as_ref().unwrap();
+        assert_eq!((c.kept_from, c.dropped_upto, c.closed.len()), (0, -1, 1));
+        // A restarted instance, or one taking the partition over, plans the
+        // seal again at 12 exactly.
+        let mut r = PartitionState::restore(&snap).unwrap();
+        let mut sink = Vec::new();
+        r.note_fetcher_position(12, ClosingsRetention::default());
+        assert_eq!(
+            r.observe(
+                &o,
+                &BatchObservation::marker(9, 3, 15, true, 7),
+                0,
+                &mut sink
+            ),
+            ObserveOutcome::Replayed
+        );
+        let at = r.open_at(12);
+        assert!(!at.incomplete && pids(&at) == [9], "{at:?}");
+
+        // The seal's own snapshot (the transactions open at the cut, at
+        // offset 20) keeps the closings below the cut: restored from it, the
+        // seal is planned again at 12 exactly too.
+        let seal = PartitionSnapshot {
+            next_offset: 20,
+            producers: Vec::new(),
+            closings: s.closings_at_cut(20),
+            ..s.snapshot()
+        };
+        let mut r = PartitionState::restore(&seal).unwrap();
+        r.note_fetcher_position(12, ClosingsRetention::default());
+        let at = r.open_at(12);
+        assert!(!at.incomplete && pids(&at) == [9], "{at:?}");
+        // Only what lies below the cut, and nothing from a state that has
+        // not seen up to it.
+        assert!(s.closings_at_cut(15).unwrap().closed.is_empty());
+        assert!(s.closings_at_cut(21).is_none());
+
+        // What was forgotten stays reported through a restore.
+        let mut s = s;
+        let tight = ClosingsRetention {
+            offsets: 10,
+            max: 1024,
+        };
+        s.note_fetcher_position(30, tight);
+        let snap = s.snapshot();
+        let c = snap.closings.as_ref().unwrap();
+        // As an older reader reads it: kept from 16, missing below 16.
+        assert_eq!((c.kept_from, c.dropped_upto, c.closed.len()), (16, 15, 0));
+        let r = PartitionState::restore(&snap).unwrap();
+        assert!(r.open_at(12).incomplete);
+        assert!(!r.open_at(16).incomplete);
+
+        // A record written before issue 17: closings kept from the fetcher's
+        // position only, so a cut below it is reported.
+        let old = PartitionSnapshot {
+            closings: Some(ClosingsSnapshot {
+                kept_from: 20,
+                dropped_upto: -1,
+                closed: Vec::new(),
+            }),
+            ..s.snapshot()
+        };
+        let r = PartitionState::restore(&old).unwrap();
+        assert!(r.open_at(12).incomplete);
+        assert!(!r.open_at(20).incomplete);
+    }
+
+    #[test]
+    fn noting_the_position_does_not_allocate_in_steady_state() {
+        let mut s = PartitionState::new(key());
+        let mut sink = Vec::new();
+        let o = origin(1);
+        let r = ClosingsRetention {
+            offsets: 100,
+            max: 1024,
+        };
+        let mut caps = Vec::new();
+        for i in 0..2000i64 {
+            s.observe(
+                &o,
+                &BatchObservation::data(100 + (i % 10), 0, 2 * i, 0, 1, true),
+                0,
+                &mut sink,
+            );
+            s.observe(
+                &o,
+                &BatchObservation::marker(100 + (i % 10), 0, 2 * i + 1, true, 0),
+                0,
+                &mut sink,
+            );
+            s.note_fetcher_position(2 * i + 2, r);
+            if i >= 1000 {
+                caps.push(s.closed.capacity());
+            }
+        }
+        // 50 markers in the window; the buffer settles and stays.
+        assert_eq!(s.closed_transactions().count(), 50);
+        assert!(caps.windows(2).all(|w| w[0] == w[1]), "{:?}", &caps[..5]);
     }
 }

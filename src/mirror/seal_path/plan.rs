@@ -328,6 +328,7 @@ pub(super) fn decide_all(
         let cut = c.fetch_offset;
         let closed_past_cut = mirror.seal_metrics.closed_past_cut.clone();
         let incomplete = mirror.seal_metrics.open_at_cut_incomplete.clone();
+        let retention = mirror.closings_retention;
         // The transactions open AT THE CUT: the shadow state may be ahead of
         // it (a response the fetcher lost was walked), so a transaction
         // closed past the cut is still open there, and one opened past it
@@ -339,7 +340,7 @@ pub(super) fn decide_all(
                     h.with(|s| {
                         // The cut is the fetcher's fetch offset: it appended
                         // everything below it.
-                        s.note_fetcher_position(cut);
+                        s.note_fetcher_position(cut, retention);
                         let at = s.open_at(cut);
                         if s.next_offset() > cut {
                             tracing::warn!(partition = %key, cut, state_offset = s.next_offset(),
@@ -352,8 +353,10 @@ pub(super) fn decide_all(
                             incomplete.inc();
                             tracing::warn!(partition = %key, cut,
                                 bound = crate::producer_state::MAX_CLOSED_TRANSACTIONS,
+                                retained_offsets = retention.offsets, retained_max = retention.max,
                                 "transaction closings past the cut may be unknown (dropped at their bound, \
-                                 or lost with a restart or a fetcher position that moved back): \
+                                 lost with a restart, or pruned below the fetcher's position before \
+                                 the destination truncated further back): \
                                  transactions they closed get no ABORT marker in this seal \
                                  (`ctl abort-open` closes them after promotion)");
                         }

@@ -8,15 +8,18 @@ use crate::wire::{Reader, Writer};
 /// an optional tagged field, so an instance that does not know it skips it.
 pub const SNAPSHOT_CLOSINGS_TAG: u32 = 0;
 
-/// The transaction closings a partition's producer state remembers past the
-/// destination fetcher's position, kept with a type-5 snapshot (tagged field
-/// [`SNAPSHOT_CLOSINGS_TAG`]): a snapshot taken ahead of the fetcher makes
-/// the markers below its offset replays after a restart, so the closings
-/// they made are restored from here, not observed again.
+/// The transaction closings a partition's producer state remembers (past
+/// the destination fetcher's position, and those below it a destination
+/// leader may still lose), kept with a type-5 snapshot (tagged field
+/// [`SNAPSHOT_CLOSINGS_TAG`]): the markers below a snapshot's offset are
+/// replays after a restart or a take-over, so the closings they made are
+/// restored from here, not observed again.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct SnapshotClosings {
-    /// The fetcher position the closings are kept from.
-    pub fetcher_position: i64,
+    /// The offset the closings are kept from: at most the fetcher's
+    /// position (written before issue 17 as exactly that position, with no
+    /// closing kept below it).
+    pub kept_from: i64,
     /// Highest offset below which closings may be missing (-1: none).
     pub dropped_upto: i64,
     /// The closings, in marker offset order.
@@ -51,7 +54,7 @@ impl SnapshotClosings {
         let mut w = Writer::new(Vec::with_capacity(
             20 + self.closings.len().saturating_mul(MIN_CLOSING_ENTRY),
         ));
-        w.put_i64(self.fetcher_position);
+        w.put_i64(self.kept_from);
         w.put_i64(self.dropped_upto);
         w.put_compact_array_len(Some(self.closings.len()), "SnapshotClosings.Closings")?;
         for c in &self.closings {
@@ -75,7 +78,7 @@ impl SnapshotClosings {
             return Ok(None);
         };
         let mut r = Reader::new(data);
-        let fetcher_position = r.read_i64("SnapshotClosings.FetcherPosition")?;
+        let kept_from = r.read_i64("SnapshotClosings.KeptFrom")?;
         let dropped_upto = r.read_i64("SnapshotClosings.DroppedUpto")?;
         let n = r.read_array_len_v(true, MIN_CLOSING_ENTRY, "SnapshotClosings.Closings")?;
         // Bounded: `n` was checked against the bytes present.
@@ -94,7 +97,7 @@ impl SnapshotClosings {
         }
         r.read_tagged_fields("SnapshotClosings._tagged_fields")?;
         Ok(Some(Self {
-            fetcher_position,
+            kept_from,
             dropped_upto,
             closings,
         }))

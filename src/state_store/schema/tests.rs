@@ -197,7 +197,7 @@ fn snapshot_chunk_round_trips() {
 #[test]
 fn snapshot_closings_are_an_optional_tagged_field() {
     let closings = SnapshotClosings {
-        fetcher_position: 40,
+        kept_from: 40,
         dropped_upto: -1,
         closings: vec![SnapshotClosing {
             marker_offset: 44,

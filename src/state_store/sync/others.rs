@@ -292,7 +292,28 @@ impl StateSync {
             .map(|o| o.candidates(next, fetch_offset))
             .unwrap_or_default();
         let mut restored = false;
-        for loc in candidates {
+        // A seal planned again below its cut (a new destination leader that
+        // truncated): the newest snapshot past the fetcher whose closings
+        // reach down to it gives the transactions open there exactly, with
+        // no source to replay (failover usually finds it dead). One at the
+        // fetch offset is as good.
+        let replanning = self
+            .lifecycle
+            .get()
+            .and_then(|l| l.get(pk))
+            .is_some_and(|e| {
+                e.state == LifecycleState::Stopping && e.cut.is_some_and(|c| fetch_offset < c)
+            });
+        if replanning
+            && candidates
+                .first()
+                .is_none_or(|c| c.snapshot_offset < fetch_offset)
+        {
+            restored = self
+                .restore_covering_past(pk, key, next, fetch_offset)
+                .await?;
+        }
+        for loc in candidates.into_iter().filter(|_| !restored) {
             if let Some(value) = self.reread_snapshot(key, &loc).await? {
                 self.restore_producers(pk, &value);
                 if loc.chunked {
@@ -384,6 +405,45 @@ impl StateSync {
 
     /// Re-reads one snapshot's records; `None` if any is gone or changed
     /// (compacted, or not the record the index named).
+    /// Restores the newest snapshot of another instance past `fetch_offset`
+    /// (and newer than `next`, the state here) whose transaction closings
+    /// reach down to `fetch_offset` (see [`Self::restore_from_others`]);
+    /// returns whether one was.
+    async fn restore_covering_past(
+        &self,
+        pk: &PartitionKey,
+        key: SnapshotKey,
+        next: i64,
+        fetch_offset: i64,
+    ) -> Result<bool, SyncError> {
+        let past = self
+            .others
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+            .map(|o| o.past(fetch_offset))
+            .unwrap_or_default();
+        for loc in past {
+            if loc.chunked || loc.snapshot_offset <= next {
+                continue;
+            }
+            let Some(value) = self.reread_snapshot(key, &loc).await? else {
+                continue;
+            };
+            let covers = snapshots::closings_from(&value)
+                .is_some_and(|c| c.kept_from.max(c.dropped_upto.saturating_add(1)) <= fetch_offset);
+            if covers {
+                self.restore_producers(pk, &value);
+                self.count("take_over_restore");
+                tracing::info!(partition = %pk, snapshot_offset = loc.snapshot_offset, fetch_offset,
+                    "seal planned again below its cut: restored a snapshot past the fetcher whose \
+                     transaction closings reach down to it");
+                return Ok(true);
+            }
+        }
+        Ok(false)
+    }
+
     async fn reread_snapshot(
         &self,
         key: SnapshotKey,

@@ -190,6 +190,21 @@ impl StateSync {
                     topic_id,
                     partition: entry.partition,
                 };
+                // With the closings below the cut: the seal planned again
+                // further back (a new destination leader that truncated)
+                // after a restart, or by another instance, needs the
+                // transactions they closed; without them it reports the cut.
+                let mut value = value;
+                let pk = PartitionKey::new([0; 16], entry.topic.as_str(), entry.partition);
+                let closings = self
+                    .registry
+                    .get(&pk)
+                    .and_then(|h| h.with(|s| s.closings_at_cut(cut)));
+                if let Some(tag) = closings.and_then(|c| {
+                    snapshots::encode_closings(&c, value.producers.len(), MAX_SNAPSHOT_BYTES)
+                }) {
+                    value.unknown_tagged_fields.push(tag?);
+                }
                 let v = value.encode()?;
                 let k = key.encode();
                 self.append_record(k, v).await?;

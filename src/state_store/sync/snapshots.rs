@@ -19,25 +19,40 @@ pub(super) fn open_txns_of(producers: &[SnapshotProducer]) -> Vec<OpenTxn> {
         .collect()
 }
 
-/// The closings of `snap` as the snapshot record's tagged field, when the
-/// record stays below `max_bytes` with them (else the record goes without:
-/// a restore then reports a cut below its offset as possibly incomplete).
+/// The closings of `snap` as the snapshot record's tagged field, as many as
+/// the record holds below `max_bytes` (see [`encode_closings`]).
 pub(super) fn closings_tag(
     snap: &ps::PartitionSnapshot,
     max_bytes: usize,
 ) -> Option<Result<crate::state_store::schema::RawTaggedField, SyncError>> {
-    let c = snap.closings.as_ref()?;
-    let size = 64usize
-        .saturating_add(snap.producers.len().saturating_mul(67))
-        .saturating_add(c.closed.len().saturating_mul(55));
-    if size > max_bytes {
+    encode_closings(snap.closings.as_ref()?, snap.producers.len(), max_bytes)
+}
+
+/// `c` as the tagged field of a snapshot record with `producers` producers:
+/// the newest closings the record holds below `max_bytes`, the older ones
+/// left out and reported as possibly missing (`DroppedUpto`); `None` when
+/// not one fits (the record goes without: a restore then reports a cut
+/// below its offset as possibly incomplete).
+pub(super) fn encode_closings(
+    c: &ps::ClosingsSnapshot,
+    producers: usize,
+    max_bytes: usize,
+) -> Option<Result<crate::state_store::schema::RawTaggedField, SyncError>> {
+    let base = 64usize.saturating_add(producers.saturating_mul(67));
+    let room = max_bytes.saturating_sub(base) / 55;
+    if base > max_bytes || (room == 0 && !c.closed.is_empty()) {
         return None;
     }
+    // Closings are in marker offset order: the oldest are left out.
+    let skip = c.closed.len().saturating_sub(room);
+    let dropped_upto = match skip.checked_sub(1) {
+        Some(i) => c.dropped_upto.max(c.closed[i].marker_offset),
+        None => c.dropped_upto,
+    };
     let value = crate::state_store::schema::SnapshotClosings {
-        fetcher_position: c.fetcher_position,
-        dropped_upto: c.dropped_upto,
-        closings: c
-            .closed
+        kept_from: c.kept_from,
+        dropped_upto,
+        closings: c.closed[skip..]
             .iter()
             .map(|t| crate::state_store::schema::SnapshotClosing {
                 marker_offset: t.marker_offset,
@@ -66,7 +81,7 @@ pub(super) fn closings_from(value: &MirrorProducerSnapshotValue) -> Option<ps::C
         }
     };
     Some(ps::ClosingsSnapshot {
-        fetcher_position: c.fetcher_position,
+        kept_from: c.kept_from,
         dropped_upto: c.dropped_upto,
         closed: c
             .closings
@@ -416,7 +431,7 @@ mod tests {
             marker_offset: 44,
         };
         let closings = ps::ClosingsSnapshot {
-            fetcher_position: 40,
+            kept_from: 40,
             dropped_upto: -1,
             closed: vec![txn],
         };
@@ -441,5 +456,45 @@ mod tests {
             ..value
         };
         assert_eq!(closings_from(&plain), None);
+    }
+
+    /// Too many closings for the record: the newest go, the older ones are
+    /// reported as possibly missing rather than the whole tag dropped.
+    #[test]
+    fn closings_are_trimmed_to_the_record_size() {
+        let closed: Vec<ps::ClosedTransaction> = (0..3)
+            .map(|i| ps::ClosedTransaction {
+                txn: ps::OpenTransaction {
+                    mapped_pid: 5 + i,
+                    epoch: 0,
+                    first_offset: 10 * i,
+                    origin: Origin {
+                        source_cluster: ps::ClusterId([9; 16]),
+                        original_pid: i,
+                    },
+                },
+                coordinator_epoch: 0,
+                marker_offset: 10 * i + 5,
+            })
+            .collect();
+        let c = ps::ClosingsSnapshot {
+            kept_from: 0,
+            dropped_upto: -1,
+            closed: closed.clone(),
+        };
+        let value = |tag| MirrorProducerSnapshotValue {
+            snapshot_offset: 30,
+            producers: Vec::new(),
+            unknown_tagged_fields: vec![tag],
+        };
+        // Room for two (and one producer).
+        let tag = encode_closings(&c, 1, 64 + 67 + 2 * 55).unwrap().unwrap();
+        let back = closings_from(&value(tag)).unwrap();
+        assert_eq!((back.dropped_upto, back.closed), (5, closed[1..].to_vec()));
+        // Room for all: unchanged.
+        let tag = encode_closings(&c, 1, MAX_SNAPSHOT_BYTES).unwrap().unwrap();
+        assert_eq!(closings_from(&value(tag)), Some(c.clone()));
+        // Room for none: no tag.
+        assert!(encode_closings(&c, 1, 64 + 67 + 54).is_none());
     }
 }
