@@ -15,7 +15,8 @@ each test; the instances share a ``__mirror_state`` on kafka1.
     instance serves the same re-planned seal, none other, STOPPED after the high watermark.
 (c) A take-over with the source dead restores the other instance's chunked producer-state
     snapshot (type 7, thousands of producers) and seals exactly: every transaction open at
-    the cut gets its ABORT.
+    the cut gets its ABORT, also one begun after the partition was first snapshotted in
+    chunks.
 
 Each run's destination log is compared with a single-instance run of the same source input
 (test_multi_instance_seal.Reference), sealing batches' timestamps aside.
@@ -217,13 +218,20 @@ N_PRODUCERS = 4_500  # more than one type-5 record holds (about 3,900): two type
 N_OPEN = 3
 
 
+@pytest.mark.parametrize("later", ["none", "txn_after_chunks"])
 def test_take_over_restores_a_chunked_snapshot_with_the_source_killed(kafka1, kafka_factory,  # noqa: F811
-                                                                     kafka_dest_factory, mirror_factory):
+                                                                     kafka_dest_factory, mirror_factory, later):
     """(c) Broker 1's instance mirrors three open transactions and 4,500 idempotent producers
     and snapshots the partition in chunks (type 7). The source is SIGKILLed, then leadership
     moves to broker 2 (a full copy, at the cut): its instance takes the partition over from
     the chunks (no source to replay from) and the stop seals there with one ABORT per open
-    transaction and the barrier, as a single instance does."""
+    transaction and the barrier, as a single instance does.
+
+    `txn_after_chunks`: once the partition is snapshotted in chunks, one of the transactional
+    producers commits and begins another transaction (no new producer, so no claim): the
+    instance writes its chunks again, since a take-over with the source gone seals from them
+    (before, a chunked snapshot was rewritten only for new producers or after 5 minutes: the
+    take-over sealed from the older chunks, with no ABORT for the new transaction)."""
     source = kafka_factory(name="src")
     bed = Bed(source, kafka1.bootstrap, kafka_dest_factory, mirror_factory, "fo-chunks")
     T = bed.topic
@@ -258,6 +266,19 @@ def test_take_over_restores_a_chunked_snapshot_with_the_source_killed(kafka1, ka
                    and sum(len(c["producers"]) for c in v) == N_PRODUCERS + N_OPEN + 1 for v in by_gen.values())
 
     harness.wait_until(chunked_at_cut, 30, interval=0.5, what="a chunked snapshot of the partition at the cut")
+    if later == "txn_after_chunks":
+        tps[0].commit_transaction(20)
+        tps[0].begin_transaction()
+        tps[0].produce(T, value=b"open-again", partition=0)
+        assert tps[0].flush(20) == 0
+        cut = high_watermark(source.bootstrap, T)
+        assert cut == N_OPEN + N_PRODUCERS + 2 + 2  # the COMMIT marker and the new record
+        bed.fetcher[1].catch_up(T, cut, timeout=30)
+        for b in (2, 3):
+            bed.wait_replicated(b, cut)
+        ref.mirror_to(cut)
+        harness.wait_until(chunked_at_cut, 30, interval=0.5,
+                           what="the chunks written again with the new transaction")
     # Broker 1's fetcher stops at the cut before the clients go: closing a transactional
     # client aborts its transaction on the source, past the cut (the transactions stay open
     # in what the destination holds).
