@@ -27,6 +27,11 @@
 //! that truncated) and persisted that before serving it, so a high
 //! watermark that includes the new seal is only ever seen after its record
 //! is readable; the completion is then checked against the current seal.
+//! With instances sharing `__mirror_state`, only the instance serving the
+//! partition completes it: the fetch path takes a STOPPING partition over
+//! before serving its seal, so after a leadership move the old leader's
+//! instance (which held the whole seal too) reads the new one's serving
+//! record and leaves the completion to it.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -253,17 +258,31 @@ async fn round(gate: &Arc<DestinationHw>, mirror: &Arc<MirrorContext>) -> Result
     done
 }
 
-/// Persists STOPPED for `key` if its current seal still ends at `end`.
-async fn complete(mirror: &Arc<MirrorContext>, key: &PartitionKey, end: i64, hw: i64) {
+/// Persists STOPPED for `key` if its current seal still ends at `end` and,
+/// when instances share `__mirror_state`, this instance serves the
+/// partition: after a leadership move the new leader's instance took it
+/// over before serving its fetcher (its serving record is read above, so
+/// this one no longer owns it) and completes the seal itself; two instances
+/// that both held the whole seal never both persist STOPPED. An instance
+/// whose fetcher comes back takes the partition over again at its next
+/// fetch and watches the seal again. True when STOPPED was persisted.
+async fn complete(mirror: &Arc<MirrorContext>, key: &PartitionKey, end: i64, hw: i64) -> bool {
+    if mirror.salts.shared() && !mirror.is_owned(key) {
+        mirror.lifecycle.note_hw_wait(key, None);
+        tracing::info!(mirror = %mirror.name, partition = %key, seal_end = end, high_watermark = hw,
+            "the destination's high watermark passed the seal's end, but another instance serves the \
+             partition now: it completes the seal");
+        return false;
+    }
     let Some(entry) = mirror.lifecycle.get(key) else {
-        return;
+        return false;
     };
     let current_end = entry
         .cut
         .zip(entry.seal_batches)
         .map(|(c, n)| c + i64::from(n));
     if entry.state != State::Stopping || current_end != Some(end) {
-        return;
+        return false;
     }
     let Some(plan) = entry.seal.clone().or_else(|| {
         // Restored from __mirror_state and not served here since: the plan
@@ -273,7 +292,7 @@ async fn complete(mirror: &Arc<MirrorContext>, key: &PartitionKey, end: i64, hw:
         let plan = crate::lifecycle::SealPlan::build(cut, 0, &entry.source_cluster_id, open);
         (Some(plan.len()) == entry.seal_batches).then(|| Arc::new(plan))
     }) else {
-        return;
+        return false;
     };
     let next = crate::lifecycle::seal::stopped(&entry, plan);
     match mirror.lifecycle.commit(key, next).await {
@@ -281,10 +300,12 @@ async fn complete(mirror: &Arc<MirrorContext>, key: &PartitionKey, end: i64, hw:
             super::seal_path::after_stopped(mirror, key);
             tracing::info!(mirror = %mirror.name, partition = %key, seal_end = end, high_watermark = hw,
                 "seal complete: the destination's high watermark passed the seal's end; partition STOPPED");
+            true
         }
         Err(e) => {
             tracing::warn!(mirror = %mirror.name, partition = %key, error = %e,
                 "seal complete on the destination but STOPPED not persisted: retried at the next round");
+            false
         }
     }
 }
@@ -431,6 +452,125 @@ pub fn parse_list_offsets(body: &[u8]) -> WireResult<Vec<(String, i32, i16, i64)
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::MirrorConfig;
+    use crate::lifecycle::{Entry, Lifecycle, TransitionStore};
+    use crate::mirror::{PendingSalt, SaltStore};
+    use crate::producer_state::{ProducerStateRegistry, RegistryConfig};
+    use crate::PersistError;
+
+    /// `__mirror_state` as the gate sees it: shared with other instances or
+    /// not; transitions always persist.
+    struct Store {
+        shared: bool,
+    }
+
+    impl SaltStore for Store {
+        fn topic_id(&self, _topic: &str) -> Option<[u8; 16]> {
+            Some([0; 16])
+        }
+        fn refresh_topic_ids(&self) -> crate::BoxFuture<'static, Result<(), PersistError>> {
+            Box::pin(async { Ok(()) })
+        }
+        fn persist(
+            &self,
+            _salts: Vec<PendingSalt>,
+        ) -> crate::BoxFuture<'static, Result<(), PersistError>> {
+            Box::pin(async { Ok(()) })
+        }
+        fn shared(&self) -> bool {
+            self.shared
+        }
+    }
+
+    impl TransitionStore for Store {
+        fn persist(&self, _entry: Entry) -> crate::BoxFuture<'static, Result<(), PersistError>> {
+            Box::pin(async { Ok(()) })
+        }
+    }
+
+    /// A mirror whose partition t-0 is STOPPING with a seal (the barrier
+    /// alone) at cut 10, restored from `__mirror_state`.
+    fn stopping(shared: bool) -> (Arc<MirrorContext>, PartitionKey) {
+        let metrics = crate::metrics::Metrics::new();
+        let lifecycle = Lifecycle::new(metrics.clone());
+        lifecycle.set_store(Arc::new(Store { shared }));
+        let cfg: MirrorConfig = toml::from_str(
+            "name = \"m\"\nbootstrap = \"127.0.0.1:1\"\nadvertised_host = \"127.0.0.1\"\n\
+             node_port_base = 20000\nsource_bootstrap = [\"127.0.0.1:2\"]\n\
+             source_cluster_id = \"AAAAAAAAAAAAAAAAAAAAAQ\"\n",
+        )
+        .unwrap();
+        let mirror = MirrorContext::new(
+            &cfg,
+            Arc::new(ProducerStateRegistry::new(RegistryConfig::default())),
+            Arc::new(Store { shared }),
+            lifecycle.clone(),
+            &metrics,
+        )
+        .unwrap();
+        let key = PartitionKey::new([0; 16], "t", 0);
+        lifecycle.restore(
+            key.clone(),
+            Entry {
+                mirror: "m".into(),
+                topic: "t".into(),
+                partition: 0,
+                state: State::Stopping,
+                source_cluster_id: "AAAAAAAAAAAAAAAAAAAAAQ".into(),
+                cut: Some(10),
+                seal_batches: Some(1),
+                fetcher_offset: Some(11),
+                last_fetch_ms: None,
+                reason: None,
+                since_ms: 0,
+                seal: None,
+                restored_open_txns: Some(Vec::new()),
+                destination_hw: None,
+            },
+        );
+        (mirror, key)
+    }
+
+    fn state(mirror: &MirrorContext, key: &PartitionKey) -> State {
+        mirror.lifecycle.get(key).unwrap().state
+    }
+
+    #[tokio::test]
+    async fn only_the_instance_serving_the_partition_completes_a_shared_seal() {
+        // Another instance took the partition over after a leadership move
+        // (this one does not own it): the high watermark passed the seal's
+        // end, yet this instance leaves the completion to that one.
+        let (mirror, key) = stopping(true);
+        assert!(!complete(&mirror, &key, 11, 11).await);
+        assert_eq!(state(&mirror, &key), State::Stopping);
+        // Served here (its fetcher took the partition over): completed.
+        mirror.mark_owned(&key);
+        assert!(!complete(&mirror, &key, 12, 12).await, "another seal's end");
+        assert!(complete(&mirror, &key, 11, 11).await);
+        assert_eq!(state(&mirror, &key), State::Stopped);
+        // A single instance (nothing shared) completes without a take-over.
+        let (single, key) = stopping(false);
+        assert!(complete(&single, &key, 11, 11).await);
+        assert_eq!(state(&single, &key), State::Stopped);
+    }
+
+    #[test]
+    fn a_fetcher_served_a_seal_planned_elsewhere_takes_the_partition_over() {
+        let (mirror, key) = stopping(true);
+        let entry = mirror.lifecycle.get(&key).unwrap();
+        let takes = crate::mirror::seal_path::seal_needs_take_over;
+        // At or past the cut of a seal another instance planned: take over.
+        assert!(takes(&entry, false, true));
+        // Owned here, or no other instance: nothing to take over.
+        assert!(!takes(&entry, true, true));
+        assert!(!takes(&entry, false, false));
+        // STOPPED (or not controlled): answered locally, never taken over.
+        let done = Entry {
+            state: State::Stopped,
+            ..entry
+        };
+        assert!(!takes(&done, false, true));
+    }
 
     #[test]
     fn list_offsets_v2_round_trip() {

@@ -487,7 +487,11 @@ def test_abort_open_after_fetcher_gone_on_promoted_kafka_engine_destination(kafk
     """The mirrored transaction reaches the destination the way a mirror fetcher writes it
     (Kafka's UnifiedLog, appendAsFollower, through mirrorguard), the fetcher stops before any
     seal, the log is handed to a real Kafka broker, and `abort-open` closes the transaction
-    there: the LSO reaches the log end and read_committed consumers get past it."""
+    there: the LSO reaches the log end and read_committed consumers get past it.
+
+    The mirror runs on mirrorguard's default rule (`stopped_when = "destination_hw"`, the
+    high watermark read on `destination_bootstrap`, here broker B): no seal is ever served,
+    so the partition stays STOPPING until abort-open records it STOPPED."""
     from kafka_dest import prepare_promotion, promote
     from scenario_support import end_offset, idem, read_all, send_each, txn, txn_producer, values
 
@@ -504,7 +508,8 @@ def test_abort_open_after_fetcher_gone_on_promoted_kafka_engine_destination(kafk
     topic_id = prepare_promotion(b, topic)
     dest = kafka_dest_factory("B")
     dest.open(topic, topic_id=topic_id)
-    spec = MirrorSpec("a-to-b", a.bootstrap, node_ids=a.node_ids, destination_bootstrap=b.bootstrap)
+    spec = MirrorSpec("a-to-b", a.bootstrap, node_ids=a.node_ids, destination_bootstrap=b.bootstrap,
+                      stopped_when="destination_hw")
     mg = mirror_factory(kafka1.bootstrap, [spec])
     mg.wait_sources_known()
     f = dest.mirror("a-to-b", mg.mirrors["a-to-b"].bootstrap, [(topic, 0)])
@@ -518,6 +523,8 @@ def test_abort_open_after_fetcher_gone_on_promoted_kafka_engine_destination(kafk
     assert status == 200, body
     promote(dest, b, topic)
     assert _lso(b.bootstrap, topic) == 4, "the open mirrored transaction holds the promoted broker's LSO"
+    view = mg.partition(topic, 0)
+    assert view["state"] == "STOPPING" and view.get("cut") is None, view  # no fetcher took a cut
 
     status, body = mg.post("abort-open", "a-to-b", topic, [0])
     assert status == 200, body
@@ -528,6 +535,8 @@ def test_abort_open_after_fetcher_gone_on_promoted_kafka_engine_destination(kafk
     kinds = [x.kind for x in direct_batches(b.bootstrap, topic)]
     assert kinds == ["data", "data", "data", "commit", "data", "abort"], kinds
     assert values(read_all(b.bootstrap, topic, "read_committed")) == [b"a-0", b"a-1", b"c-0"]
+    wait_until(lambda: mg.partition(topic, 0)["state"] == "STOPPED", 15, interval=0.1,
+               what="abort-open recorded the partition STOPPED")
     # Idempotent.
     status, body = mg.post("abort-open", "a-to-b", topic, [0])
     assert status == 200 and body["partitions"][0]["aborted"] == [], body

@@ -10,7 +10,7 @@ Apache Kafka is the source and the state cluster (each test has its own state to
 from __future__ import annotations
 
 import harness
-from kafka_dest import kafka_dest_factory  # noqa: F401 - fixture
+from kafka_dest import dest_hw_bootstrap, kafka_dest_factory  # noqa: F401 - fixture
 from mirror_harness import (  # noqa: F401 - mirror_factory is a fixture
     with_state_topic,
     MirrorSpec,
@@ -26,8 +26,11 @@ from mirror_harness import (  # noqa: F401 - mirror_factory is a fixture
 MIRROR = "src-to-dst"
 
 
-def start_with_fetcher_port(kafka, mirror_factory, topic: str):
-    spec = MirrorSpec(MIRROR, kafka.bootstrap, node_ids=list(kafka.node_ids))
+def start_with_fetcher_port(kafka, mirror_factory, topic: str, destination_hw: str | None = None):
+    """`destination_hw`: the stand-in's listener when the destination holds a log (the seal
+    completes on its high watermark); without it the destination is a Python fetcher that
+    writes no log (the harness's `fetcher_offset` opt-out)."""
+    spec = MirrorSpec(MIRROR, kafka.bootstrap, node_ids=list(kafka.node_ids), destination_hw=destination_hw)
     mg = mirror_factory(kafka.bootstrap, [spec], start=False)
     taken = {mg.admin_port, spec.bootstrap_port, *(spec.node_port_of(n) for n in spec.node_ids)}
     fetcher_port = harness.free_port(taken)
@@ -214,22 +217,29 @@ def test_a_session_reader_copies_a_sealed_partition_up_to_the_cut(kafka1, mirror
     """The same with broker-like fetchers (Kafka's FetchSessionHandler, incremental
     sessions): the destination fetcher seals the partition; afterwards a second fetcher on
     the mirror's reader port copies it from offset 0 and ends with exactly the source's
-    batches below the cut, never a record of the source past it."""
+    batches below the cut, never a record of the source past it. The destination holds a
+    log: the seal completes on its high watermark (mirrorguard's default rule), so the
+    partition is STOPPED only with the barrier in the destination's log."""
     topic = harness.topic_name("rsess")
     harness.create_topics(kafka1.bootstrap, [topic])
-    mg, fetcher_bootstrap = start_with_fetcher_port(kafka1, mirror_factory, topic)
+    dest = kafka_dest_factory("rsess")
+    mg, fetcher_bootstrap = start_with_fetcher_port(kafka1, mirror_factory, topic,
+                                                    destination_hw=dest_hw_bootstrap(dest))
     idem = idempotent_producer(kafka1.bootstrap)
     send(idem, topic, [b"d-%d" % i for i in range(4)])
     cut = high_watermark(kafka1.bootstrap, topic)
 
-    dest = kafka_dest_factory("rsess")
     f = dest.mirror("fetcher", fetcher_bootstrap, [(topic, 0)])
     f.catch_up(topic, cut)
     status, body = mg.post("stop", MIRROR, topic, [0])
     assert status == 200, body
     harness.wait_until(lambda: mg.partition(topic, 0)["state"] == "STOPPED", 20, interval=0.05,
                        what="partition STOPPED")
-    f.catch_up(topic, cut + 1)  # the barrier (no transaction was open)
+    # STOPPED only once the destination's high watermark passed the barrier (no
+    # transaction was open: the seal is the barrier alone).
+    assert dest.state(topic)["high_watermark"] == cut + 1, dest.state(topic)
+    view = mg.partition(topic, 0)
+    assert (view["cut"], view["seal_batches"]) == (cut, 1), view
     send(idem, topic, [b"later-%d" % i for i in range(3)])
 
     copy = harness.topic_name("copy")

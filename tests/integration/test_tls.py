@@ -402,19 +402,26 @@ def test_kafka_engine_fetcher_over_mtls(kssl, pki, mirror_factory, kafka_dest_fa
     """The reference destination's fetcher (Kafka's FetchSessionHandler, SSLSocket with
     hostname verification and a client certificate) mirrors through a mirror listener that
     requires mTLS, from a source reached over mTLS: the destination's Kafka engine appends
-    the region-mapped batches."""
+    the region-mapped batches. A stop then seals the partition on mirrorguard's default rule:
+    STOPPED once the destination's high watermark (the stand-in's listener, plaintext: it
+    is the destination cluster here, `destination_bootstrap`) passed the barrier."""
     if not kafka_dest.available():
         pytest.fail("reference destination missing: run scripts/install-test-deps.sh", pytrace=False)
     topic = topic_name("tls-dest")
     create_topics(kssl.bootstrap, [topic])
     harness.produce(kssl.bootstrap, topic, [(None, b"d%d" % i) for i in range(6)], **{"enable.idempotence": True})
-    spec = MirrorSpec("s-to-d", kssl.ssl_bootstrap, node_ids=kssl.node_ids,
+    dest = kafka_dest_factory("tls-dest")
+    dest.open(topic)
+    # The stand-in's listener speaks plaintext: it is the destination cluster (topic ids,
+    # the high watermark), so [state.tls] does not apply toward it.
+    listener = kafka_dest.dest_hw_bootstrap(dest)
+    spec = MirrorSpec("s-to-d", kssl.ssl_bootstrap, node_ids=kssl.node_ids, destination_bootstrap=listener,
+                      destination_hw=listener,
                       extra=f"tls = {pki.server_tls()}\nsource_tls = {pki.client_tls()}\n")
     mg = mirror_factory(kssl.ssl_bootstrap, [spec],
                         extra_config=f"[state.tls]\nca = \"{pki.ca}\"\ncert = \"{pki.upstream[0]}\"\n"
                                      f"key = \"{pki.upstream[1]}\"\n")
     mg.wait_sources_known()
-    dest = kafka_dest_factory("tls-dest")
     cert, key = pki.app
     f = dest.mirror("s-to-d", spec.bootstrap, [(topic, 0)], tls_ca=str(pki.ca), tls_cert=str(cert),
                     tls_key=str(key))
@@ -425,6 +432,15 @@ def test_kafka_engine_fetcher_over_mtls(kssl, pki, mirror_factory, kafka_dest_fa
     src_pid = mirror_harness.direct_batches(kssl.bootstrap, topic)[0].producer_id
     assert list(st["producers"]) == [mirror_harness.map_pid(src_pid, mirror_harness.fold(kssl.cluster_id))]
     assert [v for _, v in dest.values(topic)] == [b"d%d" % i for i in range(6)]
+    status, body = mg.post("stop", "s-to-d", topic, [0])
+    assert status == 200, body
+    harness.wait_until(lambda: mg.partition(topic, 0)["state"] == "STOPPED", 30, interval=0.05,
+                       what="partition STOPPED")
+    view = mg.partition(topic, 0)
+    assert (view["cut"], view["seal_batches"]) == (6, 1), view  # the barrier alone
+    st = dest.state(topic)
+    assert st["high_watermark"] == st["log_end_offset"] == 7, st
+    assert [b["kind"] for b in dest.batches(topic)][-1] == "TYPE_7", dest.batches(topic)
     f.stop()
 
 

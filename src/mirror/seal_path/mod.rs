@@ -53,6 +53,8 @@ pub use below_cut::trim_below_cut;
 pub(crate) use plan::after_stopped;
 use plan::decide_all;
 pub use plan::plan_fetch;
+#[cfg(test)]
+pub(crate) use plan::seal_needs_take_over;
 pub use sessions::drop_strays;
 pub use sessions::is_stray;
 use sessions::note_session;

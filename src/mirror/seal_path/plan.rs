@@ -254,9 +254,16 @@ pub(super) fn decide_all(
         // (or nobody here did yet): take it over first, as the fetch path
         // does, so its producer state is brought up to date below.
         // A fetch below the cut plans the seal again there: the same.
+        // Under the destination rule, serving a seal another instance
+        // planned (a leadership move mid-seal, a restart) takes the
+        // partition over too: only the instance serving the current
+        // fetcher completes the seal (`dest_hw`), so it is completed once.
         let takes_cut =
             entry.state == State::Stopping && entry.cut.is_none_or(|cut| c.fetch_offset < cut);
-        if takes_cut && !mirror.is_owned(&c.key) && mirror.salts.shared() {
+        let gated = mirror.destination_hw().is_some();
+        if (takes_cut || gated)
+            && seal_needs_take_over(&entry, mirror.is_owned(&c.key), mirror.salts.shared())
+        {
             let job = crate::mirror::handover::TakeOver {
                 key: c.key.clone(),
                 from_offset: c.fetch_offset,
@@ -446,6 +453,18 @@ pub(super) fn decide_all(
         }
     }
     Ok(answers)
+}
+
+/// Whether the destination fetcher's fetch of a controlled partition must
+/// take it over before it is answered: a STOPPING partition (its cut taken
+/// here, the seal planned again, or a seal served or awaited) this instance
+/// does not serve, when instances share `__mirror_state`.
+pub(crate) fn seal_needs_take_over(
+    entry: &crate::lifecycle::Entry,
+    owned: bool,
+    shared: bool,
+) -> bool {
+    entry.state == State::Stopping && !owned && shared
 }
 
 /// What follows a persisted STOPPED: the destination appended the ABORT

@@ -10,6 +10,41 @@ pub(super) fn needs_chunks(producers: usize) -> bool {
     16 + producers.saturating_mul(67) > MAX_SNAPSHOT_BYTES
 }
 
+/// A signature of the transactions open in `snap` (mapped PID, epoch,
+/// first offset of each): a chunked snapshot is written again when it
+/// changes, since a take-over with the source gone seals from it.
+pub(super) fn open_txn_signature(snap: &ps::PartitionSnapshot) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    for p in &snap.producers {
+        if let Some(first) = p.transaction_first_offset {
+            (p.mapped_pid, p.epoch, first).hash(&mut h);
+        }
+    }
+    h.finish()
+}
+
+/// Whether a partition snapshotted in chunks is written in chunks again
+/// now: when the claims it supersedes are at least a tenth of its
+/// producers (`has_claims`), when its open transactions changed since the
+/// last chunked snapshot (a take-over with the source gone seals from the
+/// snapshot: a transaction begun or closed since must be in it), or when
+/// that one is older than [`CHUNKED_SNAPSHOT_MIN_AGE_MS`] (or there is
+/// none). `last`: (wall-clock ms, transaction signature) of the last one.
+pub(super) fn chunked_snapshot_due(
+    has_claims: bool,
+    last: Option<(i64, u64)>,
+    now: i64,
+    txns: u64,
+) -> bool {
+    match last {
+        None => true,
+        Some((at, sig)) => {
+            has_claims || sig != txns || now.saturating_sub(at) >= CHUNKED_SNAPSHOT_MIN_AGE_MS
+        }
+    }
+}
+
 /// The type-7 records of one chunk generation of a snapshot
 /// ([`CHUNK_PRODUCERS`] producers per record).
 pub(super) fn chunk_records(
@@ -279,7 +314,7 @@ impl StateSync {
         self.chunked_at
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(snap.key.clone(), now);
+            .insert(snap.key.clone(), (now, open_txn_signature(snap)));
         tracing::debug!(partition = %snap.key, producers = value.producers.len(), chunks = count,
             generation, "chunked producer-state snapshot written");
         self.snapshotted
@@ -323,5 +358,75 @@ impl StateSync {
             .await?;
         self.count("snapshot_chunk_tombstone");
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A partition of `n` producers; those in `open` have a transaction
+    /// open at the given first offset.
+    fn snapshot(n: i64, open: &[(i64, i64)]) -> ps::PartitionSnapshot {
+        ps::PartitionSnapshot {
+            version: ps::PARTITION_SNAPSHOT_VERSION,
+            key: PartitionKey::new([1; 16], "t", 0),
+            next_offset: n + 10,
+            producers: (0..n)
+                .map(|pid| ps::ProducerSnapshotEntry {
+                    mapped_pid: pid,
+                    origin: Origin {
+                        source_cluster: ps::ClusterId([2; 16]),
+                        original_pid: pid,
+                    },
+                    epoch: 0,
+                    last_sequence: 0,
+                    last_offset: pid,
+                    last_timestamp: 0,
+                    last_seen_ms: 0,
+                    coordinator_epoch: -1,
+                    transaction_first_offset: open
+                        .iter()
+                        .find(|(p, _)| *p == pid)
+                        .map(|(_, first)| *first),
+                })
+                .collect(),
+            salts: Vec::new(),
+            closings: None,
+        }
+    }
+
+    #[test]
+    fn a_chunked_snapshot_is_written_again_when_its_open_transactions_change() {
+        let n = 4_000;
+        assert!(needs_chunks(n as usize));
+        let written = open_txn_signature(&snapshot(n, &[(3, 100)]));
+        let now = 1_000_000;
+        let last = Some((now - 1_000, written));
+        // Same open transactions, no claims to supersede, written a second
+        // ago: not again (a busy partition is not rewritten every round).
+        assert!(!chunked_snapshot_due(false, last, now, written));
+        // A transaction begun since by a producer already in the snapshot,
+        // one closed since, one begun again at another offset: written
+        // again, whatever the claims and the age.
+        for open in [vec![(3, 100), (7, 4_010)], vec![], vec![(3, 4_020)]] {
+            let sig = open_txn_signature(&snapshot(n, &open));
+            assert_ne!(sig, written, "{open:?}");
+            assert!(chunked_snapshot_due(false, last, now, sig), "{open:?}");
+        }
+        // Idempotent producers moving on change nothing.
+        let mut moved = snapshot(n, &[(3, 100)]);
+        moved.producers[5].last_sequence = 9;
+        moved.next_offset += 1;
+        assert_eq!(open_txn_signature(&moved), written);
+        // The other reasons still hold.
+        assert!(chunked_snapshot_due(true, last, now, written));
+        assert!(chunked_snapshot_due(
+            false,
+            Some((now - CHUNKED_SNAPSHOT_MIN_AGE_MS, written)),
+            now,
+            written
+        ));
+        assert!(chunked_snapshot_due(false, None, now, written));
     }
 }

@@ -47,6 +47,7 @@ mod topics;
 
 use chunks::chunk_records;
 use chunks::needs_chunks;
+use chunks::{chunked_snapshot_due, open_txn_signature};
 pub use error::SyncError;
 pub use others::OTHER_TYPE5_KEPT;
 use snapshots::open_txns_of;
@@ -126,8 +127,10 @@ pub struct StateSync {
     >,
     /// Last chunked-snapshot generation written or read.
     chunk_generation: std::sync::atomic::AtomicI64,
-    /// Wall-clock ms of the last chunked snapshot written per partition.
-    chunked_at: std::sync::Mutex<std::collections::HashMap<PartitionKey, i64>>,
+    /// Wall-clock ms of the last chunked snapshot written per partition,
+    /// and the signature of the transactions open in it
+    /// ([`chunks::open_txn_signature`]).
+    chunked_at: std::sync::Mutex<std::collections::HashMap<PartitionKey, (i64, u64)>>,
     /// Chunks read at start-up, assembled per partition and generation.
     loaded_chunks: std::sync::Mutex<std::collections::HashMap<SnapshotKey, ChunkGenerations>>,
     /// Offset of the type-5 snapshot restored by the start-up load, per

@@ -313,9 +313,12 @@ impl StateSync {
         // A chunked snapshot rewrites every producer of the partition: write
         // one only when it supersedes claim records of at least a tenth of
         // the partition's producers (a trickle of new producers then costs
-        // at most ~10x their own claims in snapshot bytes), or when the last
-        // one is older than CHUNKED_SNAPSHOT_MIN_AGE_MS, so a busy partition
-        // of 100,000 producers does not rewrite ~7 MB every round.
+        // at most ~10x their own claims in snapshot bytes), when the
+        // partition's open transactions changed (another instance taking it
+        // over with the source gone seals from this snapshot), or when the
+        // last one is older than CHUNKED_SNAPSHOT_MIN_AGE_MS, so a busy
+        // partition of 100,000 idempotent producers does not rewrite ~7 MB
+        // every round.
         let chunked = needs_chunks(snap.producers.len());
         if chunked {
             let has_claims = self
@@ -324,14 +327,14 @@ impl StateSync {
                 .unwrap_or_else(|p| p.into_inner())
                 .get(&snap.key)
                 .is_some_and(|c| c.pids.len().saturating_mul(10) >= snap.producers.len());
-            let now = crate::lifecycle::now_ms();
-            let recent = self
+            let last = self
                 .chunked_at
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .get(&snap.key)
-                .is_some_and(|t| now.saturating_sub(*t) < CHUNKED_SNAPSHOT_MIN_AGE_MS);
-            if !has_claims && recent {
+                .copied();
+            let now = crate::lifecycle::now_ms();
+            if !chunked_snapshot_due(has_claims, last, now, open_txn_signature(snap)) {
                 return Ok(false);
             }
         }
