@@ -183,11 +183,13 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     }
 
     /// How much spare capacity to make before the next read: the rest of the
-    /// current frame, but never more than one chunk ahead of received bytes.
+    /// current frame, but never more than one chunk ahead of received bytes;
+    /// a frame whose size is not read yet gets [`INITIAL_BUFFER`], so a
+    /// connection of small frames never reserves a chunk.
     fn wanted(&self) -> usize {
         let rest = match self.announced() {
             Some(size) => (size + 4).saturating_sub(self.buf.len()),
-            None => READ_CHUNK,
+            None => INITIAL_BUFFER,
         };
         rest.clamp(1, READ_CHUNK.max(self.buf.len()))
     }
@@ -381,6 +383,26 @@ mod tests {
                 expected: 13
             })
         ));
+    }
+
+    /// A connection of small frames keeps the small initial buffer: only a
+    /// frame larger than it makes the reader reserve more.
+    #[tokio::test]
+    async fn small_frames_keep_the_initial_buffer() {
+        let mut input = Vec::new();
+        for i in 0..2000u32 {
+            let body = vec![7u8; (i % 300) as usize];
+            input.extend_from_slice(&(body.len() as i32).to_be_bytes());
+            input.extend_from_slice(&body);
+        }
+        let mut r = FrameReader::new(&input[..], 1 << 20);
+        let mut n = 0;
+        while let Some(f) = r.next_frame().await.unwrap() {
+            drop(f);
+            n += 1;
+            assert!(r.buf.capacity() <= INITIAL_BUFFER, "{}", r.buf.capacity());
+        }
+        assert_eq!(n, 2000);
     }
 
     #[tokio::test]

@@ -359,6 +359,10 @@ pub(super) fn replay_job(
             upto: first,
         }),
         _ => {
+            if next < first {
+                // Nothing to replay from: what lies between is not observed.
+                handle.with(|s| s.closings_unknown_below(first));
+            }
             mirror.mark_warm(key);
             None
         }
@@ -518,17 +522,21 @@ pub(super) fn scan_partition(
     state: &ps::PartitionState,
     records: &[u8],
 ) -> Scan {
-    scan_partition_from(mirror, source, state, records, Scan::default())
+    scan_partition_from(mirror, source, state, records, Scan::default(), false)
 }
 
 /// [`scan_partition`] continuing `scan` (the streamed walk seeds it with the
-/// claims found earlier in the same partition of the response).
+/// claims found earlier in the same partition of the response). With
+/// `to_barrier` the scan ends at a MIRROR_PID_RESET barrier: the producers
+/// it expires are new after it, so nothing past it is decided against the
+/// state from before it (the streamed walk; the held path looks ahead).
 pub(super) fn scan_partition_from(
     mirror: &MirrorContext,
     source: &SourceIdentity,
     state: &ps::PartitionState,
     records: &[u8],
     mut scan: Scan,
+    to_barrier: bool,
 ) -> Scan {
     for entry in walk(records) {
         let h = match entry {
@@ -536,6 +544,14 @@ pub(super) fn scan_partition_from(
             Ok(Entry::Legacy { .. }) => continue, // v2 batches after it still count
             _ => break,
         };
+        let batch = records.get(h.range.clone()).unwrap_or_default();
+        if to_barrier
+            && h.is_control()
+            && crate::records::control::first_control_type(batch)
+                == Some(crate::records::control::ControlType::MirrorPidReset)
+        {
+            break;
+        }
         match batch_need(mirror, source, state, &h) {
             BatchNeed::Nothing => {}
             BatchNeed::Salt(origin) => {

@@ -155,6 +155,8 @@ async fn replay_from(
         // OFFSET_OUT_OF_RANGE below the log start: what was deleted by
         // retention cannot be replayed; start at the log start.
         if error == OFFSET_OUT_OF_RANGE && log_start > offset && log_start < job.upto {
+            // Transactions closed in the skipped range are not known.
+            handle.with(|s| s.closings_unknown_below(log_start));
             offset = log_start;
             continue;
         }
@@ -178,6 +180,7 @@ async fn replay_from(
             // as a consumer and is observed when it is fetched.
             tracing::info!(partition = %job.key, offset, high_watermark, upto = job.upto,
                 "replay stopped at the source's high watermark");
+            handle.with(|s| s.closings_unknown_below(job.upto));
             break;
         }
         if let Some(slice) = body.get_mut(records.start..end) {

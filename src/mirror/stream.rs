@@ -652,8 +652,8 @@ impl FetchStream {
                 claimed: self.claimed.clone(),
                 ..Scan::default()
             };
-            let scan =
-                handle.with(|s| scan_partition_from(&self.mirror, &self.source, s, window, seed));
+            let scan = handle
+                .with(|s| scan_partition_from(&self.mirror, &self.source, s, window, seed, true));
             corrupt = scan.corrupt.contains(&0);
             if !corrupt {
                 if let Some(p) = self.durable_first(&handle, scan)? {

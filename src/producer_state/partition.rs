@@ -248,12 +248,19 @@ impl PartitionState {
         // forgotten raised `closed_known_from` when they went.
         self.fetcher_position = offset;
         let floor = offset.saturating_sub(retention.offsets.max(0));
+        // The count bound is on the closings below the position only: those
+        // past it (a state ahead of the fetcher) must not push them out.
+        let mut below = self.closed.partition_point(|c| c.marker_offset < offset);
         while let Some(c) = self.closed.front() {
-            let below = c.marker_offset < offset;
-            if !(c.marker_offset < floor || below && self.closed.len() > retention.max) {
+            if !(c.marker_offset < floor || c.marker_offset < offset && below > retention.max) {
                 break;
             }
-            self.closed_known_from = self.closed_known_from.max(c.marker_offset + 1);
+            if c.marker_offset < offset {
+                below -= 1;
+            }
+            self.closed_known_from = self
+                .closed_known_from
+                .max(c.marker_offset.saturating_add(1));
             self.closed.pop_front();
         }
         let cap = self.closed.capacity();
@@ -263,6 +270,14 @@ impl PartitionState {
             self.closed
                 .shrink_to((2 * self.closed.len()).max(CLOSED_KEPT_CAPACITY));
         }
+    }
+
+    /// Notes that closings below `offset` may be unknown: the state skipped
+    /// source records there (a replay that found them deleted or stopped
+    /// at the source's high watermark, a partition made warm without a
+    /// replay), so a cut below it is reported incomplete.
+    pub fn closings_unknown_below(&mut self, offset: i64) {
+        self.closed_known_from = self.closed_known_from.max(offset);
     }
 
     /// A copy for mapping lookups (producers and salts) without the
@@ -361,7 +376,9 @@ impl PartitionState {
                          the oldest are forgotten; a seal cut at or below them may miss open \
                          transactions (reported when the cut is taken)");
                 }
-                self.closed_known_from = self.closed_known_from.max(old.marker_offset + 1);
+                self.closed_known_from = self
+                    .closed_known_from
+                    .max(old.marker_offset.saturating_add(1));
             }
         }
         self.closed.push_back(closed);
@@ -865,8 +882,9 @@ impl PartitionState {
                 // more): the oldest go, and a cut at them is reported.
                 let extra = kept.len().saturating_sub(MAX_CLOSED_TRANSACTIONS);
                 if let Some(last_dropped) = extra.checked_sub(1).map(|i| kept[i]) {
-                    state.closed_known_from =
-                        state.closed_known_from.max(last_dropped.marker_offset + 1);
+                    state.closed_known_from = state
+                        .closed_known_from
+                        .max(last_dropped.marker_offset.saturating_add(1));
                 }
                 state.closed = kept[extra..].iter().copied().collect();
             }
@@ -1470,6 +1488,16 @@ mod tests {
         }
         s.note_fetcher_position(0, r);
         assert_eq!(s.closed_transactions().count(), 3);
+        assert!(!s.open_at(0).incomplete);
+        // Nor do closings past the position push those below it out: two
+        // below (at 1 and 3) stay kept with max 2, whatever lies past 4.
+        s.note_fetcher_position(4, r);
+        assert_eq!(
+            s.closed_transactions()
+                .map(|c| c.marker_offset)
+                .collect::<Vec<_>>(),
+            vec![1, 3, 5]
+        );
         assert!(!s.open_at(0).incomplete);
     }
 

@@ -24,10 +24,11 @@
 //! pass untouched ([`Chain::streams_request`]: the produce guard, when no
 //! partition of it is refused), and a response with no
 //! request state that no filter handles ([`Chain::wants`]) are forwarded as
-//! they arrive, in pieces of at most [`READ_CHUNK`] bytes, once their head
+//! they arrive, in pieces of at most
+//! [`READ_CHUNK`](crate::codec::frame::READ_CHUNK) bytes, once their head
 //! (size, header, correlation id) has been read and checked; only frames of
-//! at most one piece, and the frames the chain rewrites (but see below), are
-//! held whole. So
+//! at most [`STREAM_ABOVE`] bytes, and the frames the chain rewrites (but
+//! see below), are held whole. So
 //! a plain or guard listener's Produce requests and Fetch responses (below
 //! v16, whose responses carry no addresses) cost one piece of memory
 //! whatever their size. Requests a mirror listener keeps for a local answer (Fetch,
@@ -77,7 +78,6 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::codec::api;
-use crate::codec::frame::READ_CHUNK;
 use crate::codec::header::{
     produce_acks, request_body_offset, response_correlation_id, RequestHeader,
 };
@@ -93,9 +93,10 @@ use crate::sasl::{ClientCredentials, SaslError};
 const MAX_IN_FLIGHT: usize = 4096;
 
 /// Frames longer than this (size prefix included) are relayed cut-through
-/// when the chain does not rewrite them; shorter ones arrive in one read
-/// anyway and are held whole.
-pub const STREAM_ABOVE: usize = READ_CHUNK;
+/// when the chain does not rewrite them (or rewrites them as they arrive: a
+/// mirror's Fetch); shorter ones are held whole. Its own constant, not the
+/// read size: a bigger read must not hold more responses whole.
+pub const STREAM_ABOVE: usize = 64 * 1024;
 
 /// The most of a request's head read to find its header (and a Produce's
 /// `acks`) before deciding to stream it: the client id and transactional

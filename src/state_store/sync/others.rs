@@ -403,8 +403,6 @@ impl StateSync {
         Ok((restored, applied))
     }
 
-    /// Re-reads one snapshot's records; `None` if any is gone or changed
-    /// (compacted, or not the record the index named).
     /// Restores the newest snapshot of another instance past `fetch_offset`
     /// (and newer than `next`, the state here) whose transaction closings
     /// reach down to `fetch_offset` (see [`Self::restore_from_others`]);
@@ -444,6 +442,8 @@ impl StateSync {
         Ok(false)
     }
 
+    /// Re-reads one snapshot's records; `None` if any is gone or changed
+    /// (compacted, or not the record the index named).
     async fn reread_snapshot(
         &self,
         key: SnapshotKey,
