@@ -1019,6 +1019,11 @@ mod tests {
         }
     }
 
+    /// Observes one batch at time 0, its anomalies discarded.
+    fn see(s: &mut PartitionState, o: &Origin, b: BatchObservation) {
+        s.observe(o, &b, 0, &mut Vec::new());
+    }
+
     #[test]
     fn sequence_wraps_like_kafka() {
         assert_eq!(add_sequence(i32::MAX, 1), 0);
@@ -1165,21 +1170,18 @@ mod tests {
     #[test]
     fn closings_past_the_bound_are_dropped_and_reported() {
         let mut s = PartitionState::new(key());
-        let mut sink = Vec::new();
         let o = origin(1);
         let n = MAX_CLOSED_TRANSACTIONS as i64 + 2;
         for i in 0..n {
-            s.observe(
+            see(
+                &mut s,
                 &o,
-                &BatchObservation::data(100 + i, 0, 2 * i, 0, 1, true),
-                0,
-                &mut sink,
+                BatchObservation::data(100 + i, 0, 2 * i, 0, 1, true),
             );
-            s.observe(
+            see(
+                &mut s,
                 &o,
-                &BatchObservation::marker(100 + i, 0, 2 * i + 1, true, 0),
-                0,
-                &mut sink,
+                BatchObservation::marker(100 + i, 0, 2 * i + 1, true, 0),
             );
         }
         assert_eq!(s.closed_transactions().count(), MAX_CLOSED_TRANSACTIONS);
@@ -1207,20 +1209,9 @@ mod tests {
     #[test]
     fn a_fetcher_position_moving_back_reports_the_forgotten_closings() {
         let mut s = PartitionState::new(key());
-        let mut sink = Vec::new();
         let o = origin(1);
-        s.observe(
-            &o,
-            &BatchObservation::data(9, 0, 0, 0, 1, true),
-            0,
-            &mut sink,
-        );
-        s.observe(
-            &o,
-            &BatchObservation::marker(9, 0, 5, true, 0),
-            0,
-            &mut sink,
-        );
+        see(&mut s, &o, BatchObservation::data(9, 0, 0, 0, 1, true));
+        see(&mut s, &o, BatchObservation::marker(9, 0, 5, true, 0));
         s.note_fetcher_position(6, NONE);
         assert!(!s.open_at(6).incomplete);
         // The destination truncated to 3: the closing at 5 was forgotten;
@@ -1290,20 +1281,17 @@ mod tests {
     #[test]
     fn closings_keep_a_small_buffer_when_emptied() {
         let mut s = PartitionState::new(key());
-        let mut sink = Vec::new();
         let o = origin(1);
         for i in 0..200 {
-            s.observe(
+            see(
+                &mut s,
                 &o,
-                &BatchObservation::data(100 + i, 0, 2 * i, 0, 1, true),
-                0,
-                &mut sink,
+                BatchObservation::data(100 + i, 0, 2 * i, 0, 1, true),
             );
-            s.observe(
+            see(
+                &mut s,
                 &o,
-                &BatchObservation::marker(100 + i, 0, 2 * i + 1, true, 0),
-                0,
-                &mut sink,
+                BatchObservation::marker(100 + i, 0, 2 * i + 1, true, 0),
             );
         }
         assert!(s.closed.capacity() > CLOSED_KEPT_CAPACITY);
@@ -1438,20 +1426,17 @@ mod tests {
 
         // By count: of three closings below the position, two are kept.
         let mut s = PartitionState::new(key());
-        let mut sink = Vec::new();
         let o = origin(1);
         for i in 0..3 {
-            s.observe(
+            see(
+                &mut s,
                 &o,
-                &BatchObservation::data(100 + i, 0, 2 * i, 0, 1, true),
-                0,
-                &mut sink,
+                BatchObservation::data(100 + i, 0, 2 * i, 0, 1, true),
             );
-            s.observe(
+            see(
+                &mut s,
                 &o,
-                &BatchObservation::marker(100 + i, 0, 2 * i + 1, true, 0),
-                0,
-                &mut sink,
+                BatchObservation::marker(100 + i, 0, 2 * i + 1, true, 0),
             );
         }
         let r = ClosingsRetention {
@@ -1473,17 +1458,15 @@ mod tests {
         // Closings at or above the position are never pruned by count.
         let mut s = PartitionState::new(key());
         for i in 0..3 {
-            s.observe(
+            see(
+                &mut s,
                 &o,
-                &BatchObservation::data(100 + i, 0, 2 * i, 0, 1, true),
-                0,
-                &mut sink,
+                BatchObservation::data(100 + i, 0, 2 * i, 0, 1, true),
             );
-            s.observe(
+            see(
+                &mut s,
                 &o,
-                &BatchObservation::marker(100 + i, 0, 2 * i + 1, true, 0),
-                0,
-                &mut sink,
+                BatchObservation::marker(100 + i, 0, 2 * i + 1, true, 0),
             );
         }
         s.note_fetcher_position(0, r);
@@ -1575,7 +1558,6 @@ mod tests {
     #[test]
     fn noting_the_position_does_not_allocate_in_steady_state() {
         let mut s = PartitionState::new(key());
-        let mut sink = Vec::new();
         let o = origin(1);
         let r = ClosingsRetention {
             offsets: 100,
@@ -1583,17 +1565,15 @@ mod tests {
         };
         let mut caps = Vec::new();
         for i in 0..2000i64 {
-            s.observe(
+            see(
+                &mut s,
                 &o,
-                &BatchObservation::data(100 + (i % 10), 0, 2 * i, 0, 1, true),
-                0,
-                &mut sink,
+                BatchObservation::data(100 + (i % 10), 0, 2 * i, 0, 1, true),
             );
-            s.observe(
+            see(
+                &mut s,
                 &o,
-                &BatchObservation::marker(100 + (i % 10), 0, 2 * i + 1, true, 0),
-                0,
-                &mut sink,
+                BatchObservation::marker(100 + (i % 10), 0, 2 * i + 1, true, 0),
             );
             s.note_fetcher_position(2 * i + 2, r);
             if i >= 1000 {
