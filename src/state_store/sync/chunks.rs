@@ -82,16 +82,24 @@ pub(super) fn chunk_keys(
     key: SnapshotKey,
     gens: &ChunkGenerations,
 ) -> Vec<MirrorProducerSnapshotChunkKey> {
-    gens.iter()
-        .flat_map(|(generation, chunks)| {
-            chunks
-                .keys()
-                .map(move |chunk| MirrorProducerSnapshotChunkKey {
-                    topic_id: key.0,
-                    partition: key.1,
-                    generation: *generation,
-                    chunk: *chunk,
-                })
+    keys_of(
+        key,
+        gens.iter()
+            .flat_map(|(generation, chunks)| chunks.keys().map(move |c| (*generation, *c))),
+    )
+}
+
+/// The record keys of a partition's chunks, given as (generation, chunk).
+pub(super) fn keys_of(
+    key: SnapshotKey,
+    chunks: impl Iterator<Item = (i64, i32)>,
+) -> Vec<MirrorProducerSnapshotChunkKey> {
+    chunks
+        .map(|(generation, chunk)| MirrorProducerSnapshotChunkKey {
+            topic_id: key.0,
+            partition: key.1,
+            generation,
+            chunk,
         })
         .collect()
 }

@@ -163,19 +163,12 @@ impl OthersState {
 
     /// The chunk keys of every generation known (live in the topic).
     fn chunk_keys(&self, key: SnapshotKey) -> Vec<MirrorProducerSnapshotChunkKey> {
-        self.generations
-            .iter()
-            .flat_map(|(generation, g)| {
-                g.chunks
-                    .keys()
-                    .map(move |chunk| MirrorProducerSnapshotChunkKey {
-                        topic_id: key.0,
-                        partition: key.1,
-                        generation: *generation,
-                        chunk: *chunk,
-                    })
-            })
-            .collect()
+        super::chunks::keys_of(
+            key,
+            self.generations
+                .iter()
+                .flat_map(|(generation, g)| g.chunks.keys().map(move |c| (*generation, *c))),
+        )
     }
 
     /// The newest snapshot offset known (type 5 or a complete generation).
