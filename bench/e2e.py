@@ -91,6 +91,15 @@ def metric(admin_url: str, name: str) -> float:
     return total
 
 
+# CPUs the load generator runs on (`taskset -c`), when a bench pins its processes: empty, any.
+CLIENT_CPUS = ""
+
+
+def pin(pid: int, cpus: str) -> None:
+    """Pins every thread of a running process to `cpus` (a `taskset -c` list)."""
+    subprocess.run(["taskset", "-a", "-p", "-c", cpus, str(pid)], check=True, capture_output=True)
+
+
 def run_fetch(addr: str, topic: str, partitions: int, seconds: float, *, rate: float = 0.0,
               connections: int = 1, max_mb: int = 100_000, verify: bool = False,
               partition_max: int = 1 << 20, tls_ca: Path | None = None, max_wait_ms: int = 0) -> dict:
@@ -105,6 +114,8 @@ def run_fetch(addr: str, topic: str, partitions: int, seconds: float, *, rate: f
         argv += ["--rate", str(rate)]
     if verify:
         argv.append("--verify-crc")
+    if CLIENT_CPUS:
+        argv = ["taskset", "-c", CLIENT_CPUS, *argv]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60)
     if out.returncode != 0:
         raise RuntimeError(f"fetchbench failed on {addr}: {out.stderr[-2000:]}")

@@ -19,7 +19,10 @@ rate, with the latency each proxy adds over direct in the same round.
 `--floor` adds the floor relay (`fetchbench relay`: bytes copied both ways
 with read/write through a 256 KiB buffer, nothing parsed; `--floor splice`
 adds its splice(2) variant too): what any TCP relay costs on this machine,
-the bound mirrorguard is compared with. `--link-mbps M` paces the fixture's
+the bound mirrorguard is compared with. `--pin` runs the fixture, the load generator and the state broker on CPU 0 and each relay
+(mirrorguard, the floor relay) on CPU 1: the relay has a core of its own, as a sidecar on
+another host than the source has, instead of competing with both ends for two cores (direct
+then also runs on CPU 0 alone). `--link-mbps M` paces the fixture's
 responses to M MB/s per connection (a source across a network link instead
 of in memory next to the fetcher).
 
@@ -61,7 +64,15 @@ def main() -> int:
     ap.add_argument("--floor", nargs="?", const="rw", default="",
                     help="add the floor relay: 'rw' (read/write), 'splice' (both variants)")
     ap.add_argument("--link-mbps", type=float, default=0.0, help="pace the fixture to this many MB/s per connection")
+    ap.add_argument("--pin", action="store_true",
+                    help="the ends (fixture, load generator, state broker) on CPU 0, each relay on CPU 1")
     args = ap.parse_args()
+    ends, relays = ("0", "1") if args.pin else ("", "")
+    e2e.CLIENT_CPUS = ends
+
+    def on(cpus: str, argv: list) -> list:
+        # Started pinned, so a tokio runtime sizes its workers to the CPUs it has.
+        return ["taskset", "-c", cpus, *argv] if cpus else argv
 
     work = Path(tempfile.mkdtemp(prefix="mg-relay-ab-"))
     procs = Procs(work)
@@ -69,18 +80,18 @@ def main() -> int:
     ports = Ports()
     try:
         fx = ports.one()
-        fixture = procs.start("fixture", [e2e.FB_BIN, "upstream", "--listen", f"{HOST}:{fx}", "--topic", "synth",
+        fixture = procs.start("fixture", on(ends, [e2e.FB_BIN, "upstream", "--listen", f"{HOST}:{fx}", "--topic", "synth",
                                           "--partitions", str(args.partitions), "--batch-bytes", "16384",
                                           "--batches", str(args.batches), "--producers", "16",
-                                          "--link-mbps", str(args.link_mbps)],
+                                          "--link-mbps", str(args.link_mbps)]),
                               ready=lambda: port_open(fx))
         paths = [("direct", f"{HOST}:{fx}")]
         watch = {"fixture": fixture.pid}
         floors = {"rw": [("floor", [])], "splice": [("floor", []), ("floor-splice", ["--splice"])]}
         for name, extra in floors.get(args.floor, []):
             port = ports.one()
-            p = procs.start(name, [e2e.FB_BIN, "relay", "--listen", f"{HOST}:{port}", "--upstream", f"{HOST}:{fx}",
-                                   *extra], ready=lambda port=port: port_open(port))
+            p = procs.start(name, on(relays, [e2e.FB_BIN, "relay", "--listen", f"{HOST}:{port}", "--upstream",
+                                                f"{HOST}:{fx}", *extra]), ready=lambda port=port: port_open(port))
             watch[name] = p.pid
             paths.append((name, f"{HOST}:{port}"))
         modes = args.modes.split(",")
@@ -91,6 +102,9 @@ def main() -> int:
             cluster = KafkaCluster(work / "kafka", nodes=1)
             cluster.start()
             stops.append(cluster.stop)
+            for node in cluster.nodes:
+                if ends:
+                    e2e.pin(node.proc.pid, ends)
             state = cluster.bootstrap.split(",")[0]
             harness.create_topics(state, ["synth"], partitions=args.partitions)
         for mode in modes:
@@ -108,7 +122,7 @@ def main() -> int:
                     # partitions over from each other every round.
                     text = cfg.read_text().replace("[state]\n", f'[state]\ntopic = "__mirror_state_{name}"\n', 1)
                     cfg.write_text(text)
-                p = procs.start(name, [binary, "run", "--config", cfg],
+                p = procs.start(name, on(relays, [binary, "run", "--config", cfg]),
                                 ready=ready_url(f"http://{HOST}:{admin}/readyz"))
                 watch[name] = p.pid
                 paths.append((name, f"{HOST}:{port}"))
@@ -136,6 +150,8 @@ def main() -> int:
     med = statistics.median
     d_mb = med(r["mb_per_s"] for r in sat["direct"])
     link = f", paced to {args.link_mbps:,.0f} MB/s" if args.link_mbps else ", memory speed"
+    if args.pin:
+        link += ", ends pinned to CPU 0 and each relay to CPU 1"
     print(f"synthetic upstream{link}, {args.partitions} partitions x {args.batches} x 16 KiB "
           f"({args.partitions * args.batches * 16 // 1024} MiB responses), 1 connection, "
           f"median of {args.rounds} interleaved rounds of {args.seconds:.0f} s")
