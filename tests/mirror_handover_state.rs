@@ -251,7 +251,83 @@ async fn take_over_restores_chunked_snapshots_and_claims_of_other_instances() {
     // that snapshot made it tombstone them.
     claims_past_the_fetcher(bs, "claims", false).await;
     claims_past_the_fetcher(bs, "claims_snapshotted", true).await;
+    refused_snapshot_falls_back_to_the_next(bs, "refused").await;
     drop(kafka);
+}
+
+/// A's type-5 snapshot at 10 is followed by a record of the same partition
+/// that the registry refuses (a producer listed twice: no mirrorguard
+/// writes it). B's take-over at 10 tries the refused one first (the record
+/// written last wins a tie) and must go on to A's, not stop as if it had
+/// restored something.
+async fn refused_snapshot_falls_back_to_the_next(bs: &str, topic: &str) {
+    use mirrorguard::state_store::schema::{decode, StateRecord};
+
+    create_topic(bs, topic);
+    let state_topic = format!("__mirror_state_{topic}");
+    let a = instance(bs, &state_topic, "a").await;
+    let b = instance(bs, &state_topic, "b").await;
+    let producers: Vec<ProducerSnapshotEntry> = (0..3i64)
+        .map(|p| ProducerSnapshotEntry {
+            mapped_pid: map_with_salt(p, FOLD, 0, Layout::High),
+            origin: Origin {
+                source_cluster: source_cluster(),
+                original_pid: p,
+            },
+            epoch: 0,
+            last_sequence: 4,
+            last_offset: 9,
+            last_timestamp: 1,
+            last_seen_ms: mirrorguard::lifecycle::now_ms(),
+            coordinator_epoch: -1,
+            transaction_first_offset: None,
+        })
+        .collect();
+    a.registry
+        .restore(&PartitionSnapshot {
+            version: PARTITION_SNAPSHOT_VERSION,
+            key: key(topic),
+            next_offset: 10,
+            producers,
+            salts: Vec::new(),
+            closings: None,
+        })
+        .unwrap();
+    assert_eq!(a.sync.snapshot_once().await.unwrap(), 1);
+
+    // The refused record: A's snapshot with its first producer twice.
+    let raw = StateStore::open(StateStoreConfig {
+        topic: state_topic.clone(),
+        request_timeout: Duration::from_secs(30),
+        ..StateStoreConfig::new(vec![bs.to_string()])
+    })
+    .await
+    .unwrap();
+    let (snapshot_key, mut value) = raw
+        .read_all()
+        .await
+        .unwrap()
+        .into_iter()
+        .find_map(|r| match decode(&r.key, r.value.as_deref()) {
+            Ok(StateRecord::ProducerSnapshot { value: Some(v), .. }) => Some((r.key, v)),
+            _ => None,
+        })
+        .expect("A's type-5 snapshot");
+    let first = value.producers[0];
+    value.producers.push(first);
+    raw.append(snapshot_key.to_vec(), Some(value.encode().unwrap()))
+        .await
+        .unwrap();
+
+    SaltStore::read_state(&*b.sync).await.unwrap();
+    let (mapped, waits) = forward(&b, response(topic, 10, 1, 5)).await;
+    assert_eq!(waits, ["take_over"], "restored from A's snapshot: no claim");
+    assert_eq!(counter(&b.metrics, "snapshot_restore_refused"), 1.0);
+    assert_eq!(counter(&b.metrics, "take_over_restore"), 1.0);
+    assert_eq!(mapped, map_with_salt(1, FOLD, 0, Layout::High));
+    let h = b.registry.get(&key(topic)).unwrap();
+    assert_eq!(h.with(|s| s.producer_count()), 3);
+    assert_eq!(h.with(|s| s.producer(mapped).unwrap().last_sequence), 5);
 }
 
 /// A (with B sharing its state) forwards P at 0, snapshots at 1, forwards X

@@ -297,8 +297,7 @@ impl StateSync {
                 .collect(),
             unknown_tagged_fields: Vec::new(),
         };
-        self.restore_producers(&pk, &value);
-        true
+        self.restore_producers(&pk, &value)
     }
 
     /// Writes a snapshot too large for one record as a new generation of

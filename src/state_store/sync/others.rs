@@ -308,7 +308,11 @@ impl StateSync {
         }
         for loc in candidates.into_iter().filter(|_| !restored) {
             if let Some(value) = self.reread_snapshot(key, &loc).await? {
-                self.restore_producers(pk, &value);
+                if !self.restore_producers(pk, &value) {
+                    // Refused (logged and counted): an older candidate may
+                    // still give the state.
+                    continue;
+                }
                 if loc.chunked {
                     self.count("take_over_chunked_restore");
                 } else {
@@ -423,8 +427,7 @@ impl StateSync {
             };
             let covers = snapshots::closings_from(&value)
                 .is_some_and(|c| c.kept_from.max(c.dropped_upto.saturating_add(1)) <= fetch_offset);
-            if covers {
-                self.restore_producers(pk, &value);
+            if covers && self.restore_producers(pk, &value) {
                 self.count("take_over_restore");
                 tracing::info!(partition = %pk, snapshot_offset = loc.snapshot_offset, fetch_offset,
                     "seal planned again below its cut: restored a snapshot past the fetcher whose \

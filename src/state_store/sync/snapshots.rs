@@ -151,8 +151,13 @@ impl StateSync {
     }
 
     /// Restores a partition's shadow producer state from a snapshot read at
-    /// start-up, keeping the salts already applied.
-    pub(super) fn restore_producers(&self, pk: &PartitionKey, value: &MirrorProducerSnapshotValue) {
+    /// start-up, keeping the salts already applied; returns whether the
+    /// registry took it (a refused one leaves the state as it was).
+    pub(super) fn restore_producers(
+        &self,
+        pk: &PartitionKey,
+        value: &MirrorProducerSnapshotValue,
+    ) -> bool {
         let now = crate::lifecycle::now_ms();
         let handle = self.registry.partition(pk);
         let salts: Vec<SaltRecord> = handle.with(|s| s.salts().records().collect());
@@ -183,13 +188,17 @@ impl StateSync {
             salts,
             closings: closings_from(value),
         };
-        match self.registry.restore(&snapshot) {
-            Ok(()) => tracing::info!(partition = %pk, producers = snapshot.producers.len(),
-                upto = value.snapshot_offset, "producer state restored from __mirror_state"),
-            Err(e) => {
-                tracing::warn!(partition = %pk, error = %e, "producer-state snapshot not restored")
-            }
+        if let Err(e) = self.registry.restore(&snapshot) {
+            // A record no mirrorguard writes (a newer version, a corrupt
+            // entry): the state stays as it was, and a take-over tries the
+            // next candidate.
+            tracing::warn!(partition = %pk, snapshot_offset = value.snapshot_offset, error = %e,
+                "producer-state snapshot not restored");
+            self.count("snapshot_restore_refused");
+            return false;
         }
+        tracing::info!(partition = %pk, producers = snapshot.producers.len(),
+            upto = value.snapshot_offset, "producer state restored from __mirror_state");
         self.snapshotted
             .lock()
             .unwrap_or_else(|p| p.into_inner())
@@ -197,6 +206,7 @@ impl StateSync {
                 pk.clone(),
                 (value.snapshot_offset, snapshot.producers.len()),
             );
+        true
     }
 
     /// Writes a producer-state snapshot (type 5) of every MIRRORING partition
