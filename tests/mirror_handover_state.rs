@@ -174,6 +174,37 @@ fn key(topic: &str) -> PartitionKey {
     PartitionKey::new([0; 16], topic, 0)
 }
 
+/// `i` holds the partition up to offset 10 with `n` idempotent producers
+/// (source PIDs 0..n, last sequence 4 at offset 9), as if it had served it.
+fn serve_up_to_10(i: &Instance, topic: &str, n: i64) {
+    let producers: Vec<ProducerSnapshotEntry> = (0..n)
+        .map(|p| ProducerSnapshotEntry {
+            mapped_pid: map_with_salt(p, FOLD, 0, Layout::High),
+            origin: Origin {
+                source_cluster: source_cluster(),
+                original_pid: p,
+            },
+            epoch: 0,
+            last_sequence: 4,
+            last_offset: 9,
+            last_timestamp: 1,
+            last_seen_ms: mirrorguard::lifecycle::now_ms(),
+            coordinator_epoch: -1,
+            transaction_first_offset: None,
+        })
+        .collect();
+    i.registry
+        .restore(&PartitionSnapshot {
+            version: PARTITION_SNAPSHOT_VERSION,
+            key: key(topic),
+            next_offset: 10,
+            producers,
+            salts: Vec::new(),
+            closings: None,
+        })
+        .unwrap();
+}
+
 fn counter(m: &Metrics, kind: &str) -> f64 {
     let series =
         format!("mirrorguard_state_store_ops_total{{listener=\"__mirror_state\",kind=\"{kind}\"}}");
@@ -198,32 +229,7 @@ async fn take_over_restores_chunked_snapshots_and_claims_of_other_instances() {
     let b = instance(bs, "__mirror_state_h1", "b").await;
     // A serves the partition up to offset 10 with 5,000 producers: more
     // than one type-5 record holds, so its snapshot is a chunk generation.
-    let producers: Vec<ProducerSnapshotEntry> = (0..5_000i64)
-        .map(|p| ProducerSnapshotEntry {
-            mapped_pid: map_with_salt(p, FOLD, 0, Layout::High),
-            origin: Origin {
-                source_cluster: source_cluster(),
-                original_pid: p,
-            },
-            epoch: 0,
-            last_sequence: 4,
-            last_offset: 9,
-            last_timestamp: 1,
-            last_seen_ms: mirrorguard::lifecycle::now_ms(),
-            coordinator_epoch: -1,
-            transaction_first_offset: None,
-        })
-        .collect();
-    a.registry
-        .restore(&PartitionSnapshot {
-            version: PARTITION_SNAPSHOT_VERSION,
-            key: key(topic),
-            next_offset: 10,
-            producers,
-            salts: Vec::new(),
-            closings: None,
-        })
-        .unwrap();
+    serve_up_to_10(&a, topic, 5_000);
     assert_eq!(a.sync.snapshot_once().await.unwrap(), 1);
     assert_eq!(counter(&a.metrics, "snapshot_chunked"), 1.0);
     SaltStore::read_state(&*b.sync).await.unwrap();
@@ -267,32 +273,7 @@ async fn refused_snapshot_falls_back_to_the_next(bs: &str, topic: &str) {
     let state_topic = format!("__mirror_state_{topic}");
     let a = instance(bs, &state_topic, "a").await;
     let b = instance(bs, &state_topic, "b").await;
-    let producers: Vec<ProducerSnapshotEntry> = (0..3i64)
-        .map(|p| ProducerSnapshotEntry {
-            mapped_pid: map_with_salt(p, FOLD, 0, Layout::High),
-            origin: Origin {
-                source_cluster: source_cluster(),
-                original_pid: p,
-            },
-            epoch: 0,
-            last_sequence: 4,
-            last_offset: 9,
-            last_timestamp: 1,
-            last_seen_ms: mirrorguard::lifecycle::now_ms(),
-            coordinator_epoch: -1,
-            transaction_first_offset: None,
-        })
-        .collect();
-    a.registry
-        .restore(&PartitionSnapshot {
-            version: PARTITION_SNAPSHOT_VERSION,
-            key: key(topic),
-            next_offset: 10,
-            producers,
-            salts: Vec::new(),
-            closings: None,
-        })
-        .unwrap();
+    serve_up_to_10(&a, topic, 3);
     assert_eq!(a.sync.snapshot_once().await.unwrap(), 1);
 
     // The refused record: A's snapshot with its first producer twice.
