@@ -310,32 +310,6 @@ mod handle_cache_tests {
     use super::*;
     use crate::proxy::refresh::{ClusterView, RefreshHook};
 
-    struct NoSalts;
-
-    impl SaltStore for NoSalts {
-        fn durable(&self) -> bool {
-            false
-        }
-        fn persist_claims(
-            &self,
-            _claims: Vec<(PartitionKey, Vec<(i64, Origin)>)>,
-        ) -> crate::BoxFuture<'static, Result<(), PersistError>> {
-            Box::pin(async { Ok(()) })
-        }
-        fn topic_id(&self, _topic: &str) -> Option<[u8; 16]> {
-            None
-        }
-        fn refresh_topic_ids(&self) -> crate::BoxFuture<'static, Result<(), PersistError>> {
-            Box::pin(async { Ok(()) })
-        }
-        fn persist(
-            &self,
-            _salts: Vec<PendingSalt>,
-        ) -> crate::BoxFuture<'static, Result<(), PersistError>> {
-            Box::pin(async { Ok(()) })
-        }
-    }
-
     fn ctx(prefix: &str) -> Arc<MirrorContext> {
         let cfg: MirrorConfig = toml::from_str(&format!(
             "name = \"m\"\nbootstrap = \"127.0.0.1:1\"\nadvertised_host = \"h\"\n\
@@ -347,7 +321,7 @@ mod handle_cache_tests {
         MirrorContext::new(
             &cfg,
             Arc::new(ProducerStateRegistry::default()),
-            Arc::new(NoSalts),
+            Arc::new(crate::mirror::test_store::NoopStore::new()),
             crate::lifecycle::Lifecycle::new(metrics.clone()),
             &metrics,
         )

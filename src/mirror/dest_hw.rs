@@ -453,39 +453,18 @@ pub fn parse_list_offsets(body: &[u8]) -> WireResult<Vec<(String, i32, i16, i64)
 mod tests {
     use super::*;
     use crate::config::MirrorConfig;
-    use crate::lifecycle::{Entry, Lifecycle, TransitionStore};
-    use crate::mirror::{PendingSalt, SaltStore};
+    use crate::lifecycle::{Entry, Lifecycle};
+    use crate::mirror::test_store::NoopStore;
     use crate::producer_state::{ProducerStateRegistry, RegistryConfig};
-    use crate::PersistError;
 
     /// `__mirror_state` as the gate sees it: shared with other instances or
     /// not; transitions always persist.
-    struct Store {
-        shared: bool,
-    }
-
-    impl SaltStore for Store {
-        fn topic_id(&self, _topic: &str) -> Option<[u8; 16]> {
-            Some([0; 16])
-        }
-        fn refresh_topic_ids(&self) -> crate::BoxFuture<'static, Result<(), PersistError>> {
-            Box::pin(async { Ok(()) })
-        }
-        fn persist(
-            &self,
-            _salts: Vec<PendingSalt>,
-        ) -> crate::BoxFuture<'static, Result<(), PersistError>> {
-            Box::pin(async { Ok(()) })
-        }
-        fn shared(&self) -> bool {
-            self.shared
-        }
-    }
-
-    impl TransitionStore for Store {
-        fn persist(&self, _entry: Entry) -> crate::BoxFuture<'static, Result<(), PersistError>> {
-            Box::pin(async { Ok(()) })
-        }
+    fn store(shared: bool) -> Arc<NoopStore> {
+        Arc::new(NoopStore {
+            shared,
+            topic_id: |_| Some([0; 16]),
+            ..NoopStore::new()
+        })
     }
 
     /// A mirror whose partition t-0 is STOPPING with a seal (the barrier
@@ -493,7 +472,7 @@ mod tests {
     fn stopping(shared: bool) -> (Arc<MirrorContext>, PartitionKey) {
         let metrics = crate::metrics::Metrics::new();
         let lifecycle = Lifecycle::new(metrics.clone());
-        lifecycle.set_store(Arc::new(Store { shared }));
+        lifecycle.set_store(store(shared));
         let cfg: MirrorConfig = toml::from_str(
             "name = \"m\"\nbootstrap = \"127.0.0.1:1\"\nadvertised_host = \"127.0.0.1\"\n\
              node_port_base = 20000\nsource_bootstrap = [\"127.0.0.1:2\"]\n\
@@ -503,7 +482,7 @@ mod tests {
         let mirror = MirrorContext::new(
             &cfg,
             Arc::new(ProducerStateRegistry::new(RegistryConfig::default())),
-            Arc::new(Store { shared }),
+            store(shared),
             lifecycle.clone(),
             &metrics,
         )

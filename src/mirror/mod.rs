@@ -63,6 +63,8 @@ pub mod stream;
 pub mod stream_check;
 #[cfg(test)]
 mod stream_tests;
+#[cfg(test)]
+mod test_store;
 
 pub(crate) use adapters::run_replays;
 pub use batch::map_with_salt;

@@ -358,32 +358,19 @@ mod tests {
     use crate::filter::Rewritten;
     use crate::handlers::{build_fetch_response, FetchPartitionResponse, FetchTopicRef};
     use crate::metrics::Metrics;
-    use crate::mirror::{MirrorContext, PendingSalt, SaltStore};
-    use crate::producer_state::{Origin, PartitionKey, ProducerStateRegistry};
+    use crate::mirror::test_store::NoopStore;
+    use crate::mirror::MirrorContext;
+    use crate::producer_state::{PartitionKey, ProducerStateRegistry};
     use crate::records::builder::{build_batch, BatchSpec, RecordSpec};
     use std::borrow::Cow;
 
-    type Done = crate::BoxFuture<'static, Result<(), crate::PersistError>>;
-
     /// A durable store that knows the id of `known` only.
-    struct KnowsOne;
-
-    impl SaltStore for KnowsOne {
-        fn durable(&self) -> bool {
-            true
-        }
-        fn persist_claims(&self, _claims: Vec<(PartitionKey, Vec<(i64, Origin)>)>) -> Done {
-            Box::pin(async { Ok(()) })
-        }
-        fn topic_id(&self, topic: &str) -> Option<[u8; 16]> {
-            (topic == "known").then_some([7; 16])
-        }
-        fn refresh_topic_ids(&self) -> Done {
-            Box::pin(async { Ok(()) })
-        }
-        fn persist(&self, _salts: Vec<PendingSalt>) -> Done {
-            Box::pin(async { Ok(()) })
-        }
+    fn knows_one() -> Arc<NoopStore> {
+        Arc::new(NoopStore {
+            durable: true,
+            topic_id: |topic| (topic == "known").then_some([7; 16]),
+            ..NoopStore::new()
+        })
     }
 
     fn ctx() -> Arc<MirrorContext> {
@@ -397,7 +384,7 @@ mod tests {
         MirrorContext::new(
             &cfg,
             Arc::new(ProducerStateRegistry::default()),
-            Arc::new(KnowsOne),
+            knows_one(),
             crate::lifecycle::Lifecycle::new(metrics.clone()),
             &metrics,
         )
