@@ -37,14 +37,10 @@ from mirror_harness import (  # noqa: F401 - mirror_factory is a fixture
     send,
     transactional_producer,
 )
-from test_multi_instance_seal import BROKERS, MIRROR, Bed, Reference, _log, _state
+from test_multi_instance_seal import (BROKERS, MIRROR, Bed, Reference, _events, _log, _state,
+                                      seal_above_a_lagging_broker)
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def _events(mg, kind: str) -> float:
-    got = mg.metrics().select("mirrorguard_seal_events_total", mirror=MIRROR, kind=kind)
-    return got[0][1] if got else 0
 
 
 def _seal_records(mg, topic: str) -> list[dict]:
@@ -138,28 +134,9 @@ def test_instance_killed_in_a_replanned_seal_with_the_source_dead(kafka1, kafka_
     source = kafka_factory(name="src")
     bed = Bed(source, kafka1.bootstrap, kafka_dest_factory, mirror_factory, f"fo-replan-{when}")
     T = bed.topic
-    ip = idempotent_producer(source.bootstrap)
-    tp = transactional_producer(source.bootstrap, f"txn-{T}", **{"transaction.timeout.ms": 600000})
-    send(ip, T, [b"a-%d" % i for i in range(3)])
-    tp.begin_transaction()
-    tp.produce(T, value=b"open-0", partition=0)
-    assert tp.flush(20) == 0
-    low = high_watermark(source.bootstrap, T)
-    bed.fetcher[1].catch_up(T, low, timeout=30)
-    for b in (2, 3):
-        bed.wait_replicated(b, low)
-    ref = Reference(source, kafka1.bootstrap, kafka_dest_factory, mirror_factory, T)
-    ref.mirror_to(low)
-
-    bed.dest.pause_replication(T, 2)
-    send(ip, T, [b"b-%d" % i for i in range(3)])
-    cut = high_watermark(source.bootstrap, T)
-    bed.fetcher[1].catch_up(T, cut, timeout=30)
-    bed.wait_replicated(3, cut)
-    bed.dest.pause_replication(T, 3)
-    bed.stop(through=3)
+    _tp, low, cut, ref = seal_above_a_lagging_broker(bed, source, kafka1.bootstrap, kafka_dest_factory,
+                                                     mirror_factory)
     end = cut + 2
-    bed.wait_leader_end(end)
     bed.assert_waits(leader=1, end=end)
     # The source dies with the seal at the cut held by broker 1 only (the clients go first:
     # closing the transactional one may abort its transaction on the source, past the cut,

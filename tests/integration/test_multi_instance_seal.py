@@ -166,6 +166,45 @@ class Reference:
         return _log(self.dest, self.topic)
 
 
+def _events(mg, kind: str) -> float:
+    """A seal event counter of the mirror's instance."""
+    return mg.metrics().counter("mirrorguard_seal_events_total", mirror=MIRROR, kind=kind)
+
+
+def seal_above_a_lagging_broker(bed: "Bed", source, state_bootstrap: str, kafka_dest_factory,  # noqa: F811
+                                mirror_factory) -> tuple[object, int, int, "Reference"]:
+    """The start of the below-the-cut scenarios: three idempotent records and a transaction
+    left open, mirrored and replicated by all three brokers (up to `low`); then broker 2
+    stops copying, three more records reach brokers 1 and 3 (up to the cut), broker 3 stops
+    copying too, and instance 3 stops the partition: its seal (the transaction's ABORT and
+    the barrier) is appended by the leader, broker 1, alone. Returns the transactional
+    producer, `low`, the cut and the single-instance reference, mirrored up to `low` (where
+    the new leader's log will end)."""
+    T = bed.topic
+    ip = idempotent_producer(source.bootstrap)
+    tp = transactional_producer(source.bootstrap, f"txn-{T}", **{"transaction.timeout.ms": 600000})
+    send(ip, T, [b"a-%d" % i for i in range(3)])
+    tp.begin_transaction()
+    tp.produce(T, value=b"open-0", partition=0)
+    assert tp.flush(20) == 0
+    low = high_watermark(source.bootstrap, T)
+    bed.fetcher[1].catch_up(T, low, timeout=30)
+    for b in (2, 3):
+        bed.wait_replicated(b, low)
+    ref = Reference(source, state_bootstrap, kafka_dest_factory, mirror_factory, T)
+    ref.mirror_to(low)
+
+    bed.dest.pause_replication(T, 2)
+    send(ip, T, [b"b-%d" % i for i in range(3)])
+    cut = high_watermark(source.bootstrap, T)
+    bed.fetcher[1].catch_up(T, cut, timeout=30)
+    bed.wait_replicated(3, cut)
+    bed.dest.pause_replication(T, 3)
+    bed.stop(through=3)
+    bed.wait_leader_end(cut + 2)
+    return tp, low, cut, ref
+
+
 def test_new_leader_below_the_cut_gets_the_seal_again(kafka1, kafka_dest_factory, mirror_factory):  # noqa: F811
     """(a) The seal is served by the leader's instance and appended by the leader only; the
     new leader lacks records below the cut too; it gets the seal planned again from its own
@@ -173,30 +212,9 @@ def test_new_leader_below_the_cut_gets_the_seal_again(kafka1, kafka_dest_factory
     watermark passed that seal's end."""
     bed = Bed(kafka1, kafka1.bootstrap, kafka_dest_factory, mirror_factory, "seal-below")
     T = bed.topic
-    ip = idempotent_producer(kafka1.bootstrap)
-    tp = transactional_producer(kafka1.bootstrap, f"txn-{T}", **{"transaction.timeout.ms": 600000})
-    send(ip, T, [b"a-%d" % i for i in range(3)])
-    tp.begin_transaction()
-    tp.produce(T, value=b"open-0", partition=0)
-    assert tp.flush(20) == 0
-    low = high_watermark(kafka1.bootstrap, T)
-    bed.fetcher[1].catch_up(T, low, timeout=30)
-    for b in (2, 3):
-        bed.wait_replicated(b, low)
-    # The reference mirrors the same input up to the new leader's future log end.
-    ref = Reference(kafka1, kafka1.bootstrap, kafka_dest_factory, mirror_factory, T)
-    ref.mirror_to(low)
-
-    # Broker 2 stops copying: records below the cut and the seal stay unreplicated there.
-    bed.dest.pause_replication(T, 2)
-    send(ip, T, [b"b-%d" % i for i in range(3)])
-    cut = high_watermark(kafka1.bootstrap, T)
-    bed.fetcher[1].catch_up(T, cut, timeout=30)
-    bed.wait_replicated(3, cut)
-    bed.dest.pause_replication(T, 3)
-    bed.stop(through=3)
+    tp, low, cut, ref = seal_above_a_lagging_broker(bed, kafka1, kafka1.bootstrap, kafka_dest_factory,
+                                                    mirror_factory)
     end = cut + 2  # one ABORT (the open transaction) and the barrier
-    bed.wait_leader_end(end)
     view = bed.mg[1].partition(T)
     assert (view["state"], view["cut"], view["seal_batches"]) == ("STOPPING", cut, 2), view
     bed.assert_waits(leader=1, end=end)

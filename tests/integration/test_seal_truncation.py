@@ -39,11 +39,7 @@ from mirror_harness import (  # noqa: F401 - mirror_factory is a fixture
     send,
     transactional_producer,
 )
-from test_multi_instance_seal import BROKERS, MIRROR, Bed, Reference, _log, _state
-
-
-def _events(mg, kind: str) -> float:
-    return mg.metrics().counter("mirrorguard_seal_events_total", mirror=MIRROR, kind=kind)
+from test_multi_instance_seal import BROKERS, MIRROR, Bed, Reference, _events, _log, _state
 
 
 @pytest.mark.parametrize("via", ["same", "other", "restarted"])
