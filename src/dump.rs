@@ -551,6 +551,29 @@ fn producers_json(producers: &[schema::SnapshotProducer]) -> Value {
     )
 }
 
+/// The transaction closings a type-5 record or a last type-7 chunk carries
+/// (tag 0), if any: `None` when the tag is absent, an `error` object when it
+/// does not decode.
+fn closings_json(tags: &[schema::RawTaggedField]) -> Option<Value> {
+    match schema::SnapshotClosings::from_tags(tags) {
+        Ok(None) => None,
+        Err(e) => Some(json!({ "error": e.to_string() })),
+        Ok(Some(c)) => Some(json!({
+            "keptFrom": c.kept_from,
+            "droppedUpto": c.dropped_upto,
+            "closings": c.closings.iter().map(|t| json!({
+                "markerOffset": t.marker_offset,
+                "producerId": t.producer_id,
+                "producerEpoch": t.producer_epoch,
+                "firstOffset": t.first_offset,
+                "coordinatorEpoch": t.coordinator_epoch,
+                "originClusterId": uuid_b64(&t.origin_cluster_id),
+                "originalPid": t.original_pid,
+            })).collect::<Vec<_>>(),
+        })),
+    }
+}
+
 /// The key fields of a known record type.
 fn key_fields(key: &StateKey) -> Fields {
     Fields(match key {
@@ -604,10 +627,12 @@ fn record_fields(rec: &StateRecord) -> Option<(StateKey, Option<Fields>)> {
             ]
         }),
         StateRecord::ProducerSnapshot { value, .. } => value.as_ref().map(|v| {
-            vec![
+            let mut f = vec![
                 ("snapshotOffset", json!(v.snapshot_offset)),
                 ("producers", producers_json(&v.producers)),
-            ]
+            ];
+            f.extend(closings_json(&v.unknown_tagged_fields).map(|c| ("closings", c)));
+            f
         }),
         StateRecord::ProducerClaim { value, .. } => value.as_ref().map(|v| {
             vec![
@@ -617,11 +642,13 @@ fn record_fields(rec: &StateRecord) -> Option<(StateKey, Option<Fields>)> {
             ]
         }),
         StateRecord::ProducerSnapshotChunk { value, .. } => value.as_ref().map(|v| {
-            vec![
+            let mut f = vec![
                 ("snapshotOffset", json!(v.snapshot_offset)),
                 ("chunkCount", json!(v.chunk_count)),
                 ("producers", producers_json(&v.producers)),
-            ]
+            ];
+            f.extend(closings_json(&v.unknown_tagged_fields).map(|c| ("closings", c)));
+            f
         }),
         StateRecord::NewerVersion { .. } | StateRecord::Unknown { .. } => None,
     };
@@ -965,4 +992,55 @@ impl<'a> LegacyEntry<'a> {
 /// messages only (v2 batches use CRC-32C).
 pub fn crc32_ieee(data: &[u8]) -> u32 {
     crc32fast::hash(data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A snapshot's closings (tag 0) are shown, on a type-5 record and on a
+    /// type-7 chunk alike; a record without the tag shows none.
+    #[test]
+    fn snapshot_closings_are_shown() {
+        let c = schema::SnapshotClosings {
+            kept_from: 5,
+            dropped_upto: -1,
+            closings: vec![schema::SnapshotClosing {
+                marker_offset: 9,
+                producer_id: 7,
+                producer_epoch: 1,
+                first_offset: 6,
+                coordinator_epoch: 2,
+                origin_cluster_id: [0; 16],
+                original_pid: 3,
+            }],
+        };
+        let tags = vec![c.encode_tag().unwrap()];
+        let shown = closings_json(&tags).unwrap();
+        assert_eq!(shown["keptFrom"], 5);
+        assert_eq!(shown["closings"][0]["markerOffset"], 9);
+        assert_eq!(shown["closings"][0]["originalPid"], 3);
+        assert!(closings_json(&[]).is_none());
+
+        let chunk = StateRecord::ProducerSnapshotChunk {
+            key: schema::MirrorProducerSnapshotChunkKey {
+                topic_id: [1; 16],
+                partition: 0,
+                generation: 1,
+                chunk: 0,
+            },
+            value: Some(schema::MirrorProducerSnapshotChunkValue {
+                snapshot_offset: 10,
+                chunk_count: 1,
+                producers: Vec::new(),
+                unknown_tagged_fields: tags,
+            }),
+        };
+        let (_, fields) = record_fields(&chunk).unwrap();
+        let fields = fields.unwrap();
+        assert!(fields
+            .0
+            .iter()
+            .any(|(k, v)| *k == "closings" && *v == shown));
+    }
 }

@@ -25,12 +25,12 @@ use mirrorguard::config::MirrorConfig;
 use mirrorguard::handlers::{build_fetch_response, FetchPartitionResponse, FetchTopic};
 use mirrorguard::lifecycle::Lifecycle;
 use mirrorguard::metrics::Metrics;
-use mirrorguard::mirror::handover::{recheck, take_over};
+use mirrorguard::mirror::handover::{recheck, take_over, TakeOver};
 use mirrorguard::mirror::{map_with_salt, rewrite_fetch_body, MirrorContext, Pending, SaltStore};
 use mirrorguard::pid::Layout;
 use mirrorguard::producer_state::{
-    ClusterId, Origin, PartitionKey, PartitionSnapshot, ProducerSnapshotEntry,
-    ProducerStateRegistry, PARTITION_SNAPSHOT_VERSION,
+    ClosedTransaction, ClosingsSnapshot, ClusterId, OpenTransaction, Origin, PartitionKey,
+    PartitionSnapshot, ProducerSnapshotEntry, ProducerStateRegistry, PARTITION_SNAPSHOT_VERSION,
 };
 use mirrorguard::records::builder::{build_batch, BatchSpec, RecordSpec};
 use mirrorguard::records::{walk, Entry};
@@ -47,6 +47,7 @@ struct Instance {
     registry: Arc<ProducerStateRegistry>,
     mirror: Arc<MirrorContext>,
     metrics: Arc<Metrics>,
+    lifecycle: Arc<Lifecycle>,
 }
 
 async fn instance(bootstrap: &str, state_topic: &str, id: &str) -> Instance {
@@ -77,8 +78,14 @@ async fn instance(bootstrap: &str, state_topic: &str, id: &str) -> Instance {
          source_cluster_id = \"{SOURCE}\"\n"
     ))
     .unwrap();
-    let mirror =
-        MirrorContext::new(&cfg, registry.clone(), sync.clone(), lifecycle, &metrics).unwrap();
+    let mirror = MirrorContext::new(
+        &cfg,
+        registry.clone(),
+        sync.clone(),
+        lifecycle.clone(),
+        &metrics,
+    )
+    .unwrap();
     sync.add_mirror(mirror.clone());
     sync.set_instance_id(id.to_string());
     sync.load().await.unwrap();
@@ -87,6 +94,7 @@ async fn instance(bootstrap: &str, state_topic: &str, id: &str) -> Instance {
         registry,
         mirror,
         metrics,
+        lifecycle,
     }
 }
 
@@ -177,6 +185,11 @@ fn key(topic: &str) -> PartitionKey {
 /// `i` holds the partition up to offset 10 with `n` idempotent producers
 /// (source PIDs 0..n, last sequence 4 at offset 9), as if it had served it.
 fn serve_up_to_10(i: &Instance, topic: &str, n: i64) {
+    serve_up_to_10_with(i, topic, n, None);
+}
+
+/// As [`serve_up_to_10`], the state remembering `closings`.
+fn serve_up_to_10_with(i: &Instance, topic: &str, n: i64, closings: Option<ClosingsSnapshot>) {
     let producers: Vec<ProducerSnapshotEntry> = (0..n)
         .map(|p| ProducerSnapshotEntry {
             mapped_pid: map_with_salt(p, FOLD, 0, Layout::High),
@@ -200,7 +213,7 @@ fn serve_up_to_10(i: &Instance, topic: &str, n: i64) {
             next_offset: 10,
             producers,
             salts: Vec::new(),
-            closings: None,
+            closings,
         })
         .unwrap();
 }
@@ -258,6 +271,7 @@ async fn take_over_restores_chunked_snapshots_and_claims_of_other_instances() {
     claims_past_the_fetcher(bs, "claims", false).await;
     claims_past_the_fetcher(bs, "claims_snapshotted", true).await;
     refused_snapshot_falls_back_to_the_next(bs, "refused").await;
+    chunked_snapshots_carry_closings(bs, "chunked_closings").await;
     drop(kafka);
 }
 
@@ -375,4 +389,91 @@ async fn claims_past_the_fetcher(bs: &str, topic: &str, snapshot_after: bool) {
             "holder of {pid:#x}"
         );
     }
+}
+
+/// A chunk generation (5,000 producers) carries the partition's transaction
+/// closings as a type-5 record does: a restarted instance restores them
+/// from it, and another instance re-planning a seal below its cut (a new
+/// destination leader that truncated, the source gone) restores the
+/// generation past the fetcher because its closings reach down to it.
+async fn chunked_snapshots_carry_closings(bs: &str, topic: &str) {
+    create_topic(bs, topic);
+    let state_topic = format!("__mirror_state_{topic}");
+    let a = instance(bs, &state_topic, "a").await;
+    // B runs before A's snapshot: it learns of it as another instance's.
+    let b = instance(bs, &state_topic, "b").await;
+    // Two transactions of producer 1 closed at 3 and 6 (begun at 1 and 4).
+    let closing = |first: i64, marker: i64| ClosedTransaction {
+        txn: OpenTransaction {
+            mapped_pid: map_with_salt(1, FOLD, 0, Layout::High),
+            epoch: 0,
+            first_offset: first,
+            origin: Origin {
+                source_cluster: source_cluster(),
+                original_pid: 1,
+            },
+        },
+        coordinator_epoch: 0,
+        marker_offset: marker,
+    };
+    let closings = ClosingsSnapshot {
+        kept_from: 0,
+        dropped_upto: -1,
+        closed: vec![closing(1, 3), closing(4, 6)],
+    };
+    serve_up_to_10_with(&a, topic, 5_000, Some(closings));
+    assert_eq!(a.sync.snapshot_once().await.unwrap(), 1);
+    assert_eq!(counter(&a.metrics, "snapshot_chunked"), 1.0);
+    let markers = |i: &Instance| {
+        i.registry.get(&key(topic)).map_or(Vec::new(), |h| {
+            h.with(|s| s.closed_transactions().map(|c| c.marker_offset).collect())
+        })
+    };
+
+    // A restart: the generation comes back with its closings.
+    let restarted = instance(bs, &state_topic, "a").await;
+    assert_eq!(
+        restarted
+            .registry
+            .get(&key(topic))
+            .unwrap()
+            .with(|s| s.producer_count()),
+        5_000
+    );
+    assert_eq!(markers(&restarted), [3, 6], "closings restored at start-up");
+
+    // B finds the partition STOPPING with its cut at 10, and its fetcher
+    // (a new leader that truncated) at 8: the seal is planned again below
+    // the cut, from A's generation at 10 whose closings reach down to 8.
+    SaltStore::read_state(&*b.sync).await.unwrap();
+    b.lifecycle.restore(
+        key(topic),
+        mirrorguard::lifecycle::Entry {
+            mirror: "m".into(),
+            topic: topic.into(),
+            partition: 0,
+            state: mirrorguard::lifecycle::State::Stopping,
+            source_cluster_id: SOURCE.into(),
+            cut: Some(10),
+            seal_batches: Some(1),
+            fetcher_offset: None,
+            last_fetch_ms: None,
+            reason: None,
+            since_ms: 1,
+            seal: None,
+            restored_open_txns: None,
+            destination_hw: None,
+        },
+    );
+    take_over(
+        b.mirror.clone(),
+        vec![TakeOver {
+            key: key(topic),
+            from_offset: 8,
+        }],
+    )
+    .await
+    .unwrap();
+    assert_eq!(counter(&b.metrics, "take_over_chunked_restore"), 1.0);
+    assert_eq!(markers(&b), [3, 6], "closings restored on the take-over");
 }

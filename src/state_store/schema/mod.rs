@@ -79,7 +79,7 @@
 //! | &nbsp;&nbsp;TxnFirstOffset | int64 | first offset of the open transaction, -1 = none |
 //! | &nbsp;&nbsp;LastTimestamp | int64 | max timestamp of its last batch |
 //! | &nbsp;&nbsp;(tags) | tagged fields | none defined |
-//! | (tags) | tagged fields | none defined |
+//! | (tags) | tagged fields | tag 0 = [`SnapshotClosings`] (optional) |
 //!
 //! **Type 6: `MirrorProducerClaimKey` v0 (not flexible)**
 //!
@@ -118,7 +118,7 @@
 //! | SnapshotOffset | int64 | destination offset the snapshot is valid up to |
 //! | ChunkCount | int32 | number of chunks of this generation |
 //! | Producers | compact array | entries as in type 5 |
-//! | (tags) | tagged fields | none defined |
+//! | (tags) | tagged fields | last chunk only: tag 0 = [`SnapshotClosings`], as in type 5 |
 //!
 //! Decoding never panics and never allocates from an unchecked length (all
 //! reads go through [`crate::wire::Reader`]). Unknown record types and value

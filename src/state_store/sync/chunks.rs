@@ -45,13 +45,23 @@ pub(super) fn chunked_snapshot_due(
     }
 }
 
+/// Bytes a chunk record has beyond what [`snapshots::encode_closings`]
+/// counts for a type-5 record of the same producers (its `ChunkCount`, and
+/// a margin): the closings on the last chunk are trimmed to the room left.
+pub(super) const CHUNK_EXTRA_BYTES: usize = 16;
+
 /// The type-7 records of one chunk generation of a snapshot
-/// ([`CHUNK_PRODUCERS`] producers per record).
+/// ([`CHUNK_PRODUCERS`] producers per record). `closings` go with the last
+/// chunk, as the tagged field a type-5 record carries them in, trimmed to
+/// what that record holds below [`MAX_SNAPSHOT_BYTES`]: a restore assembles
+/// the generation with the last chunk's tags (see [`assemble_chunks`]), and
+/// a reader that does not know the tag skips it.
 pub(super) fn chunk_records(
     topic_id: [u8; 16],
     partition: i32,
     generation: i64,
     value: &MirrorProducerSnapshotValue,
+    closings: Option<&ps::ClosingsSnapshot>,
 ) -> Result<ChunkRecords, SyncError> {
     let chunks: Vec<&[SnapshotProducer]> = value.producers.chunks(CHUNK_PRODUCERS).collect();
     let count = i32::try_from(chunks.len()).map_err(|_| SyncError::TooManyChunks)?;
@@ -64,17 +74,48 @@ pub(super) fn chunk_records(
             generation,
             chunk,
         };
+        let mut tags = Vec::new();
+        if chunk == count - 1 {
+            let room = MAX_SNAPSHOT_BYTES - CHUNK_EXTRA_BYTES;
+            if let Some(tag) =
+                closings.and_then(|c| snapshots::encode_closings(c, producers.len(), room))
+            {
+                tags.push(tag?);
+            }
+        }
         let v = MirrorProducerSnapshotChunkValue {
             snapshot_offset: value.snapshot_offset,
             chunk_count: count,
             producers: producers.to_vec(),
-            unknown_tagged_fields: Vec::new(),
+            unknown_tagged_fields: tags,
         }
         .encode()?;
         records.push((key.encode(), Some(v)));
         keys.push(key);
     }
     Ok((keys, records))
+}
+
+/// One snapshot value from a complete generation's chunks (any order): the
+/// producers in chunk order, and the tags of the last chunk, where the
+/// closings are (see [`chunk_records`]).
+pub(super) fn assemble_chunks<'a>(
+    snapshot_offset: i64,
+    chunks: impl IntoIterator<Item = (i32, &'a MirrorProducerSnapshotChunkValue)>,
+) -> MirrorProducerSnapshotValue {
+    let mut chunks: Vec<(i32, &MirrorProducerSnapshotChunkValue)> = chunks.into_iter().collect();
+    chunks.sort_unstable_by_key(|(i, _)| *i);
+    MirrorProducerSnapshotValue {
+        snapshot_offset,
+        producers: chunks
+            .iter()
+            .flat_map(|(_, v)| v.producers.iter().copied())
+            .collect(),
+        unknown_tagged_fields: chunks
+            .last()
+            .map(|(_, v)| v.unknown_tagged_fields.clone())
+            .unwrap_or_default(),
+    }
 }
 
 /// The keys of every chunk of `gens` (a partition's generations).
@@ -286,17 +327,8 @@ impl StateSync {
                 appeared after start-up not restored: the partition already has live state");
             return false;
         }
-        let mut chunks: Vec<(i32, &MirrorProducerSnapshotChunkValue)> =
-            chosen.iter().map(|(i, (v, _))| (*i, v)).collect();
-        chunks.sort_unstable_by_key(|(i, _)| *i);
-        let value = MirrorProducerSnapshotValue {
-            snapshot_offset: chunks.first().map_or(0, |(_, v)| v.snapshot_offset),
-            producers: chunks
-                .iter()
-                .flat_map(|(_, v)| v.producers.iter().copied())
-                .collect(),
-            unknown_tagged_fields: Vec::new(),
-        };
+        let snapshot_offset = chosen.values().next().map_or(0, |(v, _)| v.snapshot_offset);
+        let value = assemble_chunks(snapshot_offset, chosen.iter().map(|(i, (v, _))| (*i, v)));
         self.restore_producers(&pk, &value)
     }
 
@@ -314,7 +346,13 @@ impl StateSync {
     ) -> Result<bool, SyncError> {
         let now = crate::lifecycle::now_ms();
         let generation = self.next_chunk_generation(now);
-        let (keys, records) = chunk_records(topic_id, snap.key.partition, generation, &value)?;
+        let (keys, records) = chunk_records(
+            topic_id,
+            snap.key.partition,
+            generation,
+            &value,
+            snap.closings.as_ref(),
+        )?;
         let count = keys.len();
         self.append_claims(records).await?;
         self.count("snapshot_chunked");
@@ -435,5 +473,110 @@ mod tests {
             written
         ));
         assert!(chunked_snapshot_due(false, None, now, written));
+    }
+
+    /// `n` closings of one producer, markers at 10, 20, ...
+    fn closings(n: i64) -> ps::ClosingsSnapshot {
+        ps::ClosingsSnapshot {
+            kept_from: 0,
+            dropped_upto: -1,
+            closed: (1..=n)
+                .map(|i| ps::ClosedTransaction {
+                    txn: ps::OpenTransaction {
+                        mapped_pid: 7,
+                        epoch: 0,
+                        first_offset: i * 10 - 5,
+                        origin: Origin {
+                            source_cluster: ps::ClusterId([1; 16]),
+                            original_pid: 7,
+                        },
+                    },
+                    coordinator_epoch: 0,
+                    marker_offset: i * 10,
+                })
+                .collect(),
+        }
+    }
+
+    /// The chunks of `producers` producers with `c`, decoded back: every
+    /// record within [`MAX_SNAPSHOT_BYTES`], tags on the last chunk only.
+    fn written(
+        producers: usize,
+        c: &ps::ClosingsSnapshot,
+    ) -> Vec<(i32, MirrorProducerSnapshotChunkValue)> {
+        let value = MirrorProducerSnapshotValue {
+            snapshot_offset: 1_000,
+            producers: vec![
+                SnapshotProducer {
+                    producer_id: 7,
+                    origin_cluster_id: [1; 16],
+                    original_pid: 7,
+                    producer_epoch: 0,
+                    last_sequence: 0,
+                    last_offset: 0,
+                    coordinator_epoch: -1,
+                    txn_first_offset: -1,
+                    last_timestamp: 0,
+                };
+                producers
+            ],
+            unknown_tagged_fields: Vec::new(),
+        };
+        let (keys, records) = chunk_records([1; 16], 0, 5, &value, Some(c)).unwrap();
+        let last = keys.len() as i32 - 1;
+        keys.iter()
+            .zip(records)
+            .map(|(k, (key, v))| {
+                let v = v.unwrap();
+                assert!(
+                    key.len() + v.len() <= MAX_SNAPSHOT_BYTES,
+                    "{} bytes",
+                    v.len()
+                );
+                let StateRecord::ProducerSnapshotChunk { value: Some(v), .. } =
+                    crate::state_store::schema::decode(&key, Some(&v)).unwrap()
+                else {
+                    panic!("not a chunk")
+                };
+                assert_eq!(v.unknown_tagged_fields.is_empty(), k.chunk != last);
+                (k.chunk, v)
+            })
+            .collect()
+    }
+
+    /// A chunk generation carries the closings on its last chunk; the
+    /// generation assembled in any order gives them back as a type-5
+    /// record's tag does, and a reader that ignores the tag still reads
+    /// every producer.
+    #[test]
+    fn a_chunk_generation_carries_the_closings_on_its_last_chunk() {
+        let c = closings(10);
+        let mut chunks = written(4_500, &c);
+        assert_eq!(chunks.len(), 2);
+        chunks.reverse();
+        let value = assemble_chunks(1_000, chunks.iter().map(|(i, v)| (*i, v)));
+        assert_eq!(value.producers.len(), 4_500);
+        assert_eq!(snapshots::closings_from(&value), Some(c));
+        let ignoring = MirrorProducerSnapshotValue {
+            unknown_tagged_fields: Vec::new(),
+            ..value
+        };
+        assert_eq!(ignoring.producers.len(), 4_500);
+        assert_eq!(snapshots::closings_from(&ignoring), None);
+    }
+
+    /// Too many closings for the last chunk's room: the newest are kept,
+    /// the older ones reported as possibly missing, the record in bounds.
+    #[test]
+    fn closings_on_a_full_last_chunk_are_trimmed_to_its_room() {
+        let c = closings(3_000);
+        let chunks = written(6_000, &c);
+        assert_eq!(chunks.len(), 2);
+        let value = assemble_chunks(1_000, chunks.iter().map(|(i, v)| (*i, v)));
+        let back = snapshots::closings_from(&value).unwrap();
+        assert!(!back.closed.is_empty() && back.closed.len() < 3_000);
+        assert_eq!(back.closed.last(), c.closed.last());
+        let first_kept = back.closed[0].marker_offset;
+        assert_eq!(back.dropped_upto, first_kept - 10);
     }
 }

@@ -419,7 +419,7 @@ impl StateSync {
             .map(|o| o.past(fetch_offset))
             .unwrap_or_default();
         for loc in past {
-            if loc.chunked || loc.snapshot_offset <= next {
+            if loc.snapshot_offset <= next {
                 continue;
             }
             let Some(value) = self.reread_snapshot(key, &loc).await? else {
@@ -428,7 +428,11 @@ impl StateSync {
             let covers = snapshots::closings_from(&value)
                 .is_some_and(|c| c.kept_from.max(c.dropped_upto.saturating_add(1)) <= fetch_offset);
             if covers && self.restore_producers(pk, &value) {
-                self.count("take_over_restore");
+                self.count(if loc.chunked {
+                    "take_over_chunked_restore"
+                } else {
+                    "take_over_restore"
+                });
                 tracing::info!(partition = %pk, snapshot_offset = loc.snapshot_offset, fetch_offset,
                     "seal planned again below its cut: restored a snapshot past the fetcher whose \
                      transaction closings reach down to it");
@@ -483,11 +487,10 @@ impl StateSync {
         if !loc.chunked || found.len() != loc.records.len() {
             return Ok(None);
         }
-        Ok(Some(MirrorProducerSnapshotValue {
-            snapshot_offset: loc.snapshot_offset,
-            producers: found.into_values().flat_map(|v| v.producers).collect(),
-            unknown_tagged_fields: Vec::new(),
-        }))
+        Ok(Some(chunks::assemble_chunks(
+            loc.snapshot_offset,
+            found.iter().map(|(i, v)| (*i, v)),
+        )))
     }
 }
 

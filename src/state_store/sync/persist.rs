@@ -176,9 +176,24 @@ impl StateSync {
                     .collect(),
                 unknown_tagged_fields: Vec::new(),
             };
+            // With the closings below the cut: the seal planned again
+            // further back (a new destination leader that truncated) after
+            // a restart, or by another instance, needs the transactions they
+            // closed; without them it reports the cut.
+            let pk = PartitionKey::new([0; 16], entry.topic.as_str(), entry.partition);
+            let closings = self
+                .registry
+                .get(&pk)
+                .and_then(|h| h.with(|s| s.closings_at_cut(cut)));
             if needs_chunks(value.producers.len()) {
                 let generation = self.next_chunk_generation(crate::lifecycle::now_ms());
-                let (keys, records) = chunk_records(topic_id, entry.partition, generation, &value)?;
+                let (keys, records) = chunk_records(
+                    topic_id,
+                    entry.partition,
+                    generation,
+                    &value,
+                    closings.as_ref(),
+                )?;
                 self.append_claims(records).await?;
                 self.count("seal_snapshot_chunked");
                 tracing::info!(topic = %entry.topic, partition = entry.partition, cut,
@@ -190,16 +205,7 @@ impl StateSync {
                     topic_id,
                     partition: entry.partition,
                 };
-                // With the closings below the cut: the seal planned again
-                // further back (a new destination leader that truncated)
-                // after a restart, or by another instance, needs the
-                // transactions they closed; without them it reports the cut.
                 let mut value = value;
-                let pk = PartitionKey::new([0; 16], entry.topic.as_str(), entry.partition);
-                let closings = self
-                    .registry
-                    .get(&pk)
-                    .and_then(|h| h.with(|s| s.closings_at_cut(cut)));
                 if let Some(tag) = closings.and_then(|c| {
                     snapshots::encode_closings(&c, value.producers.len(), MAX_SNAPSHOT_BYTES)
                 }) {
