@@ -247,6 +247,11 @@ async fn metrics(State(s): State<Arc<AdminState>>) -> impl IntoResponse {
     s.metrics
         .producer_state_partitions
         .set(s.registry.partition_keys().len() as i64);
+    let closings = s.registry.closings_budget();
+    s.metrics
+        .producer_state_closings_retained
+        .set(closings.retained() as i64);
+    s.metrics.set_closings_dropped(closings.dropped());
     (
         [(
             header::CONTENT_TYPE,

@@ -422,6 +422,17 @@ pub struct ProducerStateConfig {
     /// Most destination partitions tracked.
     #[serde(default = "default_max_partitions")]
     pub max_partitions: usize,
+    /// Most transaction closings kept below the destination fetchers'
+    /// positions over all partitions (about 64 bytes each): past it, the
+    /// partition keeping one more forgets its oldest (a seal planned again
+    /// below them reports `open_at_cut_incomplete`). Those past a fetcher's
+    /// position are not counted.
+    #[serde(default = "default_closings_retained_total_max")]
+    pub closings_retained_total_max: usize,
+}
+
+fn default_closings_retained_total_max() -> usize {
+    crate::producer_state::DEFAULT_CLOSINGS_RETAINED_TOTAL_MAX
 }
 
 fn default_max_producers() -> u64 {
@@ -444,6 +455,7 @@ impl Default for ProducerStateConfig {
             snapshot_interval_ms: default_snapshot_interval(),
             max_producers: default_max_producers(),
             max_partitions: default_max_partitions(),
+            closings_retained_total_max: default_closings_retained_total_max(),
         }
     }
 }
@@ -946,6 +958,14 @@ impl Config {
                 "max_producers and max_partitions must be > 0".into(),
             ));
         }
+        if self.producer_state.closings_retained_total_max == 0 {
+            return Err(invalid(
+                "producer_state.closings_retained_total_max".into(),
+                "must be > 0 (to keep no closings below the fetcher's position, set \
+                 [[mirror]] closings_retained_max = 0)"
+                    .into(),
+            ));
+        }
         if self.producer_state.max_idle_ms <= 0 {
             return Err(invalid(
                 "producer_state.max_idle_ms".into(),
@@ -1214,6 +1234,35 @@ pid_mode = "preserve"
         let err = parse(&wild).unwrap_err().to_string();
         assert!(err.contains("mirror[0].advertised_host"), "{err}");
         assert!(err.contains("wildcard"), "{err}");
+    }
+
+    /// The process-wide bound on closings kept below the fetchers'
+    /// positions: default, a value read, 0 refused by name.
+    #[test]
+    fn closings_retained_total_max_is_read_and_checked() {
+        let text = GOOD;
+        assert_eq!(
+            parse(text)
+                .unwrap()
+                .producer_state
+                .closings_retained_total_max,
+            crate::producer_state::DEFAULT_CLOSINGS_RETAINED_TOTAL_MAX
+        );
+        let set =
+            |v: &str| format!("{text}\n[producer_state]\nclosings_retained_total_max = {v}\n");
+        assert_eq!(
+            parse(&set("5"))
+                .unwrap()
+                .producer_state
+                .closings_retained_total_max,
+            5
+        );
+        let err = parse(&set("0")).unwrap_err().to_string();
+        assert!(
+            err.contains("producer_state.closings_retained_total_max"),
+            "{err}"
+        );
+        assert!(parse(&set("-1")).is_err());
     }
 
     /// The closings kept below the fetcher's position (issue 17): defaults,

@@ -4,6 +4,7 @@
 //! a label set up per request or batch: it asks once for an [`ApiMetrics`]
 //! handle (cheap `Arc` clones of the underlying atomics) and keeps it.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use prometheus_client::encoding::EncodeLabelSet;
@@ -140,6 +141,14 @@ pub struct Metrics {
     pub producer_state_bytes: Gauge,
     /// Destination partitions with producer state.
     pub producer_state_partitions: Gauge,
+    /// Transaction closings retained below the destination fetchers'
+    /// positions, all partitions.
+    pub producer_state_closings_retained: Gauge,
+    /// Closings dropped by `[producer_state] closings_retained_total_max`
+    /// (see [`Self::set_closings_dropped`]).
+    producer_state_closings_dropped: Counter,
+    /// The total last exported into `producer_state_closings_dropped`.
+    closings_dropped_exported: AtomicU64,
     /// `__mirror_state` operations by kind (`append`, `append_error`, `load`, `load_error`).
     pub state_store_ops: Family<KindLabels, Counter>,
     /// Mirrored partitions per life-cycle state (entries only; untouched
@@ -230,6 +239,21 @@ impl Metrics {
         let producer_state_producers = Gauge::default();
         let producer_state_bytes = Gauge::default();
         let producer_state_partitions = Gauge::default();
+        let producer_state_closings_retained = Gauge::default();
+        let producer_state_closings_dropped = Counter::default();
+        registry.register(
+            "mirrorguard_producer_state_closings_retained",
+            "Transaction closings retained below the destination fetchers' positions, all \
+             partitions (bounded by [producer_state] closings_retained_total_max)",
+            producer_state_closings_retained.clone(),
+        );
+        registry.register(
+            "mirrorguard_producer_state_closings_dropped",
+            "Transaction closings below a destination fetcher's position forgotten because \
+             [producer_state] closings_retained_total_max was reached (a seal planned again \
+             below them reports open_at_cut_incomplete)",
+            producer_state_closings_dropped.clone(),
+        );
         let state_store_ops = Family::<KindLabels, Counter>::default();
         let partitions_by_state = Family::<StateLabels, Gauge>::default();
         let seal_events = Family::<MirrorKindLabels, Counter>::default();
@@ -357,6 +381,9 @@ impl Metrics {
             producer_state_producers,
             producer_state_bytes,
             producer_state_partitions,
+            producer_state_closings_retained,
+            producer_state_closings_dropped,
+            closings_dropped_exported: AtomicU64::new(0),
             state_store_ops,
             partitions_by_state,
             seal_events,
@@ -409,6 +436,18 @@ impl Metrics {
                 cause,
             })
             .inc();
+    }
+
+    /// Brings `mirrorguard_producer_state_closings_dropped_total` up to
+    /// `total` (the producer state's own count, read at scrape time; a
+    /// smaller total is ignored). Concurrent scrapes add each drop once.
+    pub fn set_closings_dropped(&self, total: u64) {
+        let before = self
+            .closings_dropped_exported
+            .fetch_max(total, Ordering::Relaxed);
+        if total > before {
+            self.producer_state_closings_dropped.inc_by(total - before);
+        }
     }
 
     /// Counts one re-authentication of an upstream connection.
@@ -484,6 +523,25 @@ mod tests {
         assert!(text.contains(r#"mirrorguard_bytes_total{listener="main",api="Produce",direction="client_to_upstream"} 10"#), "{text}");
         assert!(
             text.contains(r#"mirrorguard_frame_errors_total{listener="main",kind="too_large"} 1"#),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn closings_dropped_follows_the_producer_state_total() {
+        let m = Metrics::new();
+        m.producer_state_closings_retained.set(7);
+        m.set_closings_dropped(3);
+        m.set_closings_dropped(5);
+        // An older total read by a slower scrape adds nothing.
+        m.set_closings_dropped(4);
+        let text = m.encode();
+        assert!(
+            text.contains("mirrorguard_producer_state_closings_dropped_total 5\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("mirrorguard_producer_state_closings_retained 7\n"),
             "{text}"
         );
     }

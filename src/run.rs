@@ -185,6 +185,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         anomaly_log_capacity: config.producer_state.anomaly_log_capacity,
         max_producers: config.producer_state.max_producers,
         max_partitions: config.producer_state.max_partitions,
+        max_retained_closings: config.producer_state.closings_retained_total_max,
     }));
     let destination_connector =
         TransportConnector::from_config(config.destination_tls().as_ref(), "destination tls")?

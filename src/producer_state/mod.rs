@@ -50,10 +50,11 @@ mod salt;
 pub use anomaly::{Anomaly, AnomalyDetail, AnomalyKind, AnomalyLog, AnomalyRecord};
 pub use collision::{resolve_collision, resolve_collision_for_topic, MappingLookup};
 pub use partition::{
-    ClosedTransaction, ClosingsRetention, ClosingsSnapshot, ObserveOutcome, OpenAtCut,
-    OpenTransaction, PartitionSnapshot, PartitionState, ProducerEntry, ProducerSnapshotEntry,
-    SnapshotError, TransactionAtCut, DEFAULT_CLOSINGS_RETAINED_MAX,
-    DEFAULT_CLOSINGS_RETAINED_OFFSETS, MAX_CLOSED_TRANSACTIONS, PARTITION_SNAPSHOT_VERSION,
+    ClosedTransaction, ClosingsBudget, ClosingsRetention, ClosingsSnapshot, ObserveOutcome,
+    OpenAtCut, OpenTransaction, PartitionSnapshot, PartitionState, ProducerEntry,
+    ProducerSnapshotEntry, SnapshotError, TransactionAtCut, DEFAULT_CLOSINGS_RETAINED_MAX,
+    DEFAULT_CLOSINGS_RETAINED_OFFSETS, DEFAULT_CLOSINGS_RETAINED_TOTAL_MAX,
+    MAX_CLOSED_TRANSACTIONS, PARTITION_SNAPSHOT_VERSION,
 };
 pub use registry::{
     PartitionHandle, ProducerStateRegistry, RegistryConfig, DEFAULT_MAX_PARTITIONS,

@@ -14,6 +14,9 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::mem::size_of;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
@@ -123,8 +126,8 @@ pub struct OpenAtCut {
     /// Closings at or above the cut may be unknown: dropped at the bound
     /// ([`MAX_CLOSED_TRANSACTIONS`]), lost with a restore from a snapshot
     /// (which holds no closings) taken past the cut, or pruned below the
-    /// fetcher's position ([`ClosingsRetention`]) before the position moved
-    /// back below them. Transactions they closed are missing from
+    /// fetcher's position ([`ClosingsRetention`], [`ClosingsBudget`])
+    /// before the position moved back below them. Transactions they closed are missing from
     /// `transactions`.
     pub incomplete: bool,
 }
@@ -167,6 +170,95 @@ impl Default for ClosingsRetention {
         Self {
             offsets: DEFAULT_CLOSINGS_RETAINED_OFFSETS,
             max: DEFAULT_CLOSINGS_RETAINED_MAX,
+        }
+    }
+}
+
+/// Default of [`ClosingsBudget::max`] (about 64 MiB).
+pub const DEFAULT_CLOSINGS_RETAINED_TOTAL_MAX: usize = 1_000_000;
+
+/// Seconds between two WARN lines of [`ClosingsBudget`].
+const BUDGET_WARN_INTERVAL_SECS: u64 = 60;
+
+/// The process-wide bound on the closings retained below the destination
+/// fetchers' positions (`[producer_state] closings_retained_total_max`),
+/// over every partition that shares it.
+///
+/// Each partition counts the closings it retains below its fetcher's
+/// position here; when retaining one more would pass [`Self::max`], the
+/// partition doing so forgets its own oldest below its position, as
+/// [`ClosingsRetention`] does (a cut below them is reported incomplete).
+/// Closings at or past a fetcher's position are never counted nor dropped
+/// here: the seal at a cut needs them.
+#[derive(Debug)]
+pub struct ClosingsBudget {
+    max: usize,
+    retained: AtomicUsize,
+    dropped: AtomicU64,
+    /// Seconds since `started` of the last WARN, plus one (0: never).
+    warned_at: AtomicU64,
+    started: Instant,
+}
+
+impl ClosingsBudget {
+    /// A budget of `max` closings, none retained.
+    pub fn new(max: usize) -> Self {
+        Self {
+            max,
+            retained: AtomicUsize::new(0),
+            dropped: AtomicU64::new(0),
+            warned_at: AtomicU64::new(0),
+            started: Instant::now(),
+        }
+    }
+
+    /// Most closings retained below the fetchers' positions, all
+    /// partitions together.
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    /// Closings retained below the fetchers' positions now.
+    pub fn retained(&self) -> usize {
+        self.retained.load(Ordering::Relaxed)
+    }
+
+    /// Closings dropped because the budget was full, since start-up.
+    pub fn dropped(&self) -> u64 {
+        self.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Whether a WARN is due (at most one per interval, all partitions).
+    fn warn_due(&self) -> bool {
+        let now = self.started.elapsed().as_secs() + 1;
+        let last = self.warned_at.load(Ordering::Relaxed);
+        (last == 0 || now >= last + BUDGET_WARN_INTERVAL_SECS)
+            && self
+                .warned_at
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+    }
+}
+
+/// A partition's share of a [`ClosingsBudget`]: the closings it counted
+/// there, given back when the state is dropped. A clone (a copy of the
+/// state) shares no budget: only the state the registry holds counts.
+#[derive(Debug, Default)]
+struct BudgetShare {
+    budget: Option<Arc<ClosingsBudget>>,
+    counted: usize,
+}
+
+impl Clone for BudgetShare {
+    fn clone(&self) -> Self {
+        Self::default()
+    }
+}
+
+impl Drop for BudgetShare {
+    fn drop(&mut self) {
+        if let Some(b) = &self.budget {
+            b.retained.fetch_sub(self.counted, Ordering::Relaxed);
         }
     }
 }
@@ -217,6 +309,9 @@ pub struct PartitionState {
     /// no closings (markers re-fetched below its `next_offset` are replays
     /// and never remembered). A cut below it is incomplete.
     closed_known_from: i64,
+    /// The closings of `closed` below `fetcher_position` counted in the
+    /// process-wide budget, if the state shares one.
+    budget: BudgetShare,
 }
 
 impl PartitionState {
@@ -231,6 +326,67 @@ impl PartitionState {
             closed: VecDeque::new(),
             fetcher_position: 0,
             closed_known_from: 0,
+            budget: BudgetShare::default(),
+        }
+    }
+
+    /// Counts this state's closings below the fetcher's position in
+    /// `budget` from now on (and drops its oldest if the budget is full).
+    /// The registry calls it for the states it holds; a state counted in
+    /// another budget leaves it.
+    pub fn share_closings_budget(&mut self, budget: Arc<ClosingsBudget>) {
+        self.budget = BudgetShare {
+            budget: Some(budget),
+            counted: 0,
+        };
+        self.account_closings();
+    }
+
+    /// Brings the budget's count of this state's closings below the
+    /// fetcher's position up to date; past the budget's bound, forgets the
+    /// oldest of them (as [`Self::note_fetcher_position`] does). Call after
+    /// every change of `closed` or `fetcher_position`. O(log closings +
+    /// closings forgotten); never allocates.
+    fn account_closings(&mut self) {
+        let Some(budget) = &self.budget.budget else {
+            return;
+        };
+        let position = self.fetcher_position;
+        let below = self.closed.partition_point(|c| c.marker_offset < position);
+        let counted = self.budget.counted;
+        if below <= counted {
+            budget
+                .retained
+                .fetch_sub(counted - below, Ordering::Relaxed);
+            self.budget.counted = below;
+            return;
+        }
+        let total = budget
+            .retained
+            .fetch_add(below - counted, Ordering::Relaxed)
+            + below
+            - counted;
+        self.budget.counted = below;
+        let excess = total.saturating_sub(budget.max).min(below);
+        if excess == 0 {
+            return;
+        }
+        let mut last_dropped = -1;
+        for c in self.closed.drain(..excess) {
+            last_dropped = c.marker_offset;
+        }
+        self.closed_known_from = self.closed_known_from.max(last_dropped.saturating_add(1));
+        self.budget.counted -= excess;
+        budget.retained.fetch_sub(excess, Ordering::Relaxed);
+        budget.dropped.fetch_add(excess as u64, Ordering::Relaxed);
+        if budget.warn_due() {
+            tracing::warn!(partition = %self.key, dropped = excess, marker_offset = last_dropped,
+                fetcher_position = position, bound = budget.max,
+                "transaction closings retained below the destination fetchers' positions reached \
+                 [producer_state] closings_retained_total_max: this partition's oldest are \
+                 forgotten; a seal planned again at or below them is reported incomplete \
+                 (further drops are counted in \
+                 mirrorguard_producer_state_closings_dropped_total, logged once a minute)");
         }
     }
 
@@ -263,6 +419,7 @@ impl PartitionState {
                 .max(c.marker_offset.saturating_add(1));
             self.closed.pop_front();
         }
+        self.account_closings();
         let cap = self.closed.capacity();
         if cap > CLOSED_KEPT_CAPACITY && self.closed.len() < cap / 4 {
             // Give back the memory of a burst of markers, keeping a buffer
@@ -292,6 +449,7 @@ impl PartitionState {
             closed: VecDeque::new(),
             fetcher_position: self.fetcher_position,
             closed_known_from: self.closed_known_from,
+            budget: BudgetShare::default(),
         }
     }
 
@@ -306,6 +464,7 @@ impl PartitionState {
     pub fn forget_closed(&mut self) {
         self.closed = VecDeque::new();
         self.closed_known_from = 0;
+        self.account_closings();
     }
 
     /// The transactions open at destination offset `cut`, as the
@@ -382,6 +541,9 @@ impl PartitionState {
             }
         }
         self.closed.push_back(closed);
+        // The closing dropped at the bound, or this one (below a position
+        // ahead of the state), may change the count below the position.
+        self.account_closings();
     }
 
     /// Partition leader epoch of the last batch forwarded (-1 before any).
@@ -1583,5 +1745,128 @@ mod tests {
         // 50 markers in the window; the buffer settles and stays.
         assert_eq!(s.closed_transactions().count(), 50);
         assert!(caps.windows(2).all(|w| w[0] == w[1]), "{:?}", &caps[..5]);
+    }
+
+    /// A state of partition `p` sharing `budget`, with a transaction of pid
+    /// 100 + i begun at 2i and closed at 2i + 1 for each i in `markers`.
+    fn budgeted(
+        p: i32,
+        budget: &Arc<ClosingsBudget>,
+        markers: std::ops::Range<i64>,
+    ) -> PartitionState {
+        let mut s = PartitionState::new(PartitionKey::new([7; 16], "t", p));
+        s.share_closings_budget(Arc::clone(budget));
+        let o = origin(1);
+        for i in markers {
+            see(
+                &mut s,
+                &o,
+                BatchObservation::data(100 + i, 0, 2 * i, 0, 1, true),
+            );
+            see(
+                &mut s,
+                &o,
+                BatchObservation::marker(100 + i, 0, 2 * i + 1, true, 0),
+            );
+        }
+        s
+    }
+
+    fn markers(s: &PartitionState) -> Vec<i64> {
+        s.closed_transactions().map(|c| c.marker_offset).collect()
+    }
+
+    #[test]
+    fn the_partition_passing_the_shared_budget_drops_its_own_oldest_below_its_position() {
+        let budget = Arc::new(ClosingsBudget::new(3));
+        let r = ClosingsRetention::default();
+        // a: markers 1 and 3, both below its position: 2 of 3 counted.
+        let mut a = budgeted(0, &budget, 0..2);
+        a.note_fetcher_position(4, r);
+        assert_eq!((budget.retained(), budget.dropped()), (2, 0));
+        // b: markers 1, 3, 5, past its position (0): not counted, never
+        // dropped, however full the budget.
+        let mut b = budgeted(1, &budget, 0..3);
+        assert_eq!((budget.retained(), markers(&b).len()), (2, 3));
+        // b's position passes them: 5 would be retained, b drops its two
+        // oldest and reports a cut below them incomplete; a keeps its own.
+        b.note_fetcher_position(6, r);
+        assert_eq!(markers(&b), vec![5]);
+        assert_eq!((budget.retained(), budget.dropped()), (3, 2));
+        assert!(b.open_at(3).incomplete);
+        assert!(!b.open_at(4).incomplete);
+        assert_eq!(markers(&a), vec![1, 3]);
+        assert!(!a.open_at(0).incomplete);
+        // More closings past b's position (7, 9) are kept with a full budget.
+        let o = origin(1);
+        for i in 3..5 {
+            see(
+                &mut b,
+                &o,
+                BatchObservation::data(100 + i, 0, 2 * i, 0, 1, true),
+            );
+            see(
+                &mut b,
+                &o,
+                BatchObservation::marker(100 + i, 0, 2 * i + 1, true, 0),
+            );
+        }
+        assert_eq!(markers(&b), vec![5, 7, 9]);
+        assert_eq!(budget.retained(), 3);
+        // Once 7 is below the position, 5 goes; 9, past it, stays.
+        b.note_fetcher_position(8, r);
+        assert_eq!(markers(&b), vec![7, 9]);
+        assert_eq!((budget.retained(), budget.dropped()), (3, 3));
+        assert!(b.open_at(5).incomplete && !b.open_at(6).incomplete);
+        // A seal at 9 still sees pid 104 (begun at 8) open: closed at 9.
+        assert_eq!(pids(&b.open_at(9)), vec![104]);
+        // A position moving back gives the count back; forgetting too.
+        b.note_fetcher_position(0, r);
+        assert_eq!(budget.retained(), 2);
+        a.forget_closed();
+        assert_eq!(budget.retained(), 0);
+        a.note_fetcher_position(8, r);
+        b.note_fetcher_position(8, r);
+        assert_eq!(budget.retained(), 1);
+        drop(b);
+        drop(a);
+        assert_eq!(budget.retained(), 0);
+    }
+
+    #[test]
+    fn a_restored_state_counts_in_the_budget_and_a_copy_does_not() {
+        let budget = Arc::new(ClosingsBudget::new(100));
+        let r = ClosingsRetention::default();
+        let mut s = budgeted(0, &budget, 0..3);
+        s.note_fetcher_position(6, r);
+        assert_eq!(budget.retained(), 3);
+        let lookup = s.clone_for_lookup();
+        let copy = s.clone();
+        assert_eq!(markers(&copy), vec![1, 3, 5]);
+        drop((lookup, copy));
+        assert_eq!(budget.retained(), 3);
+        let snap = s.snapshot();
+        drop(s);
+        assert_eq!(budget.retained(), 0);
+        // Restored, its closings lie at or past the position it restores
+        // (the lowest it can vouch for): counted once the fetcher passes.
+        let mut restored = PartitionState::restore(&snap).unwrap();
+        restored.share_closings_budget(Arc::clone(&budget));
+        assert_eq!((budget.retained(), markers(&restored).len()), (0, 3));
+        restored.note_fetcher_position(6, r);
+        assert_eq!((budget.retained(), markers(&restored).len()), (3, 3));
+        // A restored state in a full budget drops its oldest, reported.
+        let small = Arc::new(ClosingsBudget::new(1));
+        let mut again = PartitionState::restore(&snap).unwrap();
+        again.share_closings_budget(Arc::clone(&small));
+        again.note_fetcher_position(6, r);
+        assert_eq!(markers(&again), vec![5]);
+        assert_eq!((small.retained(), small.dropped()), (1, 2));
+        assert!(again.open_at(3).incomplete && !again.open_at(4).incomplete);
+        // Moving to another budget leaves the first.
+        again.share_closings_budget(Arc::clone(&budget));
+        assert_eq!((small.retained(), budget.retained()), (0, 4));
+        drop((restored, again));
+        assert_eq!(budget.retained(), 0);
     }
 }

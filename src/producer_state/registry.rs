@@ -27,7 +27,10 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock};
 
 use super::anomaly::{Anomaly, AnomalyLog};
-use super::partition::{ObserveOutcome, PartitionSnapshot, PartitionState, SnapshotError};
+use super::partition::{
+    ClosingsBudget, ObserveOutcome, PartitionSnapshot, PartitionState, SnapshotError,
+    DEFAULT_CLOSINGS_RETAINED_TOTAL_MAX,
+};
 use super::{BatchObservation, Origin, PartitionKey, DEFAULT_PRODUCER_ID_EXPIRATION_MS};
 
 /// Registry settings.
@@ -43,6 +46,9 @@ pub struct RegistryConfig {
     pub max_producers: u64,
     /// Most destination partitions tracked.
     pub max_partitions: usize,
+    /// Most transaction closings retained below the destination fetchers'
+    /// positions over all partitions ([`ClosingsBudget`]).
+    pub max_retained_closings: usize,
 }
 
 impl Default for RegistryConfig {
@@ -52,6 +58,7 @@ impl Default for RegistryConfig {
             anomaly_log_capacity: AnomalyLog::DEFAULT_CAPACITY,
             max_producers: DEFAULT_MAX_PRODUCERS,
             max_partitions: DEFAULT_MAX_PARTITIONS,
+            max_retained_closings: DEFAULT_CLOSINGS_RETAINED_TOTAL_MAX,
         }
     }
 }
@@ -145,6 +152,8 @@ impl PartitionHandle {
 pub struct ProducerStateRegistry {
     partitions: RwLock<HashMap<PartitionKey, PartitionHandle>>,
     shared: Arc<Shared>,
+    /// Shared by every state this registry holds.
+    closings: Arc<ClosingsBudget>,
     config: RegistryConfig,
 }
 
@@ -163,6 +172,7 @@ impl ProducerStateRegistry {
                 producers: AtomicI64::new(0),
                 anomalies: Mutex::new(AnomalyLog::new(config.anomaly_log_capacity)),
             }),
+            closings: Arc::new(ClosingsBudget::new(config.max_retained_closings)),
             config,
         }
     }
@@ -210,7 +220,8 @@ impl ProducerStateRegistry {
         self.partition(key).with(f)
     }
 
-    fn new_handle(&self, state: PartitionState) -> PartitionHandle {
+    fn new_handle(&self, mut state: PartitionState) -> PartitionHandle {
+        state.share_closings_budget(Arc::clone(&self.closings));
         PartitionHandle {
             key: state.key().clone(),
             state: Arc::new(Mutex::new(state)),
@@ -314,6 +325,12 @@ impl ProducerStateRegistry {
         self.shared.producers.load(Ordering::Relaxed).max(0) as u64
     }
 
+    /// The process-wide budget of closings retained below the fetchers'
+    /// positions (for its metrics).
+    pub fn closings_budget(&self) -> &ClosingsBudget {
+        &self.closings
+    }
+
     /// Estimated bytes of all partitions' state (locks each briefly).
     pub fn memory_bytes(&self) -> usize {
         self.handles()
@@ -367,7 +384,10 @@ impl ProducerStateRegistry {
 
     /// Replaces (or creates) a partition's state from a snapshot.
     pub fn restore(&self, snapshot: &PartitionSnapshot) -> Result<(), SnapshotError> {
-        let restored = PartitionState::restore(snapshot)?;
+        let mut restored = PartitionState::restore(snapshot)?;
+        // Counted before it replaces the old state (which leaves the count
+        // when dropped): the budget may briefly hold both.
+        restored.share_closings_budget(Arc::clone(&self.closings));
         let handle = self.partition(&snapshot.key);
         handle.with(move |s| *s = restored);
         Ok(())
@@ -433,5 +453,47 @@ mod removal_tests {
         r.expire_idle(now);
         assert_eq!(r.remove_idle_empty(now, 1_000, &|_| false).len(), 2);
         assert_eq!(r.partition_count(), 0);
+    }
+
+    #[test]
+    fn closings_retained_are_counted_across_restores_and_removals() {
+        use crate::producer_state::ClosingsRetention;
+        let r = ProducerStateRegistry::new(RegistryConfig {
+            max_retained_closings: 2,
+            ..RegistryConfig::default()
+        });
+        let h = r.partition(&key("t", 0));
+        let origin = Origin {
+            source_cluster: ClusterId([1; 16]),
+            original_pid: 1,
+        };
+        let mut sink = Vec::new();
+        for i in 0..3 {
+            h.observe(
+                &origin,
+                &BatchObservation::data(9 + i, 0, 2 * i, 0, 1, true),
+                0,
+                &mut sink,
+            );
+            h.observe(
+                &origin,
+                &BatchObservation::marker(9 + i, 0, 2 * i + 1, true, 0),
+                0,
+                &mut sink,
+            );
+        }
+        h.with(|s| s.note_fetcher_position(6, ClosingsRetention::default()));
+        let budget = r.closings_budget();
+        assert_eq!((budget.retained(), budget.dropped()), (2, 1));
+        // A restore replaces the state: the old one leaves the count.
+        let snap = h.with(|s| s.snapshot());
+        r.restore(&snap).unwrap();
+        assert_eq!(budget.retained(), 0);
+        h.with(|s| s.note_fetcher_position(6, ClosingsRetention::default()));
+        assert_eq!((budget.retained(), budget.dropped()), (2, 1));
+        // A removed partition leaves it once its last handle is gone.
+        assert!(r.remove(&key("t", 0)));
+        drop(h);
+        assert_eq!(r.closings_budget().retained(), 0);
     }
 }
