@@ -45,10 +45,10 @@ use crate::wire::{Reader, WireResult, Writer};
 use super::MirrorContext;
 
 /// ListOffsets API key.
-const LIST_OFFSETS: i16 = 2;
+pub(super) const LIST_OFFSETS: i16 = 2;
 /// ListOffsets v2: the first with an isolation level (READ_UNCOMMITTED
 /// answers the high watermark), still without flexible fields.
-const LIST_OFFSETS_VERSION: i16 = 2;
+pub(super) const LIST_OFFSETS_VERSION: i16 = 2;
 /// The LATEST timestamp of ListOffsets.
 const LATEST: i64 = -1;
 /// The longest wait between two reads while the destination fails.
@@ -415,6 +415,17 @@ pub fn list_offsets_body(
     topics: &BTreeMap<String, Vec<i32>>,
     w: &mut Writer<Vec<u8>>,
 ) -> WireResult<()> {
+    list_offsets_body_at(topics, LATEST, w)
+}
+
+/// ListOffsets v2 request body for `timestamp` (LATEST = -1, EARLIEST =
+/// -2: the log start offset) of every partition, as a consumer reading
+/// uncommitted.
+pub fn list_offsets_body_at(
+    topics: &BTreeMap<String, Vec<i32>>,
+    timestamp: i64,
+    w: &mut Writer<Vec<u8>>,
+) -> WireResult<()> {
     w.put_i32(-1); // replica id: a consumer
     w.put_i8(0); // READ_UNCOMMITTED: the answer is the high watermark
     w.put_array_len(Some(topics.len()), "topics")?;
@@ -423,7 +434,7 @@ pub fn list_offsets_body(
         w.put_array_len(Some(parts.len()), "partitions")?;
         for p in parts {
             w.put_i32(*p);
-            w.put_i64(LATEST);
+            w.put_i64(timestamp);
         }
     }
     Ok(())

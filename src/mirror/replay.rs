@@ -5,7 +5,7 @@
 //! crash loses what was observed after the last one. Before the first batch
 //! of a partition leaves the proxy after start-up, the batches between the
 //! state's next offset and the first offset the fetcher now asks for are read
-//! from the source (a plain consumer Fetch v4) and observed, without being
+//! from the source (a plain consumer Fetch v5) and observed, without being
 //! forwarded anywhere. Only then can a collision with a producer seen before
 //! the crash be recognised, and a transaction opened before the crash be
 //! aborted by a seal.
@@ -39,10 +39,17 @@ pub struct ReplayJob {
 }
 
 const MAX_BYTES: i32 = 4 << 20;
+/// The EARLIEST timestamp of ListOffsets: the log start offset.
+const EARLIEST: i64 = -2;
 const CLIENT_ID: &str = "mirrorguard-replay";
 
-/// Fetch v4 request body: one partition, as a consumer, read uncommitted.
-fn fetch_v4_body(
+/// Fetch version of the replay: v5 is the first whose response carries the
+/// partition's log start offset, which an OFFSET_OUT_OF_RANGE below it
+/// (records deleted by retention) needs to move on (v4 answers -1 there).
+const REPLAY_FETCH_VERSION: i16 = 5;
+
+/// Fetch v5 request body: one partition, as a consumer, read uncommitted.
+fn fetch_v5_body(
     topic: &str,
     partition: i32,
     offset: i64,
@@ -58,6 +65,7 @@ fn fetch_v4_body(
     w.put_i32(1);
     w.put_i32(partition);
     w.put_i64(offset);
+    w.put_i64(-1); // log start offset: a consumer's
     w.put_i32(MAX_BYTES);
     Ok(())
 }
@@ -132,13 +140,13 @@ async fn replay_from(
     let mut observed = 0usize;
     while offset < job.upto {
         let resp = conn
-            .request(FETCH, 4, Duration::from_secs(10), |w| {
-                fetch_v4_body(&job.source_topic, job.partition, offset, w)
+            .request(FETCH, REPLAY_FETCH_VERSION, Duration::from_secs(10), |w| {
+                fetch_v5_body(&job.source_topic, job.partition, offset, w)
             })
             .await?;
         let mut body = resp.body().to_vec();
         let mut found: Option<(i16, i64, i64, std::ops::Range<usize>)> = None;
-        walk_fetch_response(4, &body, &mut |p| {
+        walk_fetch_response(REPLAY_FETCH_VERSION, &body, &mut |p| {
             if p.partition_index == job.partition && p.topic == FetchTopic::Name(&job.source_topic)
             {
                 found = Some((
@@ -149,13 +157,21 @@ async fn replay_from(
                 ));
             }
         })?;
-        let (error, high_watermark, log_start, records) = found.ok_or_else(|| {
+        let (error, high_watermark, mut log_start, records) = found.ok_or_else(|| {
             ClientError::Protocol("partition missing from the Fetch response".into())
         })?;
+        if error == OFFSET_OUT_OF_RANGE && log_start < 0 {
+            // Kafka answers an out-of-range fetch with no log start offset
+            // (-1): ask for it.
+            log_start = earliest_offset(&mut conn, job).await?;
+        }
         // OFFSET_OUT_OF_RANGE below the log start: what was deleted by
         // retention cannot be replayed; start at the log start.
         if error == OFFSET_OUT_OF_RANGE && log_start > offset && log_start < job.upto {
             // Transactions closed in the skipped range are not known.
+            tracing::info!(partition = %job.key, offset, log_start, upto = job.upto,
+                "replay below the source's log start (records deleted): starting at the log \
+                 start; transactions closed below it are unknown");
             handle.with(|s| s.closings_unknown_below(log_start));
             offset = log_start;
             continue;
@@ -192,4 +208,37 @@ async fn replay_from(
     tracing::info!(mirror = %mirror.name, partition = %job.key, from = job.from, upto = job.upto,
         fetches = observed, "producer state warmed by replaying the source log");
     Ok(())
+}
+
+/// The source partition's log start offset (ListOffsets EARLIEST).
+async fn earliest_offset<S>(conn: &mut Connection<S>, job: &ReplayJob) -> Result<i64, ClientError>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let topics =
+        std::collections::BTreeMap::from([(job.source_topic.clone(), vec![job.partition])]);
+    let resp = conn
+        .request(
+            super::dest_hw::LIST_OFFSETS,
+            super::dest_hw::LIST_OFFSETS_VERSION,
+            Duration::from_secs(10),
+            |w| super::dest_hw::list_offsets_body_at(&topics, EARLIEST, w),
+        )
+        .await?;
+    let answers = super::dest_hw::parse_list_offsets(resp.body())
+        .map_err(|e| ClientError::Protocol(format!("ListOffsets response: {e}")))?;
+    match answers
+        .into_iter()
+        .find(|(t, p, _, _)| *t == job.source_topic && *p == job.partition)
+    {
+        Some((_, _, 0, offset)) => Ok(offset),
+        Some((_, _, code, _)) => Err(ClientError::broker(
+            super::dest_hw::LIST_OFFSETS,
+            code,
+            None,
+        )),
+        None => Err(ClientError::Protocol(
+            "partition missing from the ListOffsets response".into(),
+        )),
+    }
 }
