@@ -15,8 +15,13 @@ use kafka_common::{create_topic, host_port, Kafka};
 use mirrorguard::lifecycle::seal::{decide, Decision, OpenTxn};
 use mirrorguard::lifecycle::{Entry, Lifecycle, SealPlan};
 use mirrorguard::metrics::Metrics;
-use mirrorguard::producer_state::{PartitionKey, ProducerStateRegistry};
-use mirrorguard::state_store::schema::{decode, MirrorPartitionState, StateRecord};
+use mirrorguard::producer_state::{
+    ClosedTransaction, ClosingsSnapshot, ClusterId, OpenTransaction, Origin, PartitionKey,
+    PartitionSnapshot, ProducerStateRegistry, PARTITION_SNAPSHOT_VERSION,
+};
+use mirrorguard::state_store::schema::{
+    decode, MirrorPartitionState, SnapshotClosings, StateRecord,
+};
 use mirrorguard::state_store::sync::{StateSync, MAX_SNAPSHOT_BYTES};
 use mirrorguard::state_store::{StateStore, StateStoreConfig};
 
@@ -37,12 +42,16 @@ async fn open_store(bootstrap: &str) -> Arc<StateStore> {
     )
 }
 
-/// A StateSync and the life cycle persisted through it.
-fn instance(store: Arc<StateStore>, bootstrap: &str) -> (Arc<StateSync>, Arc<Lifecycle>) {
+/// A StateSync, the life cycle persisted through it and its registry.
+fn instance(
+    store: Arc<StateStore>,
+    bootstrap: &str,
+) -> (Arc<StateSync>, Arc<Lifecycle>, Arc<ProducerStateRegistry>) {
     let metrics = Metrics::new();
+    let registry = Arc::new(ProducerStateRegistry::default());
     let sync = StateSync::new(
         store,
-        Arc::new(ProducerStateRegistry::default()),
+        registry.clone(),
         metrics.clone(),
         vec![host_port(bootstrap)],
         mirrorguard::kafka_client::TransportConnector::plain(),
@@ -50,7 +59,7 @@ fn instance(store: Arc<StateStore>, bootstrap: &str) -> (Arc<StateSync>, Arc<Lif
     let lifecycle = Lifecycle::new(metrics);
     lifecycle.set_store(sync.clone());
     sync.set_lifecycle(lifecycle.clone());
-    (sync, lifecycle)
+    (sync, lifecycle, registry)
 }
 
 fn open_txns() -> Vec<OpenTxn> {
@@ -74,10 +83,44 @@ async fn a_seal_with_20000_open_transactions_persists_in_chunks_and_is_rebuilt()
 
     // The cut is taken with 20,000 transactions open: STOPPING with its seal.
     let store = open_store(&kafka.bootstrap).await;
-    let (sync, lifecycle) = instance(store.clone(), &kafka.bootstrap);
+    let (sync, lifecycle, registry) = instance(store.clone(), &kafka.bootstrap);
     sync.load().await.unwrap();
+    // The state has seen up to the cut and remembers a transaction closed
+    // below it: the seal's chunks carry that closing (on the last chunk).
+    registry
+        .restore(&PartitionSnapshot {
+            version: PARTITION_SNAPSHOT_VERSION,
+            key: key.clone(),
+            next_offset: CUT,
+            producers: Vec::new(),
+            salts: Vec::new(),
+            closings: Some(ClosingsSnapshot {
+                kept_from: CUT - 100,
+                dropped_upto: -1,
+                closed: vec![ClosedTransaction {
+                    txn: OpenTransaction {
+                        mapped_pid: 0x4000_0000_0001_0000,
+                        epoch: 0,
+                        first_offset: CUT - 50,
+                        origin: Origin {
+                            source_cluster: ClusterId([1; 16]),
+                            original_pid: 99_999,
+                        },
+                    },
+                    coordinator_epoch: 0,
+                    marker_offset: CUT - 10,
+                }],
+            }),
+        })
+        .unwrap();
+    let closings = registry
+        .get(&key)
+        .unwrap()
+        .with(|s| s.closings_at_cut(CUT))
+        .expect("the state has seen up to the cut");
+    assert_eq!(closings.closed.len(), 1);
     // Another instance running meanwhile, tailing the topic.
-    let (tailing, tailing_lifecycle) =
+    let (tailing, tailing_lifecycle, _) =
         instance(open_store(&kafka.bootstrap).await, &kafka.bootstrap);
     tailing.load().await.unwrap();
     tokio::spawn(tailing.clone().tail(Duration::from_millis(50)));
@@ -111,6 +154,7 @@ async fn a_seal_with_20000_open_transactions_persists_in_chunks_and_is_rebuilt()
     let mut chunks = 0;
     let mut last_chunk_at = -1;
     let mut stopping_at = -1;
+    let mut closings_on = Vec::new();
     for r in &records {
         let size = r.key.len() + r.value.as_ref().map_or(0, |v| v.len());
         assert!(
@@ -121,9 +165,14 @@ async fn a_seal_with_20000_open_transactions_persists_in_chunks_and_is_rebuilt()
         match decode(&r.key, r.value.as_deref()).unwrap() {
             StateRecord::ProducerSnapshotChunk {
                 value: Some(v),
-                key: _,
+                key,
             } => {
                 assert_eq!(v.snapshot_offset, CUT);
+                if let Some(c) = SnapshotClosings::from_tags(&v.unknown_tagged_fields).unwrap() {
+                    assert_eq!(c.closings.len(), 1);
+                    assert_eq!(c.closings[0].marker_offset, CUT - 10);
+                    closings_on.push((key.chunk, v.chunk_count));
+                }
                 chunks += 1;
                 chunk_producers += v.producers.len();
                 last_chunk_at = r.offset;
@@ -138,6 +187,12 @@ async fn a_seal_with_20000_open_transactions_persists_in_chunks_and_is_rebuilt()
         }
     }
     assert_eq!((chunks, chunk_producers), (OPEN.div_ceil(3_000), OPEN));
+    let count = OPEN.div_ceil(3_000) as i32;
+    assert_eq!(
+        closings_on,
+        [(count - 1, count)],
+        "the closings below the cut are on the last chunk only"
+    );
     assert!(
         last_chunk_at < stopping_at,
         "the chunks precede the STOPPING record"
@@ -163,8 +218,17 @@ async fn a_seal_with_20000_open_transactions_persists_in_chunks_and_is_rebuilt()
 
     // A restarted instance reads them back and rebuilds the same seal.
     let store2 = open_store(&kafka.bootstrap).await;
-    let (sync2, lifecycle2) = instance(store2, &kafka.bootstrap);
+    let (sync2, lifecycle2, registry2) = instance(store2, &kafka.bootstrap);
     sync2.load().await.unwrap();
+    // With the closings below the cut: a seal planned again below it knows
+    // the transaction they closed.
+    assert_eq!(
+        registry2
+            .get(&key)
+            .expect("the seal's chunks restored")
+            .with(|s| s.closings_at_cut(CUT)),
+        Some(closings)
+    );
     let restored = lifecycle2
         .get(&key)
         .expect("the STOPPING entry is restored");
