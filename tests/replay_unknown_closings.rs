@@ -13,10 +13,9 @@
 
 mod kafka_common;
 
-use std::process::Command;
 use std::sync::Arc;
 
-use kafka_common::{create_topic, host_port, root, Kafka};
+use kafka_common::{create_topic, host_port, python, Kafka};
 use mirrorguard::config::MirrorConfig;
 use mirrorguard::lifecycle::Lifecycle;
 use mirrorguard::metrics::Metrics;
@@ -65,20 +64,6 @@ fn mirror(source: &str) -> Arc<MirrorContext> {
     .unwrap()
 }
 
-/// Runs `script` with the test venv's Python (confluent-kafka), `bootstrap`
-/// as its first argument.
-fn python(script: &str, bootstrap: &str) {
-    let out = Command::new(root().join(".tools/venv/bin/python"))
-        .args(["-c", script, bootstrap, TOPIC])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// Replays `[from, upto)` of the source partition into a fresh state and
 /// returns the mirror holding it.
 async fn replayed(bootstrap: &str, from: i64, upto: i64) -> Arc<MirrorContext> {
@@ -117,7 +102,7 @@ async fn a_replay_marks_the_closings_it_could_not_read_unknown() {
          \x20   p.begin_transaction()\n\
          \x20   [p.produce(sys.argv[2], b'v', partition=0) for _ in range(n)]\n\
          \x20   p.commit_transaction()\n",
-        bs,
+        &[bs, TOPIC],
     );
     let key = PartitionKey::new([0; 16], TOPIC, 0);
 
@@ -147,7 +132,7 @@ async fn a_replay_marks_the_closings_it_could_not_read_unknown() {
          from confluent_kafka.admin import AdminClient\n\
          a = AdminClient({'bootstrap.servers': sys.argv[1]})\n\
          [f.result() for f in a.delete_records([TopicPartition(sys.argv[2], 0, 3)]).values()]\n",
-        bs,
+        &[bs, TOPIC],
     );
     let m = replayed(bs, 0, 5).await;
     let h = m.registry.partition(&key);

@@ -59,15 +59,21 @@ impl Drop for Kafka {
 
 /// Creates `topic` (one partition, replication factor 1) on `bootstrap`.
 pub fn create_topic(bootstrap: &str, topic: &str) {
+    python(
+        "import sys\nfrom confluent_kafka.admin import AdminClient, NewTopic\n\
+         a = AdminClient({'bootstrap.servers': sys.argv[1]})\n\
+         [f.result() for f in a.create_topics([NewTopic(sys.argv[2], 1, 1)]).values()]",
+        &[bootstrap, topic],
+    );
+}
+
+/// Runs `script` with the test venv's Python (confluent-kafka), `args` as
+/// its `sys.argv[1..]`; fails the test with its stderr if it fails.
+pub fn python(script: &str, args: &[&str]) {
     let out = Command::new(root().join(".tools/venv/bin/python"))
-        .args([
-            "-c",
-            "import sys\nfrom confluent_kafka.admin import AdminClient, NewTopic\n\
-             a = AdminClient({'bootstrap.servers': sys.argv[1]})\n\
-             [f.result() for f in a.create_topics([NewTopic(sys.argv[2], 1, 1)]).values()]",
-            bootstrap,
-            topic,
-        ])
+        .arg("-c")
+        .arg(script)
+        .args(args)
         .output()
         .unwrap();
     assert!(
