@@ -1186,6 +1186,19 @@ mod tests {
         s.observe(o, &b, 0, &mut Vec::new());
     }
 
+    /// For each i in `txns`: a transaction of pid 100 + i begun at 2i and
+    /// committed at 2i + 1.
+    fn close_transactions(s: &mut PartitionState, o: &Origin, txns: std::ops::Range<i64>) {
+        for i in txns {
+            see(s, o, BatchObservation::data(100 + i, 0, 2 * i, 0, 1, true));
+            see(
+                s,
+                o,
+                BatchObservation::marker(100 + i, 0, 2 * i + 1, true, 0),
+            );
+        }
+    }
+
     #[test]
     fn sequence_wraps_like_kafka() {
         assert_eq!(add_sequence(i32::MAX, 1), 0);
@@ -1334,18 +1347,7 @@ mod tests {
         let mut s = PartitionState::new(key());
         let o = origin(1);
         let n = MAX_CLOSED_TRANSACTIONS as i64 + 2;
-        for i in 0..n {
-            see(
-                &mut s,
-                &o,
-                BatchObservation::data(100 + i, 0, 2 * i, 0, 1, true),
-            );
-            see(
-                &mut s,
-                &o,
-                BatchObservation::marker(100 + i, 0, 2 * i + 1, true, 0),
-            );
-        }
+        close_transactions(&mut s, &o, 0..n);
         assert_eq!(s.closed_transactions().count(), MAX_CLOSED_TRANSACTIONS);
         // The two oldest closings (markers 1 and 3) are gone: a cut at or
         // below marker 3 is reported incomplete (pid 100 or 101 was open
@@ -1444,18 +1446,7 @@ mod tests {
     fn closings_keep_a_small_buffer_when_emptied() {
         let mut s = PartitionState::new(key());
         let o = origin(1);
-        for i in 0..200 {
-            see(
-                &mut s,
-                &o,
-                BatchObservation::data(100 + i, 0, 2 * i, 0, 1, true),
-            );
-            see(
-                &mut s,
-                &o,
-                BatchObservation::marker(100 + i, 0, 2 * i + 1, true, 0),
-            );
-        }
+        close_transactions(&mut s, &o, 0..200);
         assert!(s.closed.capacity() > CLOSED_KEPT_CAPACITY);
         s.note_fetcher_position(400, NONE);
         let cap = s.closed.capacity();
@@ -1589,18 +1580,7 @@ mod tests {
         // By count: of three closings below the position, two are kept.
         let mut s = PartitionState::new(key());
         let o = origin(1);
-        for i in 0..3 {
-            see(
-                &mut s,
-                &o,
-                BatchObservation::data(100 + i, 0, 2 * i, 0, 1, true),
-            );
-            see(
-                &mut s,
-                &o,
-                BatchObservation::marker(100 + i, 0, 2 * i + 1, true, 0),
-            );
-        }
+        close_transactions(&mut s, &o, 0..3);
         let r = ClosingsRetention {
             offsets: 1000,
             max: 2,
@@ -1619,18 +1599,7 @@ mod tests {
         assert!(at.incomplete, "{at:?}");
         // Closings at or above the position are never pruned by count.
         let mut s = PartitionState::new(key());
-        for i in 0..3 {
-            see(
-                &mut s,
-                &o,
-                BatchObservation::data(100 + i, 0, 2 * i, 0, 1, true),
-            );
-            see(
-                &mut s,
-                &o,
-                BatchObservation::marker(100 + i, 0, 2 * i + 1, true, 0),
-            );
-        }
+        close_transactions(&mut s, &o, 0..3);
         s.note_fetcher_position(0, r);
         assert_eq!(s.closed_transactions().count(), 3);
         assert!(!s.open_at(0).incomplete);
@@ -1757,18 +1726,7 @@ mod tests {
         let mut s = PartitionState::new(PartitionKey::new([7; 16], "t", p));
         s.share_closings_budget(Arc::clone(budget));
         let o = origin(1);
-        for i in markers {
-            see(
-                &mut s,
-                &o,
-                BatchObservation::data(100 + i, 0, 2 * i, 0, 1, true),
-            );
-            see(
-                &mut s,
-                &o,
-                BatchObservation::marker(100 + i, 0, 2 * i + 1, true, 0),
-            );
-        }
+        close_transactions(&mut s, &o, markers);
         s
     }
 
@@ -1799,18 +1757,7 @@ mod tests {
         assert!(!a.open_at(0).incomplete);
         // More closings past b's position (7, 9) are kept with a full budget.
         let o = origin(1);
-        for i in 3..5 {
-            see(
-                &mut b,
-                &o,
-                BatchObservation::data(100 + i, 0, 2 * i, 0, 1, true),
-            );
-            see(
-                &mut b,
-                &o,
-                BatchObservation::marker(100 + i, 0, 2 * i + 1, true, 0),
-            );
-        }
+        close_transactions(&mut b, &o, 3..5);
         assert_eq!(markers(&b), vec![5, 7, 9]);
         assert_eq!(budget.retained(), 3);
         // Once 7 is below the position, 5 goes; 9, past it, stays.
