@@ -45,7 +45,9 @@ const CLIENT_ID: &str = "mirrorguard-replay";
 
 /// Fetch version of the replay: v5 is the first whose response carries the
 /// partition's log start offset, which an OFFSET_OUT_OF_RANGE below it
-/// (records deleted by retention) needs to move on (v4 answers -1 there).
+/// (records deleted by retention) needs to move on. Kafka leaves it -1 in
+/// an out-of-range answer of any version; the replay then asks for it with
+/// ListOffsets (see `earliest_offset`).
 const REPLAY_FETCH_VERSION: i16 = 5;
 
 /// Fetch v5 request body: one partition, as a consumer, read uncommitted.
