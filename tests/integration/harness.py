@@ -56,6 +56,38 @@ def cluster_id() -> str:
     return cid
 
 
+# Each pytest worker (pytest-xdist's PYTEST_XDIST_WORKER=gwN; N=0 without xdist) owns a
+# range of ports below the kernel's ephemeral range (32768-60999 here), so that no two
+# workers can hand out the same port and no client's ephemeral source port can take one:
+# worker N owns [PORT_FLOOR + N * PORT_SPAN, PORT_FLOOR + (N + 1) * PORT_SPAN). Within its
+# range a worker goes round and round, so a port it handed out is not handed out again
+# before the other PORT_SPAN - 1 have been (a port some process still holds, or still in
+# TIME_WAIT, fails the bind check and is skipped).
+PORT_FLOOR = 10000
+PORT_SPAN = 2800
+MAX_WORKERS = 8  # 10000 + 8 * 2800 = 32400 < 32768
+
+
+def worker_index() -> int:
+    """This process's pytest-xdist worker number (0 without xdist)."""
+    w = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    try:
+        n = int(w.removeprefix("gw"))
+    except ValueError:
+        n = 0
+    if not 0 <= n < MAX_WORKERS:
+        raise HarnessError(f"worker {w}: at most {MAX_WORKERS} pytest workers own a port range")
+    return n
+
+
+def port_range() -> range:
+    lo = PORT_FLOOR + worker_index() * PORT_SPAN
+    return range(lo, lo + PORT_SPAN)
+
+
+_next_port: int | None = None
+
+
 def _port_is_free(port: int) -> bool:
     if not 1024 <= port <= 65535:
         return False
@@ -69,29 +101,44 @@ def _port_is_free(port: int) -> bool:
         s.close()
 
 
+def _take_ports(count: int, exclude: set[int]) -> int:
+    """The first port `p` of `count` consecutive ports of this worker's range that are all
+    free and outside `exclude`; the cursor moves past them."""
+    global _next_port
+    rng = port_range()
+    if _next_port is None:
+        # Start somewhere in the range (not always at its floor): a re-run soon after an
+        # earlier one does not walk through the other's TIME_WAIT ports first.
+        _next_port = random.randrange(rng.start, rng.stop)
+    for _ in range(len(rng)):
+        p = _next_port
+        if p + count > rng.stop:
+            p = rng.start
+        _next_port = p + count
+        ports = range(p, p + count)
+        if all(q not in exclude and _port_is_free(q) for q in ports):
+            return p
+    raise HarnessError(f"no {count} free consecutive ports in {rng.start}-{rng.stop - 1}")
+
+
 def free_port(exclude: set[int] | None = None) -> int:
-    exclude = exclude or set()
-    for _ in range(100):
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        s.bind((HOST, 0))
-        port = s.getsockname()[1]
-        s.close()
-        if port not in exclude:
-            return port
-    raise HarnessError("no free port found")
+    """A free port of this worker's range, outside `exclude`."""
+    return _take_ports(1, exclude or set())
 
 
 def free_node_port_base(
     exclude: set[int] | None = None, node: int = TANSU_NODE_ID, nodes: list[int] | None = None
 ) -> int:
-    """A node_port_base such that base + node is a free port for every node id."""
+    """A node_port_base such that base + node is a free port of this worker's range for
+    every node id."""
     exclude = exclude or set()
     ids = nodes or [node]
-    for _ in range(200):
-        base = random.randint(20000, 60000 - max(ids))
-        if all(base + n not in exclude and _port_is_free(base + n) for n in ids):
-            return base
-    raise HarnessError("no free node port base found")
+    lo, hi = min(ids), max(ids)
+    if hi - lo + 1 > 64:
+        raise HarnessError(f"node ids {ids} span more than 64 ports")
+    # base + lo .. base + hi is a block of consecutive ports of this range; the ids not
+    # used in between stay free for anyone.
+    return _take_ports(hi - lo + 1, exclude) - lo
 
 
 def wait_until(pred, timeout: float, interval: float = 0.05, what: str = "condition"):
