@@ -27,6 +27,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness  # noqa: E402
 from harness import Proxy, TansuBroker  # noqa: E402
 
+# Workers, the leak check after every test, the slowest tests at the end.
+pytest_plugins = ["suite_plugin"]
+
 LOGS_KEY = pytest.StashKey[list]()
 
 
