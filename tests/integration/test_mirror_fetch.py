@@ -125,6 +125,7 @@ def _consume_all(bootstrap: str, topic: str, count: int, isolation: str, timeout
     return [(m.offset(), m.key(), m.value()) for m in msgs]
 
 
+@pytest.mark.quick  # scripts/test.sh --quick: the mirror path
 def test_librdkafka_consumer_through_mirror_gets_source_records(kafka_factory, kafka1, mirror_factory):
     src = kafka_factory()
     state = kafka1

@@ -135,6 +135,7 @@ def _seal(mg, src, partition: int) -> None:
     f.close()
 
 
+@pytest.mark.quick  # scripts/test.sh --quick: the produce guard
 def test_guard_refuses_mirrored_partitions_then_forwards_once_stopped(kafka_factory, kafka1, mirror_factory):
     src, dest, mg, guard = _setup(kafka_factory, kafka1, mirror_factory)
     send(idempotent_producer(src.bootstrap), TOPIC, [b"m-%d" % i for i in range(3)], partition=0)

@@ -96,6 +96,7 @@ def test_produce_consume_compression(kafka, codec):
     assert sum(b.record_count for b in batches) == n
 
 
+@pytest.mark.quick  # scripts/test.sh --quick: the proxy
 def test_idempotent_producer(kafka):
     topic = topic_name("idem")
     create_topics(kafka.bootstrap, [topic])

@@ -102,6 +102,7 @@ def start_proxy(tmp_path, ksaslssl, pki) -> Proxy:
     return p.start()
 
 
+@pytest.mark.quick  # scripts/test.sh --quick: TLS and SASL
 def test_passthrough_sasl_over_tls(ksaslssl, pki, tmp_path):
     p = start_proxy(tmp_path, ksaslssl, pki)
     try:
