@@ -115,6 +115,16 @@ pub enum TransitionError {
     },
 }
 
+/// What the fetch path needs of a controlled partition's entry
+/// ([`Lifecycle::controlled_of`]).
+#[derive(Debug, Clone)]
+pub struct ControlledRef {
+    pub topic: String,
+    pub partition: i32,
+    pub state: State,
+    pub cut: Option<i64>,
+}
+
 /// One partition's life-cycle entry.
 #[derive(Debug, Clone, Serialize)]
 pub struct Entry {
@@ -235,6 +245,23 @@ impl Lifecycle {
         let mut v: Vec<Entry> = lock(&self.entries).values().cloned().collect();
         v.sort_by(|a, b| (a.topic.as_str(), a.partition).cmp(&(b.topic.as_str(), b.partition)));
         v
+    }
+
+    /// The controlled (not MIRRORING) partitions of `mirror`: topic,
+    /// partition, state and cut, in no particular order. For the fetch
+    /// path, which asks on every incremental fetch: nothing but these is
+    /// copied, nothing sorted.
+    pub fn controlled_of(&self, mirror: &str) -> Vec<ControlledRef> {
+        lock(&self.entries)
+            .values()
+            .filter(|e| e.mirror == mirror && e.state != State::Mirroring)
+            .map(|e| ControlledRef {
+                topic: e.topic.clone(),
+                partition: e.partition,
+                state: e.state,
+                cut: e.cut,
+            })
+            .collect()
     }
 
     fn recount(&self, entries: &HashMap<PartitionKey, Entry>) {

@@ -111,8 +111,11 @@ pub fn plan_fetch(
     // fetcher: it may then hold nothing to wait on.
     let mut session_has_out = false;
     if incremental {
-        let known_out = mirror.sessions.out_of(req.session_id);
+        let (known_out, evicted) = mirror.sessions.out_of(req.session_id);
         session_has_out = !known_out.is_empty();
+        // A session whose memory was evicted may hold partitions it was told
+        // to forget: a full fetch lists what the fetcher holds again.
+        force_full_fetch |= evicted;
         // A partition forgotten earlier that mirrors again (resumed): the
         // fetcher still counts it in its session and would never list it
         // again; a full fetch puts it back.
@@ -122,10 +125,7 @@ pub fn plan_fetch(
                 .get(k)
                 .is_none_or(|e| e.state == State::Mirroring)
         });
-        for e in mirror.lifecycle.list() {
-            if e.mirror != mirror.name || e.state == State::Mirroring {
-                continue;
-            }
+        for e in mirror.lifecycle.controlled_of(&mirror.name) {
             let key = mirror.key_for(&e.topic, e.partition);
             // A STOPPING partition without a cut needs the fetcher's
             // position, which an incremental request that leaves it out does

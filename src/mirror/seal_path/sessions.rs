@@ -4,63 +4,178 @@
 
 use super::*;
 
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
 /// Controlled partitions known to be out of an upstream fetch session, by
 /// session id (KIP-227). A partition forgotten in a session is not sent to
 /// forget again; a forgotten partition that is MIRRORING again (resumed)
 /// makes the fetcher start a new full session, since the fetcher still
 /// counts it in its session and would otherwise never ask for it again.
+///
+/// The memory is bounded: at most [`MAX_SESSIONS`] sessions, the least
+/// recently used one forgotten first, and a session unused for
+/// [`SESSION_IDLE_FORGET`] is forgotten on the next note. A forgotten
+/// session may still be alive upstream (a fetcher that paused), holding
+/// partitions it was told to forget: its id is kept in `evicted` (for
+/// [`EVICTED_KEEP`]), and its next incremental request is answered with a
+/// session error once, so the fetcher starts a new full session and lists
+/// every partition it holds again.
 #[derive(Default)]
 pub struct SessionMemory {
-    pub(super) out:
-        std::sync::Mutex<std::collections::HashMap<i32, std::collections::HashSet<PartitionKey>>>,
-    /// Number of sessions remembered (the fetch path's fast check).
+    pub(super) sessions: std::sync::Mutex<Sessions>,
+    /// Sessions remembered plus sessions evicted (the fetch path's fast
+    /// check: zero means no request needs the memory).
     pub(super) tracked: std::sync::atomic::AtomicUsize,
 }
 
-/// Sessions remembered per mirror; beyond it the memory starts over (the
-/// cost is forgotten topics sent again, which a broker ignores).
+/// What [`SessionMemory`] holds under its lock.
+#[derive(Default)]
+pub(super) struct Sessions {
+    out: HashMap<i32, Remembered>,
+    /// Sessions forgotten while they had partitions out, and when.
+    evicted: HashMap<i32, Instant>,
+    /// When idle sessions were last looked for.
+    swept: Option<Instant>,
+}
+
+struct Remembered {
+    out: HashSet<PartitionKey>,
+    used: Instant,
+}
+
+/// Sessions remembered per mirror; beyond it the least recently used one
+/// is forgotten (and its id kept in `evicted`).
 pub(super) const MAX_SESSIONS: usize = 4096;
 
+/// A session with no request for this long is forgotten: a broker's
+/// fetcher sends one every replica.fetch.wait.max.ms (500 ms by default),
+/// and Kafka may evict a session idle for 120 s
+/// (min.incremental.fetch.session.eviction.ms).
+pub(super) const SESSION_IDLE_FORGET: Duration = Duration::from_secs(600);
+
+/// How long the id of a forgotten session is kept, so that its next
+/// incremental request (if it ever comes) starts a full session.
+pub(super) const EVICTED_KEEP: Duration = Duration::from_secs(3600);
+
+/// Evicted ids kept at most (oldest dropped first).
+pub(super) const MAX_EVICTED: usize = 4 * MAX_SESSIONS;
+
+impl Sessions {
+    fn evict(&mut self, session_id: i32, now: Instant) {
+        if self.out.remove(&session_id).is_some() {
+            if self.evicted.len() >= MAX_EVICTED {
+                if let Some(oldest) = self
+                    .evicted
+                    .iter()
+                    .min_by_key(|(_, t)| **t)
+                    .map(|(id, _)| *id)
+                {
+                    self.evicted.remove(&oldest);
+                }
+            }
+            self.evicted.insert(session_id, now);
+        }
+    }
+
+    /// Forgets idle sessions and expired evicted ids, at most once a minute.
+    fn sweep(&mut self, now: Instant) {
+        if self
+            .swept
+            .is_some_and(|t| now.duration_since(t) < Duration::from_secs(60))
+        {
+            return;
+        }
+        self.swept = Some(now);
+        let idle: Vec<i32> = self
+            .out
+            .iter()
+            .filter(|(_, r)| now.duration_since(r.used) >= SESSION_IDLE_FORGET)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in idle {
+            self.evict(id, now);
+        }
+        self.evicted
+            .retain(|_, t| now.duration_since(*t) < EVICTED_KEEP);
+    }
+}
+
 impl SessionMemory {
-    pub(super) fn lock(
-        &self,
-    ) -> std::sync::MutexGuard<
-        '_,
-        std::collections::HashMap<i32, std::collections::HashSet<PartitionKey>>,
-    > {
-        self.out.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, Sessions> {
+        self.sessions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn recount(&self, m: &Sessions) {
+        self.tracked.store(
+            m.out.len() + m.evicted.len(),
+            std::sync::atomic::Ordering::Relaxed,
+        );
     }
 
     pub(super) fn any(&self) -> bool {
         self.tracked.load(std::sync::atomic::Ordering::Relaxed) > 0
     }
 
-    pub(super) fn out_of(&self, session_id: i32) -> std::collections::HashSet<PartitionKey> {
-        self.lock().get(&session_id).cloned().unwrap_or_default()
+    /// The controlled partitions out of `session_id`, and whether that
+    /// session was forgotten while it had some (it must start over: the
+    /// caller answers it with a session error, once).
+    pub(super) fn out_of(&self, session_id: i32) -> (HashSet<PartitionKey>, bool) {
+        let now = Instant::now();
+        let mut m = self.lock();
+        if m.evicted.remove(&session_id).is_some() {
+            self.recount(&m);
+            return (HashSet::new(), true);
+        }
+        match m.out.get_mut(&session_id) {
+            Some(r) => {
+                r.used = now;
+                (r.out.clone(), false)
+            }
+            None => (HashSet::new(), false),
+        }
     }
 
     pub(super) fn note(&self, session_id: i32, keys: &[PartitionKey], fresh: bool) {
+        self.note_at(session_id, keys, fresh, Instant::now());
+    }
+
+    fn note_at(&self, session_id: i32, keys: &[PartitionKey], fresh: bool, now: Instant) {
         let mut m = self.lock();
-        if m.len() >= MAX_SESSIONS && !m.contains_key(&session_id) {
-            m.clear();
+        m.sweep(now);
+        m.evicted.remove(&session_id);
+        if m.out.len() >= MAX_SESSIONS && !m.out.contains_key(&session_id) {
+            if let Some(lru) = m.out.iter().min_by_key(|(_, r)| r.used).map(|(id, _)| *id) {
+                m.evict(lru, now);
+            }
         }
-        let set = m.entry(session_id).or_default();
+        let r = m.out.entry(session_id).or_insert_with(|| Remembered {
+            out: HashSet::new(),
+            used: now,
+        });
+        r.used = now;
         if fresh {
-            set.clear();
+            r.out.clear();
         }
-        set.extend(keys.iter().cloned());
-        if set.is_empty() {
-            m.remove(&session_id);
+        r.out.extend(keys.iter().cloned());
+        if r.out.is_empty() {
+            m.out.remove(&session_id);
         }
-        self.tracked
-            .store(m.len(), std::sync::atomic::Ordering::Relaxed);
+        self.recount(&m);
     }
 
     pub(super) fn forget_session(&self, session_id: i32) {
         let mut m = self.lock();
-        m.remove(&session_id);
-        self.tracked
-            .store(m.len(), std::sync::atomic::Ordering::Relaxed);
+        m.out.remove(&session_id);
+        m.evicted.remove(&session_id);
+        self.recount(&m);
+    }
+
+    /// Sessions remembered and evicted ids kept (for tests).
+    #[cfg(test)]
+    fn counts(&self) -> (usize, usize) {
+        let m = self.lock();
+        (m.out.len(), m.evicted.len())
     }
 }
 
@@ -154,4 +269,61 @@ pub fn drop_strays(
     .map_err(|e| err(h.api_version, e.to_string()))?;
     let out = crate::filter::with_body(&frame, body_at, &new_body);
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(p: i32) -> PartitionKey {
+        PartitionKey::new([0; 16], "t", p)
+    }
+
+    #[test]
+    fn a_full_memory_forgets_the_least_recently_used_session_only() {
+        let mem = SessionMemory::default();
+        let t0 = Instant::now();
+        for id in 1..=MAX_SESSIONS as i32 {
+            mem.note_at(id, &[key(0)], true, t0 + Duration::from_millis(id as u64));
+        }
+        // Session 1 is used again: session 2 is now the least recently used.
+        assert_eq!(mem.out_of(1), (HashSet::from([key(0)]), false));
+        mem.note_at(100_000, &[key(1)], true, t0 + Duration::from_secs(5));
+        assert_eq!(mem.counts(), (MAX_SESSIONS, 1));
+        // Every other session is still remembered (before: all forgotten at once).
+        assert_eq!(mem.out_of(1).0, HashSet::from([key(0)]));
+        assert_eq!(mem.out_of(3).0, HashSet::from([key(0)]));
+        assert_eq!(mem.out_of(100_000).0, HashSet::from([key(1)]));
+        // The evicted session is told to start over, once.
+        assert_eq!(mem.out_of(2), (HashSet::new(), true));
+        assert_eq!(mem.out_of(2), (HashSet::new(), false));
+        assert_eq!(mem.counts(), (MAX_SESSIONS, 0));
+    }
+
+    #[test]
+    fn an_idle_session_is_forgotten_and_its_id_kept_for_a_while() {
+        let mem = SessionMemory::default();
+        let t0 = Instant::now();
+        mem.note_at(7, &[key(0)], true, t0);
+        mem.note_at(8, &[key(0)], true, t0);
+        // Session 8 keeps fetching; 7 falls silent.
+        let later = t0 + SESSION_IDLE_FORGET + Duration::from_secs(61);
+        mem.note_at(8, &[key(1)], false, later);
+        assert_eq!(mem.counts(), (1, 1));
+        assert!(mem.any());
+        // Its ids expire too: then nothing is tracked for it.
+        let much_later = later + EVICTED_KEEP + Duration::from_secs(61);
+        mem.note_at(8, &[], true, much_later);
+        assert_eq!(mem.counts(), (0, 0));
+        assert!(!mem.any());
+    }
+
+    #[test]
+    fn a_forgotten_session_is_not_told_to_start_over() {
+        let mem = SessionMemory::default();
+        mem.note(9, &[key(0)], true);
+        mem.forget_session(9);
+        assert_eq!(mem.out_of(9), (HashSet::new(), false));
+        assert!(!mem.any());
+    }
 }
