@@ -203,11 +203,13 @@ pub enum StopRule {
 /// `last_fetched_epoch` is the request's LastFetchedEpoch (v12+, else -1)
 /// and `current_leader_epoch` its CurrentLeaderEpoch (v9+, else -1).
 ///
-/// A fetch at or past the seal's end completes the seal under
+/// A fetch exactly at the seal's end completes the seal under
 /// [`StopRule::FetcherOffset`]; under [`StopRule::DestinationHw`] only
 /// when the destination's high watermark has passed the end too, and
 /// otherwise it is answered with no records ([`Decision::AwaitHw`]): the
-/// caller has the high watermark read and completes the seal then.
+/// caller has the high watermark read and completes the seal then. A fetch
+/// past the end makes the partition FAILED: the destination holds records
+/// the seal did not put there.
 ///
 /// A fetch below the cut of a STOPPING partition is the fetcher of a
 /// destination leader that lost records it had not replicated (sealing
@@ -279,7 +281,26 @@ pub fn decide(
             Arc::new(plan)
         }
     };
-    if fetch_offset >= plan.end() {
+    if fetch_offset > plan.end() {
+        // The destination holds records past the seal that neither the
+        // source nor the seal put there (another writer, or a fetcher that
+        // was never served the seal): completing the seal now would leave
+        // the transactions the seal aborts open on the destination.
+        let end = plan.end();
+        let mut next = entry.clone();
+        next.state = State::Failed;
+        next.reason = Some(format!(
+            "the destination fetcher fetched at {fetch_offset}, past the seal's end {end} \
+             (cut {cut}, {} sealing batch(es)), before the seal completed: the destination \
+             partition holds records the seal did not put there; the seal was not \
+             completed, operator action needed",
+            plan.len()
+        ));
+        tracing::error!(mirror = %entry.mirror, partition = %key, cut, end, fetch_offset,
+            "seal: the destination fetcher fetched past the seal's end: partition FAILED");
+        return Decision::Persist(Box::new(next));
+    }
+    if fetch_offset == plan.end() {
         let end = plan.end();
         if let StopRule::DestinationHw(hw) = rule {
             if hw.is_none_or(|hw| hw < end) {
@@ -502,6 +523,35 @@ mod tests {
             other => panic!("{other:?}"),
         }
         // The opt-out: the fetcher's offset alone.
+        match decide(&key, &e, 12, 3, 3, &Vec::new, StopRule::FetcherOffset) {
+            Decision::Persist(next) => assert_eq!(next.state, State::Stopped),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_fetch_past_the_seal_end_fails_the_partition_under_either_rule() {
+        let key = PartitionKey::new([0; 16], "t", 0);
+        let e = built(); // the seal is 10 (abort), 11 (barrier): its end is 12
+        for rule in [
+            StopRule::FetcherOffset,
+            StopRule::DestinationHw(None),
+            StopRule::DestinationHw(Some(40)),
+        ] {
+            match decide(&key, &e, 17, 3, 3, &Vec::new, rule) {
+                Decision::Persist(next) => {
+                    assert_eq!(next.state, State::Failed, "{rule:?}");
+                    assert_eq!((next.cut, next.seal_batches), (Some(10), Some(2)));
+                    let reason = next.reason.unwrap_or_default();
+                    assert!(
+                        reason.contains("17") && reason.contains("end 12"),
+                        "{reason}"
+                    );
+                }
+                other => panic!("{rule:?}: {other:?}"),
+            }
+        }
+        // Exactly at the end: completed (or awaiting the high watermark).
         match decide(&key, &e, 12, 3, 3, &Vec::new, StopRule::FetcherOffset) {
             Decision::Persist(next) => assert_eq!(next.state, State::Stopped),
             other => panic!("{other:?}"),

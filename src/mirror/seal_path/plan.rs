@@ -429,6 +429,10 @@ pub(super) fn decide_all(
                 let lifecycle = mirror.lifecycle.clone();
                 let key = c.key.clone();
                 let becomes_stopped = next.state == State::Stopped;
+                // FAILED only from an up-to-date view: another instance may
+                // have completed the seal (and the partition taken local
+                // writes since) in records this one has not read yet.
+                let fails = next.state == State::Failed;
                 if next.state == State::Stopping
                     && entry.cut.is_some_and(|cut| c.fetch_offset < cut)
                 {
@@ -438,6 +442,23 @@ pub(super) fn decide_all(
                 return Err(Rewritten::Blocked {
                     frame: None,
                     wait: Box::pin(async move {
+                        if fails {
+                            mirror
+                                .salts
+                                .read_state()
+                                .await
+                                .map_err(|e| err(version, e.to_string()))?;
+                            let unchanged = lifecycle.get(&key).is_some_and(|cur| {
+                                cur.state == entry.state
+                                    && cur.cut == entry.cut
+                                    && cur.seal_batches == entry.seal_batches
+                            });
+                            if !unchanged {
+                                tracing::info!(partition = %key,
+                                    "seal: not failed: __mirror_state holds a newer step of it; decided again");
+                                return Ok(());
+                            }
+                        }
                         lifecycle
                             .commit(&key, *next)
                             .await
