@@ -124,7 +124,7 @@ async fn a_seal_with_20000_open_transactions_persists_in_chunks_and_is_rebuilt()
         instance(open_store(&kafka.bootstrap).await, &kafka.bootstrap);
     tailing.load().await.unwrap();
     tokio::spawn(tailing.clone().tail(Duration::from_millis(50)));
-    let plan = SealPlan::build(CUT, 4, SOURCE, open_txns());
+    let plan = SealPlan::build(CUT, 4, SOURCE, open_txns(), 1_700_000_000_000);
     assert_eq!(plan.len() as usize, OPEN + 1);
     let entry = Entry {
         mirror: "m".into(),

@@ -59,15 +59,17 @@ pub struct SealPlan {
 }
 
 impl SealPlan {
-    /// Builds the plan at `cut`.
+    /// Builds the plan at `cut`, its batches stamped `ts_ms` (see
+    /// [`seal_timestamp`]).
     pub fn build(
         cut: i64,
         leader_epoch: i32,
         source_cluster_id: &str,
         mut open: Vec<OpenTxn>,
+        ts_ms: i64,
     ) -> Self {
         open.sort_by_key(|t| (t.first_offset, t.producer_id));
-        let ts = now_ms();
+        let ts = ts_ms;
         let mut batches = Vec::with_capacity(open.len() + 1);
         let mut offset = cut;
         for t in &open {
@@ -161,6 +163,19 @@ pub enum Decision {
 }
 
 /// The entry of a partition whose seal is complete.
+/// The sealing batches' timestamp: when the partition's stop was persisted
+/// (the life-cycle record's timestamp, restored after a restart), so a seal
+/// rebuilt after a restart, or on another instance, is byte-identical to the
+/// one first served: two destination replicas never hold different bytes at
+/// one offset. (Before: the time each plan was built.)
+pub fn seal_timestamp(entry: &Entry) -> i64 {
+    if entry.since_ms > 0 {
+        entry.since_ms
+    } else {
+        now_ms()
+    }
+}
+
 pub fn stopped(entry: &Entry, plan: Arc<SealPlan>) -> Entry {
     let mut next = entry.clone();
     next.state = State::Stopped;
@@ -239,7 +254,13 @@ pub fn decide(
     let Some(cut) = entry.cut else {
         // Take the cut now: the fetcher's next offset is the destination's
         // log end offset.
-        let plan = SealPlan::build(fetch_offset, epoch, &entry.source_cluster_id, open_txns());
+        let plan = SealPlan::build(
+            fetch_offset,
+            epoch,
+            &entry.source_cluster_id,
+            open_txns(),
+            seal_timestamp(entry),
+        );
         let mut next = entry.clone();
         next.cut = Some(fetch_offset);
         next.seal_batches = Some(plan.len());
@@ -261,7 +282,13 @@ pub fn decide(
             // transactions; the epoch is the one of the batches already
             // appended, which the fetcher reports as its last fetched epoch.
             let open = entry_open_txns(entry);
-            let plan = SealPlan::build(cut, epoch, &entry.source_cluster_id, open);
+            let plan = SealPlan::build(
+                cut,
+                epoch,
+                &entry.source_cluster_id,
+                open,
+                seal_timestamp(entry),
+            );
             // The seal as persisted had `seal_batches` batches, some of which
             // the destination may hold already: a rebuilt seal of another
             // length (its open transactions lost) must never be served.
@@ -317,7 +344,13 @@ pub fn decide(
         // of a leadership move that never got the sealing batches (and
         // maybe records below the cut). Its log is what the destination
         // holds now, so the seal is planned again at its end.
-        let plan = SealPlan::build(fetch_offset, epoch, &entry.source_cluster_id, open_txns());
+        let plan = SealPlan::build(
+            fetch_offset,
+            epoch,
+            &entry.source_cluster_id,
+            open_txns(),
+            seal_timestamp(entry),
+        );
         let mut next = entry.clone();
         next.cut = Some(fetch_offset);
         next.seal_batches = Some(plan.len());
@@ -384,6 +417,9 @@ fn entry_open_txns(entry: &Entry) -> Vec<OpenTxn> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The sealing batches' timestamp in these tests.
+    const TS: i64 = 1_700_000_000_000;
 
     fn entry(seal_batches: Option<i32>, open: Option<Vec<OpenTxn>>) -> Entry {
         Entry {
@@ -458,6 +494,7 @@ mod tests {
             3,
             &e.source_cluster_id,
             vec![],
+            TS,
         )));
         assert!(!serve_reader(&e, 10).records.is_empty());
         assert!(serve_reader(&e, 11).records.is_empty());
@@ -472,6 +509,7 @@ mod tests {
             3,
             &e.source_cluster_id,
             vec![txn()],
+            TS,
         )));
         e
     }
@@ -527,6 +565,32 @@ mod tests {
             Decision::Persist(next) => assert_eq!(next.state, State::Stopped),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn a_seal_rebuilt_after_a_restart_is_byte_identical() {
+        let key = PartitionKey::new([0; 16], "t", 0);
+        let mut e = entry(None, None);
+        e.cut = None; // the stop is persisted; the cut is taken at this fetch
+        e.since_ms = TS; // when the stop was persisted
+        let first = match decide(&key, &e, 10, 3, 3, &|| vec![txn()], StopRule::FetcherOffset) {
+            Decision::Persist(next) => next,
+            other => panic!("{other:?}"),
+        };
+        let served = |e: &Entry| match decide(&key, e, 10, 3, 3, &Vec::new, StopRule::FetcherOffset)
+        {
+            Decision::Answer(a) => a.records,
+            other => panic!("{other:?}"),
+        };
+        let before = served(&first);
+        assert_eq!((first.cut, first.seal_batches), (Some(10), Some(2)));
+        // A restart: the entry comes back from __mirror_state without its
+        // plan (the record's timestamp is the stop's), some time later.
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        let mut restored = (*first).clone();
+        restored.seal = None;
+        restored.restored_open_txns = Some(vec![txn()]);
+        assert_eq!(served(&restored), before);
     }
 
     #[test]
