@@ -1043,7 +1043,44 @@ impl Config {
                 return Err(invalid(f("metadata_refresh_ms"), "must be >= 100".into()));
             }
         }
+        self.validate_abort_path(path)?;
         self.validate_tls(path)
+    }
+
+    /// mirrorguard's own abort of open mirrored transactions
+    /// (WriteTxnMarkers) reaches the destination through the destination
+    /// bootstrap (`[[mirror]].destination_bootstrap`, else `[state]`) and
+    /// then the leaders it lists: never through a guard listener, which
+    /// refuses WriteTxnMarkers into mirrored partitions. A destination
+    /// bootstrap naming a guard's own bootstrap address is refused.
+    fn validate_abort_path(&self, path: &Path) -> Result<(), ConfigError> {
+        let invalid = |field: String, message: String| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            field,
+            message,
+        };
+        let dest = self.destination_bootstrap();
+        for (i, g) in self.guards.iter().enumerate() {
+            let Ok((_, port)) = split_host_port(&g.bootstrap) else {
+                continue;
+            };
+            let own = [
+                g.bootstrap.clone(),
+                format!("{}:{port}", g.advertised_host),
+                format!("{}:{port}", g.listen_host),
+            ];
+            if let Some(a) = dest.iter().find(|a| own.contains(a)) {
+                return Err(invalid(
+                    format!("guard[{i}].bootstrap"),
+                    format!(
+                        "the destination bootstrap {a} is this guard listener: mirrorguard's own \
+                         requests to the destination (the abort of open mirrored transactions, \
+                         topic ids, high watermarks) must reach the destination brokers directly"
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Every TLS section: its files are read and made into a configuration
@@ -1183,6 +1220,38 @@ upstream_bootstrap = ["127.0.0.1:9092"]
 
     fn parse(text: &str) -> Result<Config, ConfigError> {
         Config::parse(text, Path::new("proxy.toml"))
+    }
+
+    /// mirrorguard's own requests to the destination (the abort of open
+    /// mirrored transactions among them) never go through a guard listener.
+    #[test]
+    fn destination_bootstrap_naming_a_guard_is_refused() {
+        let text = r#"
+[admin]
+listen = "127.0.0.1:9644"
+
+[[guard]]
+name = "guard"
+bootstrap = "127.0.0.1:29092"
+node_port_base = 29100
+upstream_bootstrap = ["127.0.0.1:9092"]
+
+[[mirror]]
+name = "a-to-b"
+bootstrap = "127.0.0.1:39092"
+node_port_base = 39100
+source_bootstrap = ["127.0.0.1:9093"]
+destination_bootstrap = ["127.0.0.1:9092"]
+pid_mode = "preserve"
+"#;
+        parse(text).unwrap();
+        let bad = text.replace(
+            "destination_bootstrap = [\"127.0.0.1:9092\"]",
+            "destination_bootstrap = [\"127.0.0.1:29092\"]",
+        );
+        let err = parse(&bad).unwrap_err().to_string();
+        assert!(err.contains("guard[0].bootstrap"), "{err}");
+        assert!(err.contains("directly"), "{err}");
     }
 
     /// `advertised_host` defaults to `listen_host` in every listener kind,

@@ -158,6 +158,9 @@ pub struct Metrics {
     pub seal_events: Family<MirrorKindLabels, Counter>,
     /// Produce requests (partitions) refused by the produce guard, by listener.
     pub produce_refused: Family<ListenerLabels, Counter>,
+    /// Writes other than Produce refused by the guard (partitions, or
+    /// topics for CreatePartitions and DeleteTopics), by listener and API.
+    pub guard_refused: Family<ApiLabels, Counter>,
     /// Failed client TLS handshakes by listener and kind (`plaintext`,
     /// `timeout`, `eof`, `protocol`, `unknown_ca`, `cert_expired`,
     /// `no_client_cert`, `bad_certificate`, `alert`, ...).
@@ -258,6 +261,7 @@ impl Metrics {
         let partitions_by_state = Family::<StateLabels, Gauge>::default();
         let seal_events = Family::<MirrorKindLabels, Counter>::default();
         let produce_refused = Family::<ListenerLabels, Counter>::default();
+        let guard_refused = Family::<ApiLabels, Counter>::default();
         registry.register(
             "mirrorguard_partitions",
             "Mirrored partitions with a life-cycle entry, by state",
@@ -272,6 +276,12 @@ impl Metrics {
             "mirrorguard_produce_refused",
             "Produce partitions refused by the produce guard because the partition is mirrored",
             produce_refused.clone(),
+        );
+        registry.register(
+            "mirrorguard_guard_refused",
+            "Partitions (topics for CreatePartitions and DeleteTopics) of writes other than \
+             Produce refused by the guard because they are mirrored, by API",
+            guard_refused.clone(),
         );
         registry.register(
             "mirrorguard_mirror_events",
@@ -388,6 +398,7 @@ impl Metrics {
             partitions_by_state,
             seal_events,
             produce_refused,
+            guard_refused,
             tls_handshake_errors,
             tls_reloads,
             reauthentications,

@@ -17,9 +17,10 @@ use crate::config::{Config, LogFormat, LoggingConfig};
 use crate::filter::address::AddressRewrite;
 use crate::filter::mirror_fetch::MirrorFetch;
 use crate::filter::offline::SourceOffline;
-use crate::filter::produce_guard::ProduceGuard;
+use crate::filter::produce_guard::{GuardPolicy, ProduceGuard};
 use crate::filter::sasl::SaslRelay;
 use crate::filter::seal::Seal;
+use crate::filter::write_guard::{TopicIdNames, WriteGuard};
 use crate::filter::{BoxFuture, Chain, Filter};
 use crate::kafka_client::TransportConnector;
 use crate::lifecycle::Lifecycle;
@@ -106,10 +107,13 @@ fn guard_chain(
     lifecycle: Arc<Lifecycle>,
     mirrors: Vec<Arc<MirrorContext>>,
     metrics: Arc<Metrics>,
+    topic_ids: Option<TopicIdNames>,
 ) -> Chain {
-    let mut filters: Vec<Box<dyn Filter>> = vec![Box::new(ProduceGuard::new(
-        name, lifecycle, mirrors, metrics,
-    ))];
+    let policy = GuardPolicy::new(lifecycle.clone(), mirrors.clone());
+    let mut filters: Vec<Box<dyn Filter>> = vec![
+        Box::new(ProduceGuard::new(name, lifecycle, mirrors, metrics.clone())),
+        Box::new(WriteGuard::new(name, policy, metrics, topic_ids)),
+    ];
     filters.extend(common_filters(nodes, SaslRelay::Passthrough));
     Chain::new(filters)
 }
@@ -315,12 +319,19 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     }
 
     let mirror_contexts: Vec<Arc<MirrorContext>> = mirrors.iter().map(|(_, m)| m.clone()).collect();
+    // DeleteTopics by topic id: ids are mapped with the destination topic
+    // listing the state sync keeps (without [state], every id is unknown).
+    let topic_ids: Option<TopicIdNames> = state_sync.as_ref().map(|s| {
+        let s = s.clone();
+        Arc::new(move |id: &[u8; 16]| s.destination_topic_name_of(id)) as TopicIdNames
+    });
     for gc in &config.guards {
-        let (lifecycle, mirror_contexts, metrics2, name) = (
+        let (lifecycle, mirror_contexts, metrics2, name, topic_ids) = (
             lifecycle.clone(),
             mirror_contexts.clone(),
             metrics.clone(),
             gc.name.clone(),
+            topic_ids.clone(),
         );
         let listener = Listener::new(
             gc.clone(),
@@ -328,7 +339,16 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             metrics.clone(),
             shutdown_rx.clone(),
             tracker.clone(),
-            move |nodes| guard_chain(nodes, &name, lifecycle, mirror_contexts, metrics2),
+            move |nodes| {
+                guard_chain(
+                    nodes,
+                    &name,
+                    lifecycle,
+                    mirror_contexts,
+                    metrics2,
+                    topic_ids,
+                )
+            },
         )?;
         listener.set_sasl(
             resolve(

@@ -58,6 +58,16 @@ pub const FIND_COORDINATOR: i16 = ApiKey::FindCoordinator as i16;
 pub const API_VERSIONS: i16 = ApiKey::ApiVersions as i16;
 /// DescribeCluster.
 pub const DESCRIBE_CLUSTER: i16 = ApiKey::DescribeCluster as i16;
+/// DeleteTopics.
+pub const DELETE_TOPICS: i16 = ApiKey::DeleteTopics as i16;
+/// DeleteRecords.
+pub const DELETE_RECORDS: i16 = ApiKey::DeleteRecords as i16;
+/// AddPartitionsToTxn.
+pub const ADD_PARTITIONS_TO_TXN: i16 = ApiKey::AddPartitionsToTxn as i16;
+/// WriteTxnMarkers (its v0 header is special-cased below).
+pub const WRITE_TXN_MARKERS: i16 = ApiKey::WriteTxnMarkers as i16;
+/// CreatePartitions.
+pub const CREATE_PARTITIONS: i16 = ApiKey::CreatePartitions as i16;
 
 /// API keys Kafka has (or had) that kafka-protocol 0.18 lacks:
 /// `(key, name, first flexible version)`. See the module documentation.
@@ -141,9 +151,8 @@ pub fn request_header_version(api_key: i16, api_version: i16) -> Option<i16> {
     Some(if api_version >= *flex { 2 } else { 1 })
 }
 
-/// WriteTxnMarkers: its v0 (removed in Kafka 4.0) was not flexible, but the
-/// crate, whose range starts at v1, answers "flexible" for every version.
-const WRITE_TXN_MARKERS: i16 = ApiKey::WriteTxnMarkers as i16;
+// WriteTxnMarkers: its v0 (removed in Kafka 4.0) was not flexible, but the
+// crate, whose range starts at v1, answers "flexible" for every version.
 
 /// Response header version (0 or 1) for `api_key` at `api_version`, or
 /// `None` for an unknown API key or a negative version.

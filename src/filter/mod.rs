@@ -15,6 +15,9 @@
 //!   its last known topology when the source is gone (no API of its own);
 //! - [`produce_guard::ProduceGuard`]: Produce to partitions a mirror still
 //!   feeds is refused;
+//! - [`write_guard::WriteGuard`]: on the same guard listeners, the other
+//!   writes into such partitions (AddPartitionsToTxn, WriteTxnMarkers,
+//!   DeleteRecords, CreatePartitions, DeleteTopics) are refused;
 //! - [`mirror_fetch::MirrorFetch`]: PIDs of mirrored Fetch responses are
 //!   mapped and observed in the shadow producer state;
 //! - [`seal::Seal`]: controlled partitions of a Fetch are served from the
@@ -43,6 +46,7 @@ pub mod offline;
 pub mod produce_guard;
 pub mod sasl;
 pub mod seal;
+pub mod write_guard;
 
 use std::ops::RangeInclusive;
 use std::time::Duration;
@@ -189,6 +193,8 @@ pub trait Filter: Send + Sync {
 pub enum RequestState {
     /// The partitions the produce guard refused ([`produce_guard`]).
     Guard(produce_guard::Refusals),
+    /// A write other than Produce the guard refused ([`write_guard`]).
+    GuardWrite(write_guard::WriteRefusals),
     /// The seal's plan of a Fetch touching controlled partitions ([`seal`]).
     Seal(crate::mirror::seal_path::FetchPlan),
     /// A SASL request answered locally ([`sasl`]).

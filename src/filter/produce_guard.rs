@@ -7,8 +7,10 @@
 //! message naming the mirror; the other partitions of the same request are
 //! forwarded untouched and the two answers are merged (the refusals travel
 //! to the response as [`RequestState::Guard`]). Every other API key passes
-//! through this filter untouched; the rest of the guard listener's chain
-//! rewrites addresses as usual.
+//! through this filter untouched: the other writes into a mirrored partition
+//! are refused by the next filter, [`super::write_guard`], with the same
+//! [`GuardPolicy`]; the rest of the guard listener's chain rewrites
+//! addresses as usual.
 //!
 //! The guard fails closed at start-up: until every mirror knows its source
 //! topology (read from the source, or restored from `__mirror_state`, which
@@ -75,36 +77,24 @@ pub struct Refusals {
     topics: Vec<(String, Vec<Refused>)>,
 }
 
-/// The produce guard filter.
-pub struct ProduceGuard {
-    listener: String,
+/// What the guard refuses, shared by the Produce filter and the filter of
+/// the other writes ([`super::write_guard`]): the life cycle and the
+/// mirrors' topologies.
+#[derive(Clone)]
+pub struct GuardPolicy {
     lifecycle: Arc<Lifecycle>,
     mirrors: Vec<Arc<MirrorContext>>,
-    metrics: Arc<Metrics>,
 }
 
-impl ProduceGuard {
-    /// A guard for `mirrors`' topics using the shared life cycle.
-    pub fn new(
-        listener: &str,
-        lifecycle: Arc<Lifecycle>,
-        mirrors: Vec<Arc<MirrorContext>>,
-        metrics: Arc<Metrics>,
-    ) -> Self {
-        Self {
-            listener: listener.to_string(),
-            lifecycle,
-            mirrors,
-            metrics,
-        }
+impl GuardPolicy {
+    /// The policy over `mirrors`' topics using the shared life cycle.
+    pub fn new(lifecycle: Arc<Lifecycle>, mirrors: Vec<Arc<MirrorContext>>) -> Self {
+        Self { lifecycle, mirrors }
     }
 
-    /// Why `topic`-`partition` may not be written, or `None` if it may.
-    pub fn refusal(&self, topic: &str, partition: i32) -> Option<String> {
-        self.refusal_code(topic, partition).map(|(_, m)| m)
-    }
-
-    /// The error code and message refusing `topic`-`partition`, or `None`.
+    /// The error code and message refusing a write into
+    /// `topic`-`partition`, or `None` when it may be written: its
+    /// life-cycle entry is STOPPED, or no mirror feeds it.
     pub fn refusal_code(&self, topic: &str, partition: i32) -> Option<(i16, String)> {
         let key = PartitionKey::new([0; 16], topic, partition);
         if let Some(e) = self.lifecycle.get(&key) {
@@ -120,17 +110,10 @@ impl ProduceGuard {
                 )
             });
         }
-        if let Some(m) = self.mirrors.iter().find(|m| m.topology().is_none()) {
+        if let Some(m) = self.unknown_mirror() {
             // Fail closed: the topic may be mirrored by a mirror that has
             // not read its source yet.
-            return Some((
-                NOT_ENOUGH_REPLICAS,
-                format!(
-                    "mirrorguard does not know yet which partitions mirror '{}' feeds (its source \
-                     has not been read and no topology is persisted); retry",
-                    m.name
-                ),
-            ));
+            return Some((NOT_ENOUGH_REPLICAS, Self::unknown_message(&m)));
         }
         self.mirrors
             .iter()
@@ -145,6 +128,126 @@ impl ProduceGuard {
                     ),
                 )
             })
+    }
+
+    /// The name of a mirror that does not know its source topology yet.
+    fn unknown_mirror(&self) -> Option<String> {
+        self.mirrors
+            .iter()
+            .find(|m| m.topology().is_none())
+            .map(|m| m.name.clone())
+    }
+
+    fn unknown_message(mirror: &str) -> String {
+        format!(
+            "mirrorguard does not know yet which partitions mirror '{mirror}' feeds (its source \
+             has not been read and no topology is persisted); retry"
+        )
+    }
+
+    /// The error code and message refusing a change to the whole of `topic`
+    /// (its partition count, its deletion), or `None` when every partition
+    /// of it may be written: each partition a mirror feeds or has a
+    /// life-cycle entry for must be STOPPED.
+    pub fn topic_refusal(&self, topic: &str) -> Option<(i16, String)> {
+        let entries: Vec<_> = self
+            .lifecycle
+            .list()
+            .into_iter()
+            .filter(|e| e.topic == topic)
+            .collect();
+        if let Some(e) = entries.iter().find(|e| e.state != State::Stopped) {
+            return Some((
+                POLICY_VIOLATION,
+                format!(
+                    "topic {topic} is mirrored by mirror '{}' ({topic}-{} is {}); it can be \
+                     changed once the mirror is stopped and every partition of it is STOPPED",
+                    e.mirror,
+                    e.partition,
+                    e.state.name()
+                ),
+            ));
+        }
+        if let Some(m) = self.unknown_mirror() {
+            return Some((NOT_ENOUGH_REPLICAS, Self::unknown_message(&m)));
+        }
+        for m in &self.mirrors {
+            let Some((_, n)) = m.destination_topics().into_iter().find(|(t, _)| t == topic) else {
+                continue;
+            };
+            // Partitions without an entry are MIRRORING.
+            if let Some(p) = (0..n).find(|p| !entries.iter().any(|e| e.partition == *p)) {
+                return Some((
+                    POLICY_VIOLATION,
+                    format!(
+                        "topic {topic} is mirrored by mirror '{}' ({topic}-{p} is MIRRORING); it \
+                         can be changed once the mirror is stopped and every partition of it is \
+                         STOPPED",
+                        m.name
+                    ),
+                ));
+            }
+        }
+        None
+    }
+
+    /// Why a topic named only by an id the guard cannot map to a name is
+    /// refused, or `None` when nothing is protected at all (no mirror feeds
+    /// a topic, none is unknown, no life-cycle entry is short of STOPPED).
+    pub fn unmapped_id_refusal(&self, id: &str) -> Option<(i16, String)> {
+        let protects = self.unknown_mirror().is_some()
+            || self
+                .lifecycle
+                .list()
+                .iter()
+                .any(|e| e.state != State::Stopped)
+            || self
+                .mirrors
+                .iter()
+                .any(|m| !m.destination_topics().is_empty());
+        protects.then(|| {
+            (
+                POLICY_VIOLATION,
+                format!(
+                    "mirrorguard cannot tell which topic the topic id {id} names (it is not in the \
+                     destination topic listing mirrorguard holds), so it cannot tell whether a \
+                     mirror feeds it; name the topic by its name instead"
+                ),
+            )
+        })
+    }
+}
+
+/// The produce guard filter.
+pub struct ProduceGuard {
+    listener: String,
+    policy: GuardPolicy,
+    metrics: Arc<Metrics>,
+}
+
+impl ProduceGuard {
+    /// A guard for `mirrors`' topics using the shared life cycle.
+    pub fn new(
+        listener: &str,
+        lifecycle: Arc<Lifecycle>,
+        mirrors: Vec<Arc<MirrorContext>>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        Self {
+            listener: listener.to_string(),
+            policy: GuardPolicy::new(lifecycle, mirrors),
+            metrics,
+        }
+    }
+
+    /// Why `topic`-`partition` may not be written, or `None` if it may.
+    pub fn refusal(&self, topic: &str, partition: i32) -> Option<String> {
+        self.refusal_code(topic, partition).map(|(_, m)| m)
+    }
+
+    /// The error code and message refusing `topic`-`partition`, or `None`.
+    pub fn refusal_code(&self, topic: &str, partition: i32) -> Option<(i16, String)> {
+        self.policy.refusal_code(topic, partition)
     }
 
     fn err(h: &RequestHeader, message: String) -> RewriteError {

@@ -28,6 +28,7 @@ pub mod fetch;
 pub mod fetch_build;
 pub mod fetch_request;
 pub mod find_coordinator;
+pub mod guarded_writes;
 pub mod metadata;
 pub mod node_endpoints;
 pub mod produce;

@@ -682,6 +682,21 @@ class StandInFetcher:
         self.follow(lambda f: pos(f) >= high_watermark_target, timeout, f"position {high_watermark_target}")
 
 
+def seal_partition(mg: "MirrorGuard", mirror: str, source_bootstrap: str, topic: str, partition: int = 0) -> None:
+    """Mirrors `topic`-`partition` with a stand-in fetcher through `mirror`'s listener up to
+    the source's high watermark, stops it (``POST stop``), and fetches until the partition
+    is STOPPED (its sealing batches end with the barrier)."""
+    f = StandInFetcher(topic, partition=partition)
+    f.connect(mg.mirrors[mirror].bootstrap)
+    f.catch_up(high_watermark(source_bootstrap, topic, partition))
+    status, body = mg.post("stop", mirror, topic, [partition])
+    assert status == 200, body
+    f.follow(lambda s: (mg.partition(topic, partition) or {}).get("state") == "STOPPED", timeout=15,
+             what=f"{topic}-{partition} STOPPED")
+    assert [b.kind for b in f.log][-1] == "barrier"
+    f.close()
+
+
 # --------------------------------------------------------------------------
 # producers
 

@@ -22,10 +22,10 @@ import rawkafka
 from mirror_harness import (  # noqa: F401 - mirror_factory is a fixture
     HOST,
     MirrorSpec,
-    StandInFetcher,
     high_watermark,
     idempotent_producer,
     mirror_factory,
+    seal_partition,
     send,
 )
 
@@ -124,15 +124,7 @@ def _raw_produce_v8(bootstrap: str, topic: str, partition: int) -> tuple[int, st
 
 def _seal(mg, src, partition: int) -> None:
     """Mirrors `partition` with the stand-in fetcher, stops it, and fetches until STOPPED."""
-    f = StandInFetcher(TOPIC, partition=partition)
-    f.connect(mg.mirrors[MIRROR].bootstrap)
-    f.catch_up(high_watermark(src.bootstrap, TOPIC, partition))
-    status, body = mg.post("stop", MIRROR, TOPIC, [partition])
-    assert status == 200, body
-    f.follow(lambda s: (mg.partition(TOPIC, partition) or {}).get("state") == "STOPPED", timeout=15,
-             what=f"{TOPIC}-{partition} STOPPED")
-    assert [b.kind for b in f.log][-1] == "barrier"
-    f.close()
+    seal_partition(mg, MIRROR, src.bootstrap, TOPIC, partition)
 
 
 @pytest.mark.quick  # scripts/test.sh --quick: the produce guard

@@ -149,6 +149,12 @@ impl StateSync {
         t.by_name.get(name).copied()
     }
 
+    /// The name of destination topic `id` in the last listing read (the
+    /// guard maps DeleteTopics' topic ids with it).
+    pub fn destination_topic_name_of(&self, id: &[u8; 16]) -> Option<String> {
+        self.destination_topic_name(id)
+    }
+
     pub(super) fn destination_topic_name(&self, id: &[u8; 16]) -> Option<String> {
         let t = self.dest_topics.read().unwrap_or_else(|p| p.into_inner());
         t.by_id.get(id).cloned()
