@@ -160,9 +160,16 @@ pub enum Decision {
         /// The seal's end: the high watermark it waits for.
         end: i64,
     },
+    /// The fetch is past the seal's end: answer with this (no records) and
+    /// neither complete nor fail the seal (see [`decide`]).
+    PastEnd {
+        /// The answer.
+        answer: LocalPartition,
+        /// The seal's end.
+        end: i64,
+    },
 }
 
-/// The entry of a partition whose seal is complete.
 /// The sealing batches' timestamp: when the partition's stop was persisted
 /// (the life-cycle record's timestamp, restored after a restart), so a seal
 /// rebuilt after a restart, or on another instance, is byte-identical to the
@@ -176,6 +183,7 @@ pub fn seal_timestamp(entry: &Entry) -> i64 {
     }
 }
 
+/// The entry of a partition whose seal is complete.
 pub fn stopped(entry: &Entry, plan: Arc<SealPlan>) -> Entry {
     let mut next = entry.clone();
     next.state = State::Stopped;
@@ -223,8 +231,7 @@ pub enum StopRule {
 /// when the destination's high watermark has passed the end too, and
 /// otherwise it is answered with no records ([`Decision::AwaitHw`]): the
 /// caller has the high watermark read and completes the seal then. A fetch
-/// past the end makes the partition FAILED: the destination holds records
-/// the seal did not put there.
+/// past the end neither completes nor fails the seal ([`Decision::PastEnd`]).
 ///
 /// A fetch below the cut of a STOPPING partition is the fetcher of a
 /// destination leader that lost records it had not replicated (sealing
@@ -309,23 +316,19 @@ pub fn decide(
         }
     };
     if fetch_offset > plan.end() {
-        // The destination holds records past the seal that neither the
-        // source nor the seal put there (another writer, or a fetcher that
-        // was never served the seal): completing the seal now would leave
-        // the transactions the seal aborts open on the destination.
-        let end = plan.end();
-        let mut next = entry.clone();
-        next.state = State::Failed;
-        next.reason = Some(format!(
-            "the destination fetcher fetched at {fetch_offset}, past the seal's end {end} \
-             (cut {cut}, {} sealing batch(es)), before the seal completed: the destination \
-             partition holds records the seal did not put there; the seal was not \
-             completed, operator action needed",
-            plan.len()
-        ));
-        tracing::error!(mirror = %entry.mirror, partition = %key, cut, end, fetch_offset,
-            "seal: the destination fetcher fetched past the seal's end: partition FAILED");
-        return Decision::Persist(Box::new(next));
+        // Past the end: the destination replica asking holds records the
+        // seal did not put there. That is either an inconsistency (a stray
+        // reader took the cut, another writer) or, during a leadership move,
+        // a replica whose log is about to be truncated to the new leader's
+        // (its fetch still in flight after a seal planned again below the
+        // old cut). The two cannot be told apart here, so such a fetch never
+        // completes the seal (before: it made the partition STOPPED) and
+        // never fails it: the seal waits for a fetch exactly at its end, and
+        // a seal that never gets one is reported as stuck.
+        return Decision::PastEnd {
+            answer: LocalPartition::empty_at(fetch_offset),
+            end: plan.end(),
+        };
     }
     if fetch_offset == plan.end() {
         let end = plan.end();
@@ -594,7 +597,7 @@ mod tests {
     }
 
     #[test]
-    fn a_fetch_past_the_seal_end_fails_the_partition_under_either_rule() {
+    fn a_fetch_past_the_seal_end_never_completes_it_under_either_rule() {
         let key = PartitionKey::new([0; 16], "t", 0);
         let e = built(); // the seal is 10 (abort), 11 (barrier): its end is 12
         for rule in [
@@ -603,14 +606,10 @@ mod tests {
             StopRule::DestinationHw(Some(40)),
         ] {
             match decide(&key, &e, 17, 3, 3, &Vec::new, rule) {
-                Decision::Persist(next) => {
-                    assert_eq!(next.state, State::Failed, "{rule:?}");
-                    assert_eq!((next.cut, next.seal_batches), (Some(10), Some(2)));
-                    let reason = next.reason.unwrap_or_default();
-                    assert!(
-                        reason.contains("17") && reason.contains("end 12"),
-                        "{reason}"
-                    );
+                Decision::PastEnd { answer, end } => {
+                    assert_eq!(end, 12, "{rule:?}");
+                    assert!(answer.records.is_empty());
+                    assert_eq!(answer.high_watermark, 17);
                 }
                 other => panic!("{rule:?}: {other:?}"),
             }

@@ -376,6 +376,8 @@ struct SealMetrics {
     /// Seals planned again below their cut (a destination leader that lost
     /// unreplicated records fetched there).
     replanned_below_cut: Counter,
+    /// Fetches past a seal's end (neither completing nor failing it).
+    fetches_past_end: Counter,
     /// Destination high watermarks read for seals that wait on them.
     hw_reads: Counter,
     /// Failed reads of a destination high watermark.
@@ -406,6 +408,7 @@ impl SealMetrics {
             below_cut_straddles: m("below_cut_batch_straddles_cut"),
             below_cut_straddle_warned: Default::default(),
             replanned_below_cut: m("seal_replanned_below_cut"),
+            fetches_past_end: m("fetch_past_seal_end"),
             hw_reads: m("destination_hw_read"),
             hw_read_errors: m("destination_hw_read_error"),
             hw_waiting: metrics

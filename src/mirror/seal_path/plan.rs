@@ -414,6 +414,13 @@ pub(super) fn decide_all(
                 }
                 answers.push(answer)
             }
+            Decision::PastEnd { answer, end } => {
+                mirror.seal_metrics.fetches_past_end.inc();
+                tracing::debug!(mirror = %mirror.name, partition = %c.key, end,
+                    fetch_offset = c.fetch_offset,
+                    "seal: a fetch past the seal's end neither completes nor fails it");
+                answers.push(answer)
+            }
             Decision::Answer(a) => {
                 mirror
                     .seal_metrics
