@@ -183,6 +183,19 @@ pub fn seal_timestamp(entry: &Entry) -> i64 {
     }
 }
 
+/// The seal of `entry` planned at `cut` with `open` transactions, stamped
+/// with [`seal_timestamp`] (every plan of one stop is built here, so they
+/// agree byte for byte).
+pub fn plan_for(entry: &Entry, cut: i64, leader_epoch: i32, open: Vec<OpenTxn>) -> SealPlan {
+    SealPlan::build(
+        cut,
+        leader_epoch,
+        &entry.source_cluster_id,
+        open,
+        seal_timestamp(entry),
+    )
+}
+
 /// The entry of a partition whose seal is complete.
 pub fn stopped(entry: &Entry, plan: Arc<SealPlan>) -> Entry {
     let mut next = entry.clone();
@@ -261,13 +274,7 @@ pub fn decide(
     let Some(cut) = entry.cut else {
         // Take the cut now: the fetcher's next offset is the destination's
         // log end offset.
-        let plan = SealPlan::build(
-            fetch_offset,
-            epoch,
-            &entry.source_cluster_id,
-            open_txns(),
-            seal_timestamp(entry),
-        );
+        let plan = plan_for(entry, fetch_offset, epoch, open_txns());
         let mut next = entry.clone();
         next.cut = Some(fetch_offset);
         next.seal_batches = Some(plan.len());
@@ -289,13 +296,7 @@ pub fn decide(
             // transactions; the epoch is the one of the batches already
             // appended, which the fetcher reports as its last fetched epoch.
             let open = entry_open_txns(entry);
-            let plan = SealPlan::build(
-                cut,
-                epoch,
-                &entry.source_cluster_id,
-                open,
-                seal_timestamp(entry),
-            );
+            let plan = plan_for(entry, cut, epoch, open);
             // The seal as persisted had `seal_batches` batches, some of which
             // the destination may hold already: a rebuilt seal of another
             // length (its open transactions lost) must never be served.
@@ -347,13 +348,7 @@ pub fn decide(
         // of a leadership move that never got the sealing batches (and
         // maybe records below the cut). Its log is what the destination
         // holds now, so the seal is planned again at its end.
-        let plan = SealPlan::build(
-            fetch_offset,
-            epoch,
-            &entry.source_cluster_id,
-            open_txns(),
-            seal_timestamp(entry),
-        );
+        let plan = plan_for(entry, fetch_offset, epoch, open_txns());
         let mut next = entry.clone();
         next.cut = Some(fetch_offset);
         next.seal_batches = Some(plan.len());

@@ -289,13 +289,7 @@ async fn complete(mirror: &Arc<MirrorContext>, key: &PartitionKey, end: i64, hw:
         // is only needed for its open transactions, which the entry holds.
         let cut = entry.cut?;
         let open = entry.restored_open_txns.clone().unwrap_or_default();
-        let plan = crate::lifecycle::SealPlan::build(
-            cut,
-            0,
-            &entry.source_cluster_id,
-            open,
-            crate::lifecycle::seal::seal_timestamp(&entry),
-        );
+        let plan = crate::lifecycle::seal::plan_for(&entry, cut, 0, open);
         (Some(plan.len()) == entry.seal_batches).then(|| Arc::new(plan))
     }) else {
         return false;
