@@ -196,10 +196,16 @@ def mirrorguard_config(path: Path, admin: int, state: str | None, listeners: lis
         cid = f'source_cluster_id = "{m["cid"]}"\n' if m.get("cid") else ""
         if m.get("prefix"):
             cid += f'destination_topic_prefix = "{m["prefix"]}"\n'
+        # The bench's fetch is the destination fetcher: `port` and `base` are the fetcher
+        # ports; the mirror's reader ports (which a mirror must have too) go unused.
+        taken = {m["port"], m["base"], admin}
+        reader_port = harness.free_port(taken)
+        reader_base = harness.free_node_port_base(taken | {reader_port}, node=0)
         out.append(
-            f'[[mirror]]\nname = "{m["name"]}"\nbootstrap = "{HOST}:{m["port"]}"\nlisten_host = "{HOST}"\n'
-            f'advertised_host = "{HOST}"\nnode_port_base = {m["base"]}\nsource_bootstrap = ["{m["upstream"]}"]\n'
-            f'pid_mode = "{m["mode"]}"\n{cid}')
+            f'[[mirror]]\nname = "{m["name"]}"\nbootstrap = "{HOST}:{reader_port}"\nlisten_host = "{HOST}"\n'
+            f'advertised_host = "{HOST}"\nnode_port_base = {reader_base}\n'
+            f'fetcher_bootstrap = "{HOST}:{m["port"]}"\nfetcher_node_port_base = {m["base"]}\n'
+            f'source_bootstrap = ["{m["upstream"]}"]\npid_mode = "{m["mode"]}"\n{cid}')
     path.write_text("\n".join(out))
 
 

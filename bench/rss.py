@@ -90,6 +90,11 @@ def start_proxy(work: Path, binary: Path, upstream: str, node_ids, kind: str) ->
         taken.add(port)
         base = harness.free_node_port_base(taken | set(range(p.ports.node_port_base, p.ports.node_port_base + 16)),
                                            nodes=list(node_ids))
+        taken |= set(range(base, base + 16))
+        reader_port = harness.free_port(taken)
+        taken.add(reader_port)
+        reader_base = harness.free_node_port_base(taken | set(range(p.ports.node_port_base, p.ports.node_port_base + 16)),
+                                                  nodes=list(node_ids))
         with open(p.config_path, "a") as f:
             f.write(
                 f"""
@@ -108,6 +113,11 @@ upstream_bootstrap = ["{upstream}"]
         taken.add(port)
         base = harness.free_node_port_base(taken | set(range(p.ports.node_port_base, p.ports.node_port_base + 16)),
                                            nodes=list(node_ids))
+        taken |= set(range(base, base + 16))
+        reader_port = harness.free_port(taken)
+        taken.add(reader_port)
+        reader_base = harness.free_node_port_base(taken | set(range(p.ports.node_port_base, p.ports.node_port_base + 16)),
+                                                  nodes=list(node_ids))
         with open(p.config_path, "a") as f:
             # Region mode needs a state cluster: the broker itself (a single-node
             # bench cluster; it is the destination too, so topic ids are known).
@@ -121,10 +131,13 @@ allow_source_cluster = true
 
 [[mirror]]
 name = "mirror"
-bootstrap = "{HOST}:{port}"
+bootstrap = "{HOST}:{reader_port}"
 listen_host = "{HOST}"
 advertised_host = "{HOST}"
-node_port_base = {base}
+node_port_base = {reader_base}
+# The rows' fetches are the destination fetcher's.
+fetcher_bootstrap = "{HOST}:{port}"
+fetcher_node_port_base = {base}
 source_bootstrap = ["{upstream}"]
 pid_mode = "region"
 """

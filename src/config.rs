@@ -102,17 +102,25 @@ pub struct MirrorConfig {
     #[serde(default = "default_upstream_request_timeout_ms")]
     pub upstream_request_timeout_ms: u64,
     /// Bootstrap address reserved for the destination's mirror fetcher
-    /// (with `fetcher_node_port_base`). When set, only fetches arriving on
-    /// these ports take a cut, complete a seal or change producer state;
+    /// (with `fetcher_node_port_base`). Only fetches arriving on these
+    /// ports take a cut, complete or fail a seal or change producer state;
     /// `bootstrap` and its node ports serve other readers (consumers, dump
-    /// tools) without changing any seal. Without it every reader of the
-    /// mirror listener counts as the fetcher.
+    /// tools) without changing any seal. Required unless `fetcher_identity
+    /// = "any-reader"`.
     #[serde(default)]
     pub fetcher_bootstrap: Option<String>,
     /// Source node N is served to the destination fetcher at
     /// `fetcher_node_port_base + N` (with `fetcher_bootstrap`).
     #[serde(default)]
     pub fetcher_node_port_base: Option<u16>,
+    /// Who counts as the destination fetcher: `ports` (the default: only
+    /// connections to `fetcher_bootstrap` / `fetcher_node_port_base`) or
+    /// `any-reader` (every reader of the mirror listener: a test bed's
+    /// opt-in, refused unless the listener binds a loopback address, since
+    /// any reader could then take a cut, fail a seal or change producer
+    /// state).
+    #[serde(default)]
+    pub fetcher_identity: FetcherIdentity,
     /// Verify the CRC-32C of one batch in this many that pass (0, the
     /// default: never) and count the corrupt ones in the `corrupt_records`
     /// mirror event. PID rewrites never need it (a corrupt batch stays
@@ -191,6 +199,18 @@ fn default_closings_retained_offsets() -> i64 {
 
 fn default_closings_retained_max() -> usize {
     crate::producer_state::DEFAULT_CLOSINGS_RETAINED_MAX
+}
+
+/// Who counts as a mirror's destination fetcher (`[[mirror]]
+/// fetcher_identity`, SPEC 3 "Who moves a seal").
+#[derive(Debug, Clone, Copy, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum FetcherIdentity {
+    /// Connections to the fetcher ports.
+    #[default]
+    Ports,
+    /// Every reader of the mirror listener (loopback test beds only).
+    AnyReader,
 }
 
 /// When a sealing partition becomes STOPPED (`[[mirror]] stopped_when`).
@@ -689,6 +709,15 @@ fn default_tls_handshake_timeout_ms() -> u64 {
     10_000
 }
 
+/// Whether `host` (a listen address) is loopback only: `localhost`, an
+/// address of 127.0.0.0/8 or `::1`.
+pub fn is_loopback_host(host: &str) -> bool {
+    let h = host.trim_start_matches('[').trim_end_matches(']');
+    h.eq_ignore_ascii_case("localhost")
+        || h.parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 fn default_listen_host() -> String {
     "127.0.0.1".to_string()
 }
@@ -915,6 +944,40 @@ impl Config {
                     format!("mirror[{i}].fetcher_bootstrap"),
                     "fetcher_bootstrap and fetcher_node_port_base go together".into(),
                 ));
+            }
+            match (m.fetcher_identity, m.fetcher_bootstrap.is_some()) {
+                (FetcherIdentity::Ports, false) => {
+                    return Err(invalid(
+                        format!("mirror[{i}].fetcher_bootstrap"),
+                        "a mirror needs its destination fetcher's identity: set \
+                         fetcher_bootstrap and fetcher_node_port_base (the ports only the \
+                         destination's mirror fetcher connects to; only its fetches take cuts and \
+                         move seals), or, on a loopback test bed only, fetcher_identity = \
+                         \"any-reader\""
+                            .into(),
+                    ))
+                }
+                (FetcherIdentity::AnyReader, true) => {
+                    return Err(invalid(
+                        format!("mirror[{i}].fetcher_identity"),
+                        "\"any-reader\" contradicts fetcher_bootstrap: with fetcher ports only \
+                         their connections are the fetcher"
+                            .into(),
+                    ))
+                }
+                (FetcherIdentity::AnyReader, false) if !is_loopback_host(&m.listen_host) => {
+                    return Err(invalid(
+                        format!("mirror[{i}].fetcher_identity"),
+                        format!(
+                            "\"any-reader\" makes every reader of the mirror listener the \
+                             destination fetcher (any reader could take a cut, fail a seal or \
+                             change producer state); it is refused unless listen_host is a \
+                             loopback address (it is {:?})",
+                            m.listen_host
+                        ),
+                    ))
+                }
+                _ => {}
             }
             if m.fetcher_node_port_base == Some(m.node_port_base) {
                 return Err(invalid(
@@ -1222,6 +1285,52 @@ upstream_bootstrap = ["127.0.0.1:9092"]
         Config::parse(text, Path::new("proxy.toml"))
     }
 
+    /// A mirror needs its fetcher's identity (SPEC 3, "Who moves a seal"):
+    /// fetcher ports, or the explicit loopback-only `any-reader` opt-in.
+    #[test]
+    fn a_mirror_without_a_fetcher_identity_does_not_start() {
+        let base = r#"
+[admin]
+listen = "127.0.0.1:9644"
+
+[[mirror]]
+name = "a-to-b"
+bootstrap = "127.0.0.1:39092"
+node_port_base = 39100
+source_bootstrap = ["127.0.0.1:9093"]
+pid_mode = "preserve"
+"#;
+        let err = parse(base).unwrap_err().to_string();
+        assert!(err.contains("mirror[0].fetcher_bootstrap"), "{err}");
+        assert!(err.contains("fetcher_node_port_base"), "{err}");
+        assert!(err.contains("any-reader"), "{err}");
+        let ports = format!(
+            "{base}fetcher_bootstrap = \"127.0.0.1:39093\"\nfetcher_node_port_base = 39200\n"
+        );
+        let c = parse(&ports).unwrap();
+        assert_eq!(c.mirrors[0].fetcher_identity, FetcherIdentity::Ports);
+        assert!(c.mirrors[0].fetcher_listener().is_some());
+        // The opt-in: on loopback only, never with fetcher ports.
+        let any = format!("{base}fetcher_identity = \"any-reader\"\n");
+        assert_eq!(
+            parse(&any).unwrap().mirrors[0].fetcher_identity,
+            FetcherIdentity::AnyReader
+        );
+        for host in ["::1", "127.0.0.9"] {
+            let t = any.replace("node_port_base = 39100", &format!("node_port_base = 39100\nlisten_host = \"{host}\"\nadvertised_host = \"127.0.0.1\""));
+            parse(&t).unwrap_or_else(|e| panic!("{host}: {e}"));
+        }
+        for host in ["0.0.0.0", "10.0.0.5", "::"] {
+            let t = any.replace("node_port_base = 39100", &format!("node_port_base = 39100\nlisten_host = \"{host}\"\nadvertised_host = \"mirror.example\""));
+            let err = parse(&t).unwrap_err().to_string();
+            assert!(err.contains("mirror[0].fetcher_identity"), "{host}: {err}");
+            assert!(err.contains("loopback"), "{host}: {err}");
+        }
+        let both = format!("{ports}fetcher_identity = \"any-reader\"\n");
+        let err = parse(&both).unwrap_err().to_string();
+        assert!(err.contains("contradicts"), "{err}");
+    }
+
     /// mirrorguard's own requests to the destination (the abort of open
     /// mirrored transactions among them) never go through a guard listener.
     #[test]
@@ -1240,6 +1349,8 @@ upstream_bootstrap = ["127.0.0.1:9092"]
 name = "a-to-b"
 bootstrap = "127.0.0.1:39092"
 node_port_base = 39100
+fetcher_bootstrap = "127.0.0.1:39900"
+fetcher_node_port_base = 39600
 source_bootstrap = ["127.0.0.1:9093"]
 destination_bootstrap = ["127.0.0.1:9092"]
 pid_mode = "preserve"
@@ -1280,6 +1391,8 @@ name = "a-to-b"
 bootstrap = "127.0.0.1:39092"
 listen_host = "127.0.0.3"
 node_port_base = 39100
+fetcher_bootstrap = "127.0.0.1:39900"
+fetcher_node_port_base = 39600
 source_bootstrap = ["127.0.0.1:9093"]
 pid_mode = "preserve"
 
@@ -1288,6 +1401,8 @@ name = "c-to-b"
 bootstrap = "127.0.0.1:49092"
 advertised_host = "mirror.example"
 node_port_base = 49100
+fetcher_bootstrap = "127.0.0.1:49900"
+fetcher_node_port_base = 49600
 source_bootstrap = ["127.0.0.1:9094"]
 pid_mode = "preserve"
 "#;
@@ -1346,6 +1461,8 @@ listen = "127.0.0.1:9644"
 name = "a-to-b"
 bootstrap = "127.0.0.1:39092"
 node_port_base = 39100
+fetcher_bootstrap = "127.0.0.1:39900"
+fetcher_node_port_base = 39600
 source_bootstrap = ["127.0.0.1:9093"]
 pid_mode = "preserve"
 "#;

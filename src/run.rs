@@ -287,7 +287,15 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         // With a dedicated fetcher listener, the main one serves readers
         // only: they never move a seal nor change producer state.
         let fetcher_listener = mc.fetcher_listener();
+        // Without fetcher ports only `fetcher_identity = "any-reader"` (a
+        // loopback test bed; the config check refuses anything else) gets here.
         let main_is_fetcher = fetcher_listener.is_none();
+        if main_is_fetcher {
+            tracing::warn!(mirror = %mc.name, listen_host = %mc.listen_host,
+                "fetcher_identity = \"any-reader\": every reader of this mirror listener counts as \
+                 the destination fetcher (any reader can take a cut or move a seal); for loopback \
+                 test beds only, never in production");
+        }
         let kinds = std::iter::once((mc.listener(), main_is_fetcher))
             .chain(fetcher_listener.map(|fc| (fc, true)));
         for (lc, fetcher) in kinds {

@@ -117,6 +117,15 @@ class MirrorSpec:
     # and friends) that writes no log, so there is no high watermark to wait for; every test
     # whose destination holds a log (the Kafka-engine stand-in) passes `destination_hw`.
     stopped_when: str | None = None
+    # Who is the destination fetcher (SPEC 3, "Who moves a seal"). "ports" (the default):
+    # `bootstrap` / `node_port_of` are the fetcher ports (`fetcher_bootstrap`,
+    # `fetcher_node_port_base`), so whatever a test connects there is the fetcher, and
+    # `reader_bootstrap` / `reader_node_port_of` are the mirror's other ports, for readers
+    # that never move a seal. "any-reader": the loopback-only opt-in, one set of ports
+    # where every reader is the fetcher (only the tests about that opt-in use it).
+    fetcher_identity: str = "ports"
+    reader_port: int = 0
+    reader_node_port_base: int = 0
 
     @classmethod
     def of(cls, name: str, source, **kw) -> "MirrorSpec":
@@ -134,6 +143,15 @@ class MirrorSpec:
 
     def node_port_of(self, node_id: int) -> int:
         return self.node_port_base + node_id
+
+    @property
+    def reader_bootstrap(self) -> str:
+        """The mirror listener's port for readers that are not the fetcher (with fetcher
+        ports; with "any-reader" the one bootstrap)."""
+        return f"{HOST}:{self.reader_port or self.bootstrap_port}"
+
+    def reader_node_port_of(self, node_id: int) -> int:
+        return (self.reader_node_port_base or self.node_port_base) + node_id
 
 
 class MirrorGuard:
@@ -166,6 +184,11 @@ class MirrorGuard:
             taken.add(m.bootstrap_port)
             m.node_port_base = harness.free_node_port_base(taken, nodes=m.node_ids)
             taken.update(m.node_port_of(n) for n in m.node_ids)
+            if m.fetcher_identity == "ports":
+                m.reader_port = harness.free_port(taken)
+                taken.add(m.reader_port)
+                m.reader_node_port_base = harness.free_node_port_base(taken, nodes=m.node_ids)
+                taken.update(m.reader_node_port_of(n) for n in m.node_ids)
         self.mirrors = {m.name: m for m in mirrors}
         # An optional produce guard ([[guard]]) in front of the destination `guard_upstream`.
         self.guard_bootstrap: str | None = None
@@ -195,15 +218,20 @@ class MirrorGuard:
                           + "destination_hw_poll_ms = 100\n")
             if (m.stopped_when or not m.destination_hw) and self.binary == harness.MIRRORGUARD_BIN:
                 extra += f'stopped_when = "{m.stopped_when or "fetcher_offset"}"\n'
+            if m.fetcher_identity == "ports":
+                extra += (f'fetcher_bootstrap = "{m.bootstrap}"\n'
+                          f"fetcher_node_port_base = {m.node_port_base}\n")
+            elif self.binary == harness.MIRRORGUARD_BIN:
+                extra += f'fetcher_identity = "{m.fetcher_identity}"\n'
             if m.extra:
                 extra += m.extra.rstrip("\n") + "\n"
             blocks.append(
                 f"""[[mirror]]
 name = "{m.name}"
-bootstrap = "{m.bootstrap}"
+bootstrap = "{m.reader_bootstrap}"
 listen_host = "{HOST}"
 advertised_host = "{HOST}"
-node_port_base = {m.node_port_base}
+node_port_base = {m.reader_node_port_base or m.node_port_base}
 source_bootstrap = [{", ".join(f'"{a}"' for a in m.source_bootstrap.split(","))}]
 pid_mode = "{m.pid_mode}"
 layout = "{m.layout}"

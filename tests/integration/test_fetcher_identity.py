@@ -27,24 +27,20 @@ MIRROR = "src-to-dst"
 
 
 def start_with_fetcher_port(kafka, mirror_factory, topic: str, destination_hw: str | None = None):
-    """`destination_hw`: the stand-in's listener when the destination holds a log (the seal
-    completes on its high watermark); without it the destination is a Python fetcher that
-    writes no log (the harness's `fetcher_offset` opt-out)."""
+    """A mirror with fetcher ports (the harness's default: `spec.bootstrap` is the fetcher's
+    listener, `spec.reader_bootstrap` the readers'). `destination_hw`: the stand-in's
+    listener when the destination holds a log (the seal completes on its high watermark);
+    without it the destination is a Python fetcher that writes no log (the harness's
+    `fetcher_offset` opt-out)."""
     spec = MirrorSpec(MIRROR, kafka.bootstrap, node_ids=list(kafka.node_ids), destination_hw=destination_hw)
     mg = mirror_factory(kafka.bootstrap, [spec], start=False)
-    taken = {mg.admin_port, spec.bootstrap_port, *(spec.node_port_of(n) for n in spec.node_ids)}
-    fetcher_port = harness.free_port(taken)
-    taken.add(fetcher_port)
-    fetcher_base = harness.free_node_port_base(taken, nodes=spec.node_ids)
     text = mg.config_path.read_text()
     text = with_state_topic(text, f"__mirror_state_{topic}")
-    text = text.replace(f'name = "{MIRROR}"\n',
-                        f'name = "{MIRROR}"\nfetcher_bootstrap = "{harness.HOST}:{fetcher_port}"\n'
-                        f"fetcher_node_port_base = {fetcher_base}\n", 1)
+    assert f'fetcher_bootstrap = "{spec.bootstrap}"' in text
     mg.config_path.write_text(text)
     mg.start()
     mg.wait_sources_known()
-    return mg, f"{harness.HOST}:{fetcher_port}"
+    return mg, spec.bootstrap
 
 
 def test_readers_never_move_a_seal_and_open_transactions_are_taken_at_the_cut(kafka1, mirror_factory):
@@ -61,7 +57,7 @@ def test_readers_never_move_a_seal_and_open_transactions_are_taken_at_the_cut(ka
     hw = high_watermark(kafka1.bootstrap, topic)
 
     fetcher = StandInFetcher(topic).connect(fetcher_bootstrap)
-    assert fetcher.conn.sock.getpeername()[1] != mg.mirrors[MIRROR].node_port, "the fetcher has its own port"
+    assert fetcher.conn.sock.getpeername()[1] != mg.mirrors[MIRROR].reader_node_port_of(mg.mirrors[MIRROR].node_ids[0]), "the fetcher has its own port"
     fetcher.catch_up(hw)
     open_batch = [b for b in fetcher.log if b.is_transactional and not b.is_control][-1]
 
@@ -69,7 +65,7 @@ def test_readers_never_move_a_seal_and_open_transactions_are_taken_at_the_cut(ka
     # mirror's main listener reads all of it (the fetcher has not yet).
     tp.commit_transaction(20)
     send(idem, topic, [b"later-%d" % i for i in range(2)])
-    reader = StandInFetcher(topic).connect(mg.mirrors[MIRROR].bootstrap)
+    reader = StandInFetcher(topic).connect(mg.mirrors[MIRROR].reader_bootstrap)
     # The commit marker is written asynchronously: read until it and the later data are in.
     reader.follow(lambda r: any(b.kind == "commit" for b in r.log)
                   and sum(1 for b in r.log for v in b.values if v and v.startswith(b"later")) == 2,
@@ -152,7 +148,7 @@ def test_a_reader_below_the_cut_gets_the_sources_records_up_to_the_cut(kafka1, m
 
     for state in ("STOPPING", "STOPPED"):
         assert mg.partition(topic, 0)["state"] == state
-        reader = StandInFetcher(topic).connect(mg.mirrors[MIRROR].bootstrap)
+        reader = StandInFetcher(topic).connect(mg.mirrors[MIRROR].reader_bootstrap)
         reader.catch_up(cut)
         assert below_cut(reader.log) == expected, state
         assert reader.leo == cut, (state, [b.kind for b in reader.log])
@@ -171,7 +167,7 @@ def test_a_reader_below_the_cut_gets_the_sources_records_up_to_the_cut(kafka1, m
         reader.close()
         # read_committed: the transaction open at the cut is aborted there by the seal (the
         # source committed it past the cut), and the reader is told so.
-        rc = StandInFetcher(topic).connect(mg.mirrors[MIRROR].bootstrap)
+        rc = StandInFetcher(topic).connect(mg.mirrors[MIRROR].reader_bootstrap)
         res, got = rc.fetch_once(isolation_level=1)
         assert (open_batch.producer_id, open_batch.base_offset) in (res.aborted_transactions or []), \
             (state, res.aborted_transactions)
@@ -189,7 +185,7 @@ def test_a_reader_below_the_cut_gets_the_sources_records_up_to_the_cut(kafka1, m
     send(newcomer, topic, [b"past-%d" % i for i in range(2)])
     producers = mg.metrics().sum("mirrorguard_producer_state_producers")
     claims = len([r for r in read_state_records(kafka1.bootstrap, f"__mirror_state_{topic}") if r.type == 6])
-    reader = StandInFetcher(topic).connect(mg.mirrors[MIRROR].bootstrap)
+    reader = StandInFetcher(topic).connect(mg.mirrors[MIRROR].reader_bootstrap)
     reader.catch_up(cut)
     assert below_cut(reader.log) == expected
     assert not any(v and v.startswith(b"past") for b in reader.log for v in b.values)
@@ -204,7 +200,7 @@ def test_a_reader_below_the_cut_gets_the_sources_records_up_to_the_cut(kafka1, m
     mg.wait_sources_known()
     harness.wait_until(lambda: mg.partition(topic, 0)["state"] == "STOPPED", 20, interval=0.05,
                        what="partition STOPPED restored")
-    rc = StandInFetcher(topic).connect(mg.mirrors[MIRROR].bootstrap)
+    rc = StandInFetcher(topic).connect(mg.mirrors[MIRROR].reader_bootstrap)
     res, got = rc.fetch_once(isolation_level=1)
     assert (open_batch.producer_id, open_batch.base_offset) in (res.aborted_transactions or []), \
         ("after restart", res.aborted_transactions)
@@ -243,7 +239,7 @@ def test_a_session_reader_copies_a_sealed_partition_up_to_the_cut(kafka1, mirror
     send(idem, topic, [b"later-%d" % i for i in range(3)])
 
     copy = harness.topic_name("copy")
-    r = dest.mirror("reader", mg.mirrors[MIRROR].bootstrap, [{"topic": copy, "partition": 0, "source_topic": topic}])
+    r = dest.mirror("reader", mg.mirrors[MIRROR].reader_bootstrap, [{"topic": copy, "partition": 0, "source_topic": topic}])
     r.catch_up(copy, cut)
     r.follow(lambda: r.report()["incremental_requests"] >= 3, 10, "incremental requests")
     assert r.position(copy) == cut, r.report()
