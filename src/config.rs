@@ -381,6 +381,17 @@ pub struct StateConfig {
     /// default `<hostname>/<admin.listen>`.
     #[serde(default)]
     pub instance_id: Option<String>,
+    /// How often `__mirror_state` is read for what other instances wrote
+    /// (their stops, seals and serving records). Whatever this instance
+    /// must know before it acts (a take-over, a seal's completion) is read
+    /// to the end at that moment anyway; this bounds how stale the admin
+    /// API and the fetch path's fast checks are.
+    #[serde(default = "default_state_tail_interval_ms")]
+    pub tail_interval_ms: u64,
+}
+
+fn default_state_tail_interval_ms() -> u64 {
+    1_000
 }
 
 impl StateConfig {
@@ -995,6 +1006,12 @@ impl Config {
             }
         }
         if let Some(st) = &self.state {
+            if !(100..=60_000).contains(&st.tail_interval_ms) {
+                return Err(invalid(
+                    "state.tail_interval_ms".into(),
+                    "must be within 100..=60000".into(),
+                ));
+            }
             if st.bootstrap.is_empty() {
                 return Err(invalid(
                     "state.bootstrap".into(),

@@ -271,14 +271,20 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     }
     if let Some(s) = &state_sync {
         // The destination's topics are read as often as the sources'.
+        let tail = Duration::from_millis(
+            config
+                .state
+                .as_ref()
+                .map_or(1_000, |st| st.tail_interval_ms),
+        );
         if let Some(ms) = config.mirrors.iter().map(|m| m.metadata_refresh_ms).min() {
-            s.set_destination_refresh(Duration::from_millis(ms));
+            s.set_destination_refresh(Duration::from_millis(ms), tail);
         }
         if let Some(st) = &config.state {
             s.set_instance_id(st.instance_id(&config.admin.listen));
         }
         s.load().await?;
-        tokio::spawn(s.clone().tail(Duration::from_secs(1)));
+        tokio::spawn(s.clone().tail(tail));
         tokio::spawn(s.clone().snapshot_loop(Duration::from_millis(
             config.producer_state.snapshot_interval_ms,
         )));

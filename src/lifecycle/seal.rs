@@ -160,8 +160,10 @@ pub enum Decision {
         /// The seal's end: the high watermark it waits for.
         end: i64,
     },
-    /// The fetch is past the seal's end: answer with this (no records) and
-    /// neither complete nor fail the seal (see [`decide`]).
+    /// The fetch is past the seal's end and the destination's high
+    /// watermark is not known to be: answer with this (no records), never
+    /// complete the seal, and have the high watermark read (past the end:
+    /// FAILED; see [`decide`]).
     PastEnd {
         /// The answer.
         answer: LocalPartition,
@@ -244,7 +246,10 @@ pub enum StopRule {
 /// when the destination's high watermark has passed the end too, and
 /// otherwise it is answered with no records ([`Decision::AwaitHw`]): the
 /// caller has the high watermark read and completes the seal then. A fetch
-/// past the end neither completes nor fails the seal ([`Decision::PastEnd`]).
+/// past the end never completes the seal: it fails it (FAILED) when the
+/// destination holds records past the end for good (its high watermark
+/// passed the end, or `fetcher_offset`), and is otherwise answered with no
+/// records ([`Decision::PastEnd`]): the caller has the high watermark read.
 ///
 /// A fetch below the cut of a STOPPING partition is the fetcher of a
 /// destination leader that lost records it had not replicated (sealing
@@ -322,13 +327,24 @@ pub fn decide(
         // reader took the cut, another writer) or, during a leadership move,
         // a replica whose log is about to be truncated to the new leader's
         // (its fetch still in flight after a seal planned again below the
-        // old cut). The two cannot be told apart here, so such a fetch never
-        // completes the seal (before: it made the partition STOPPED) and
-        // never fails it: the seal waits for a fetch exactly at its end, and
-        // a seal that never gets one is reported as stuck.
+        // old cut). The destination's high watermark tells them apart: past
+        // the seal's end, the records past it are on every in-sync replica
+        // and no truncation takes them back, so the seal can never complete
+        // (FAILED, with the reason); at or below it, the fetch is answered
+        // with nothing and the seal waits for a fetch exactly at its end.
+        // Without a high watermark to read (`fetcher_offset`: a destination
+        // that never loses what it appended) nothing can truncate it.
+        let end = plan.end();
+        let committed_past = match rule {
+            StopRule::FetcherOffset => true,
+            StopRule::DestinationHw(hw) => hw.is_some_and(|hw| hw > end),
+        };
+        if committed_past {
+            return Decision::Persist(Box::new(failed_past_end(entry, fetch_offset, end, rule)));
+        }
         return Decision::PastEnd {
             answer: LocalPartition::empty_at(fetch_offset),
-            end: plan.end(),
+            end,
         };
     }
     if fetch_offset == plan.end() {
@@ -379,6 +395,31 @@ pub fn decide(
         aborts_served,
         barriers_served,
     })
+}
+
+/// The entry of a sealing partition whose destination fetcher fetched at
+/// `fetch_offset`, past the seal's end `end`, on a destination that holds
+/// records there for good (see [`decide`]): FAILED with the reason.
+pub fn failed_past_end(entry: &Entry, fetch_offset: i64, end: i64, rule: StopRule) -> Entry {
+    let evidence = match rule {
+        StopRule::DestinationHw(Some(hw)) => {
+            format!("the destination's high watermark is {hw}")
+        }
+        _ => "the destination (stopped_when = \"fetcher_offset\": one replica) never truncates"
+            .to_string(),
+    };
+    let mut next = entry.clone();
+    next.state = State::Failed;
+    next.reason = Some(format!(
+        "the destination fetcher fetched at {fetch_offset}, past the seal's end {end} (cut {}), \
+         and {evidence}: the destination holds records at offsets the seal did not write (a \
+         reader that is not the fetcher took the cut, or another writer), so its ABORT markers \
+         and barrier are not where they must be; sealing stopped, operator action needed \
+         (check the destination with `mirrorguard verify`)",
+        entry.cut.unwrap_or(-1)
+    ));
+    next.destination_hw = None;
+    next
 }
 
 /// What a reader that is not the destination fetcher gets for a controlled
@@ -592,19 +633,31 @@ mod tests {
     }
 
     #[test]
-    fn a_fetch_past_the_seal_end_never_completes_it_under_either_rule() {
+    fn a_fetch_past_the_seal_end_fails_the_seal_once_the_destination_holds_records_there() {
         let key = PartitionKey::new([0; 16], "t", 0);
         let e = built(); // the seal is 10 (abort), 11 (barrier): its end is 12
-        for rule in [
-            StopRule::FetcherOffset,
-            StopRule::DestinationHw(None),
-            StopRule::DestinationHw(Some(40)),
-        ] {
-            match decide(&key, &e, 17, 3, 3, &Vec::new, rule) {
+                         // The high watermark unknown, or at or below the end: a replica about
+                         // to be truncated may be asking; nothing is decided.
+        for hw in [None, Some(7), Some(12)] {
+            match decide(&key, &e, 17, 3, 3, &Vec::new, StopRule::DestinationHw(hw)) {
                 Decision::PastEnd { answer, end } => {
-                    assert_eq!(end, 12, "{rule:?}");
+                    assert_eq!(end, 12, "{hw:?}");
                     assert!(answer.records.is_empty());
                     assert_eq!(answer.high_watermark, 17);
+                }
+                other => panic!("{hw:?}: {other:?}"),
+            }
+        }
+        // Past the end for good: FAILED with the reason, never STOPPED.
+        for rule in [StopRule::FetcherOffset, StopRule::DestinationHw(Some(13))] {
+            match decide(&key, &e, 17, 3, 3, &Vec::new, rule) {
+                Decision::Persist(next) => {
+                    assert_eq!(next.state, State::Failed, "{rule:?}");
+                    let why = next.reason.unwrap();
+                    assert!(
+                        why.contains("fetched at 17, past the seal's end 12"),
+                        "{why}"
+                    );
                 }
                 other => panic!("{rule:?}: {other:?}"),
             }

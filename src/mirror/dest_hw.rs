@@ -74,6 +74,11 @@ pub struct DestinationHw {
     poll: Duration,
     timeout: Duration,
     watched: Mutex<HashMap<PartitionKey, Watch>>,
+    /// Seals whose fetcher fetched past their end: partition → (the seal's
+    /// end, the fetch offset). The high watermark tells whether the
+    /// destination holds records past the end for good (FAILED) or the
+    /// fetch came from a replica about to be truncated (nothing).
+    past_end: Mutex<HashMap<PartitionKey, (i64, i64)>>,
     wake: tokio::sync::Notify,
     started: std::sync::Once,
 }
@@ -92,6 +97,7 @@ impl DestinationHw {
             poll: poll.max(Duration::from_millis(10)),
             timeout,
             watched: Mutex::new(HashMap::new()),
+            past_end: Mutex::new(HashMap::new()),
             wake: tokio::sync::Notify::new(),
             started: std::sync::Once::new(),
         })
@@ -104,6 +110,32 @@ impl DestinationHw {
     /// Number of partitions waiting.
     pub fn waiting(&self) -> usize {
         self.lock().len()
+    }
+
+    fn lock_past_end(&self) -> std::sync::MutexGuard<'_, HashMap<PartitionKey, (i64, i64)>> {
+        self.past_end.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The fetcher of `key` fetched at `fetch_offset`, past its seal's end
+    /// `end`: have the destination's high watermark read once; past `end`,
+    /// the partition is FAILED ([`crate::lifecycle::seal::failed_past_end`]).
+    pub fn check_past_end(
+        self: &Arc<Self>,
+        mirror: &Arc<MirrorContext>,
+        key: &PartitionKey,
+        end: i64,
+        fetch_offset: i64,
+    ) {
+        let fresh = self
+            .lock_past_end()
+            .insert(key.clone(), (end, fetch_offset))
+            .is_none_or(|(e, _)| e != end);
+        if fresh {
+            self.wake.notify_one();
+        }
+        self.started.call_once(|| {
+            tokio::spawn(run(self.clone(), Arc::downgrade(mirror)));
+        });
     }
 
     /// The fetcher of `key` holds its whole seal, which ends at `end`: have
@@ -148,7 +180,7 @@ async fn run(gate: Arc<DestinationHw>, mirror: std::sync::Weak<MirrorContext>) {
     let mut delay = gate.poll;
     let mut failing = false;
     loop {
-        if gate.lock().is_empty() {
+        if gate.lock().is_empty() && gate.lock_past_end().is_empty() {
             gate.wake.notified().await;
         }
         let Some(m) = mirror.upgrade() else { return };
@@ -184,6 +216,11 @@ async fn round(gate: &Arc<DestinationHw>, mirror: &Arc<MirrorContext>) -> Result
         .iter()
         .map(|(k, w)| (k.clone(), w.end))
         .collect();
+    let past_end: Vec<(PartitionKey, i64, i64)> = gate
+        .lock_past_end()
+        .drain()
+        .map(|(k, (end, at))| (k, end, at))
+        .collect();
     // Drop what no longer waits (resumed, failed, completed elsewhere, or
     // planned again with another end: the fetch path watches that one).
     let mut live = Vec::new();
@@ -199,10 +236,63 @@ async fn round(gate: &Arc<DestinationHw>, mirror: &Arc<MirrorContext>) -> Result
             gate.lock().remove(&key);
         }
     }
-    if live.is_empty() {
+    // Past-end checks of seals still current (each read once; the fetch
+    // path asks again at the next such fetch).
+    let current_end = |key: &PartitionKey| {
+        mirror.lifecycle.get(key).and_then(|e| {
+            (e.state == State::Stopping)
+                .then(|| e.cut.zip(e.seal_batches).map(|(c, n)| c + i64::from(n)))
+                .flatten()
+        })
+    };
+    let past_end: Vec<(PartitionKey, i64, i64)> = past_end
+        .into_iter()
+        .filter(|(k, end, _)| current_end(k) == Some(*end))
+        .collect();
+    if live.is_empty() && past_end.is_empty() {
         return Ok(());
     }
-    let read = read_high_watermarks(gate, &live).await;
+    let mut asked = live.clone();
+    asked.extend(
+        past_end
+            .iter()
+            .filter(|(k, ..)| !live.iter().any(|(l, _)| l == k))
+            .map(|(k, end, _)| (k.clone(), *end)),
+    );
+    let read = read_high_watermarks(gate, &asked).await;
+    // A high watermark past a seal's end: the destination holds records the
+    // seal did not write, on every in-sync replica (FAILED, whether the
+    // fetcher was seen past the end or not). At or below it, a past-end
+    // fetch came from a replica about to be truncated: nothing to do.
+    let mut failing: Vec<(PartitionKey, i64, i64, i64)> = Vec::new();
+    for (key, end) in &asked {
+        if let Ok(map) = &read {
+            if let Some(Ok((hw, _))) = map.get(&(key.topic.to_string(), key.partition)) {
+                if *hw > *end {
+                    let at = past_end
+                        .iter()
+                        .find(|(k, ..)| k == key)
+                        .map_or(*end, |(_, _, at)| *at);
+                    failing.push((key.clone(), *end, *hw, at));
+                }
+            }
+        }
+    }
+    if !failing.is_empty() {
+        if let Err(e) = mirror.salts.read_state().await {
+            return Err(format!(
+                "cannot read __mirror_state before failing seals (they stay STOPPING): {e}"
+            ));
+        }
+        for (key, end, hw, at) in &failing {
+            fail(mirror, key, *end, *hw, *at).await;
+            gate.lock().remove(key);
+        }
+    }
+    let live: Vec<(PartitionKey, i64)> = live
+        .into_iter()
+        .filter(|(k, _)| !failing.iter().any(|(f, ..)| f == k))
+        .collect();
     let now = crate::lifecycle::now_ms();
     let mut first_error = None;
     let mut passed = Vec::new();
@@ -256,6 +346,47 @@ async fn round(gate: &Arc<DestinationHw>, mirror: &Arc<MirrorContext>) -> Result
         gate.lock().remove(&key);
     }
     done
+}
+
+/// Persists FAILED for `key` if its current seal still ends at `end`
+/// (read from an up-to-date `__mirror_state`: another instance may have
+/// completed or planned it again) and it is still STOPPING: the
+/// destination's high watermark `hw` passed the end, and its fetcher
+/// fetched at `fetch_offset`.
+async fn fail(
+    mirror: &Arc<MirrorContext>,
+    key: &PartitionKey,
+    end: i64,
+    hw: i64,
+    fetch_offset: i64,
+) {
+    let Some(entry) = mirror.lifecycle.get(key) else {
+        return;
+    };
+    let current_end = entry
+        .cut
+        .zip(entry.seal_batches)
+        .map(|(c, n)| c + i64::from(n));
+    if entry.state != State::Stopping || current_end != Some(end) {
+        return;
+    }
+    let next = crate::lifecycle::seal::failed_past_end(
+        &entry,
+        fetch_offset,
+        end,
+        crate::lifecycle::StopRule::DestinationHw(Some(hw)),
+    );
+    match mirror.lifecycle.commit(key, next).await {
+        Ok(()) => {
+            mirror.seal_metrics.failed_past_end.inc();
+            tracing::error!(mirror = %mirror.name, partition = %key, seal_end = end, high_watermark = hw,
+                fetch_offset, "seal FAILED: the destination holds records past the seal's end");
+        }
+        Err(e) => {
+            tracing::warn!(mirror = %mirror.name, partition = %key, error = %e,
+                "seal inconsistent on the destination but FAILED not persisted: retried at the next past-end fetch");
+        }
+    }
 }
 
 /// Persists STOPPED for `key` if its current seal still ends at `end` and,

@@ -376,8 +376,13 @@ struct SealMetrics {
     /// Seals planned again below their cut (a destination leader that lost
     /// unreplicated records fetched there).
     replanned_below_cut: Counter,
-    /// Fetches past a seal's end (neither completing nor failing it).
+    /// Fetches past a seal's end (never completing it).
     fetches_past_end: Counter,
+    /// Seals FAILED because the destination holds records past their end.
+    failed_past_end: Counter,
+    /// Streamed responses cut off because a partition in them became
+    /// controlled (read from `__mirror_state` by a take-over) midway.
+    stream_controlled_midway: Counter,
     /// Destination high watermarks read for seals that wait on them.
     hw_reads: Counter,
     /// Failed reads of a destination high watermark.
@@ -409,6 +414,8 @@ impl SealMetrics {
             below_cut_straddle_warned: Default::default(),
             replanned_below_cut: m("seal_replanned_below_cut"),
             fetches_past_end: m("fetch_past_seal_end"),
+            failed_past_end: m("seal_failed_past_end"),
+            stream_controlled_midway: m("stream_cut_for_a_controlled_partition"),
             hw_reads: m("destination_hw_read"),
             hw_read_errors: m("destination_hw_read_error"),
             hw_waiting: metrics

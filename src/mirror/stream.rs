@@ -609,7 +609,7 @@ impl FetchStream {
             Head::Legacy(total) => {
                 if part.first {
                     let first = crate::records::read_i64(head, 0).unwrap_or(0);
-                    if let Some(p) = self.phase0(&handle, first) {
+                    if let Some(p) = self.phase0(&handle, first)? {
                         return Ok(Some(Step::Wait(p)));
                     }
                 }
@@ -620,7 +620,7 @@ impl FetchStream {
             Head::V2(header) => (header.size(), header),
         };
         if part.first {
-            if let Some(p) = self.phase0(&handle, header.base_offset) {
+            if let Some(p) = self.phase0(&handle, header.base_offset)? {
                 return Ok(Some(Step::Wait(p)));
             }
             self.part_mut().first = false;
@@ -733,20 +733,42 @@ impl FetchStream {
     }
 
     /// Phase 0 for the fetcher's partition whose first entry is at `first`.
-    fn phase0(&self, handle: &PartitionHandle, first: i64) -> Option<Pending> {
+    ///
+    /// A take-over or re-check reads `__mirror_state`, which may say that
+    /// the partition is sealing (or sealed) since this response began: a
+    /// stop taken through another instance during a leadership move within
+    /// the tail lag. Its source batches must then never reach the fetcher,
+    /// and the partition's head already left: the response cannot be
+    /// streamed on ([`StreamError::NotStreamable`]: the connection closes,
+    /// and the fetcher's next fetch is held and answered by the seal path).
+    fn phase0(&self, handle: &PartitionHandle, first: i64) -> Result<Option<Pending>, StreamError> {
         if !self.fetcher {
-            return None;
+            return Ok(None);
         }
         let key = handle.key();
         match ownership(&self.mirror, key, handle, first) {
             Ownership::Ready => {}
-            Ownership::TakeOver(t) => return Some(Pending::TakeOver(vec![t])),
-            Ownership::Recheck(t) => return Some(Pending::Recheck(vec![t])),
+            Ownership::TakeOver(t) => return Ok(Some(Pending::TakeOver(vec![t]))),
+            Ownership::Recheck(t) => return Ok(Some(Pending::Recheck(vec![t]))),
+        }
+        if self.mirror.lifecycle.controls()
+            && self
+                .mirror
+                .lifecycle
+                .get(key)
+                .is_some_and(|e| e.state != crate::lifecycle::State::Mirroring)
+        {
+            self.mirror.seal_metrics.stream_controlled_midway.inc();
+            tracing::warn!(mirror = %self.mirror.name, partition = %key,
+                "a partition streamed to the destination fetcher is controlled (sealing or sealed \
+                 through another instance) since its response began: the response is cut off and \
+                 the connection closed, so no source batch past the cut reaches the fetcher");
+            return Err(self.not_streamable("a partition controlled since the response began"));
         }
         if self.mirror.is_warm(key) {
-            return None;
+            return Ok(None);
         }
-        replay_job(&self.mirror, key, handle, first).map(|j| Pending::Replay(vec![j]))
+        Ok(replay_job(&self.mirror, key, handle, first).map(|j| Pending::Replay(vec![j])))
     }
 
     fn step<'a>(&'a self, handle: &'a PartitionHandle) -> BatchStep<'a> {

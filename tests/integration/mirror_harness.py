@@ -166,7 +166,8 @@ class MirrorGuard:
                  admin_read_timeout_ms: int | None = None, guard_upstream: str | None = None,
                  guard_node_ids: list[int] | None = None, extra_config: str = "",
                  production: bool = False, producer_state: str = "",
-                 allow_source_cluster: bool = True, binary: Path | None = None):
+                 allow_source_cluster: bool = True, binary: Path | None = None,
+                 tail_interval_ms: int | None = None):
         self.name = name
         # The mirrorguard binary to run (another release's for the mixed-version test).
         self.binary = Path(binary) if binary else harness.MIRRORGUARD_BIN
@@ -259,6 +260,7 @@ request_timeout_ms = 10000
 # Test beds are single-broker clusters, often the source itself: report, do not refuse.
 production = {"true" if production else "false"}
 allow_source_cluster = {"true" if allow_source_cluster else "false"}
+{f"tail_interval_ms = {tail_interval_ms}" if tail_interval_ms else ""}
 
 """
             + ("[producer_state]\n"

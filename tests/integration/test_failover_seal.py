@@ -153,12 +153,15 @@ def test_stop_seals_open_transaction_then_stopped(kafka_factory, kafka1, mirror_
     assert states[-1].value["source_cluster_id"] == src.cluster_id and states[-1].value["mirror"] == MIRROR
 
 
-def test_fetch_past_the_seal_end_never_completes_it(kafka_factory, kafka1, mirror_factory):
+def test_fetch_past_the_seal_end_fails_it_on_a_single_replica_destination(kafka_factory, kafka1, mirror_factory):
     """SPEC 3, step 5: a seal completes only when the fetcher fetches exactly at its end. A
-    fetch past the end (a replica holding records the seal did not put there: a stray reader
-    took the cut, another writer, or a replica about to be truncated by a leadership move)
-    neither completes the seal (before: STOPPED, with the markers and the barrier never
-    appended) nor fails it; the fetch exactly at the end then does."""
+    fetch by the fetcher past the end while the seal is not complete is an inconsistency
+    (something else wrote there: a reader that took the cut, another writer): on a
+    destination that never truncates (`stopped_when = "fetcher_offset"`, one replica) it
+    makes the partition FAILED with the reason (before: STOPPED, with the markers and the
+    barrier never appended), and a fetch at the end no longer completes it.
+    (test_seal_integrity.py has the multi-replica case, where the destination's high
+    watermark tells an inconsistency from a replica about to be truncated.)"""
     src, _state, mg = _setup(kafka_factory, kafka1, mirror_factory)
     _idem, _tp = _open_transaction_on_source(src)
     f = StandInFetcher(TOPIC).connect(mg.mirrors[MIRROR].bootstrap)
@@ -170,19 +173,19 @@ def test_fetch_past_the_seal_end_never_completes_it(kafka_factory, kafka1, mirro
     assert [b.kind for b in got] == ["abort", "barrier"] and f.leo == cut + 2
     # A replica whose log ends 5 records past the seal's end.
     f.leo = cut + 2 + 5
-    for _ in range(3):
-        res, got = f.fetch_once()
-        assert got == [] and not res.records, res
+    res, got = f.fetch_once()
+    assert got == [] and not res.records, res
+    harness.wait_until(lambda: mg.partition(TOPIC, 0)["state"] == "FAILED", 15,
+                       what="the seal failed by the fetch past its end")
     e = mg.partition(TOPIC, 0)
-    assert e["state"] == "STOPPING" and e["cut"] == cut and e["seal_batches"] == 2, e
-    assert _seal_metric(mg, "fetch_past_seal_end") >= 3
-    assert _seal_metric(mg, "seal_completed") == 0
-    # The fetcher that holds exactly the seal completes it.
+    assert "fetched at %d, past the seal's end %d" % (cut + 7, cut + 2) in e["reason"], e
+    assert _seal_metric(mg, "seal_failed_past_end") == 1
+    # FAILED is final: the fetch at the end completes nothing.
     f.leo = cut + 2
-    f.fetch_once()
-    harness.wait_until(lambda: mg.partition(TOPIC, 0)["state"] == "STOPPED", 15,
-                       what="the seal completed by the fetch at its end")
-    assert _seal_metric(mg, "seal_completed") == 1
+    res, got = f.fetch_once()
+    assert got == [] and not res.records, res
+    assert mg.partition(TOPIC, 0)["state"] == "FAILED"
+    assert _seal_metric(mg, "seal_completed") == 0
     f.close()
 
 

@@ -416,9 +416,14 @@ pub(super) fn decide_all(
             }
             Decision::PastEnd { answer, end } => {
                 mirror.seal_metrics.fetches_past_end.inc();
-                tracing::debug!(mirror = %mirror.name, partition = %c.key, end,
+                tracing::info!(mirror = %mirror.name, partition = %c.key, end,
                     fetch_offset = c.fetch_offset,
-                    "seal: a fetch past the seal's end neither completes nor fails it");
+                    "seal: the destination fetcher fetches past the seal's end: the destination's \
+                     high watermark is read (past the end: FAILED; otherwise a replica about to \
+                     be truncated asked, and the seal waits for a fetch at its end)");
+                if let Some(gate) = mirror.destination_hw() {
+                    gate.check_past_end(mirror, &c.key, end, c.fetch_offset);
+                }
                 answers.push(answer)
             }
             Decision::Answer(a) => {
@@ -440,6 +445,14 @@ pub(super) fn decide_all(
                 // have completed the seal (and the partition taken local
                 // writes since) in records this one has not read yet.
                 let fails = next.state == State::Failed;
+                let fails_past_end = fails
+                    && entry
+                        .cut
+                        .zip(entry.seal_batches)
+                        .is_some_and(|(cut, n)| c.fetch_offset > cut + i64::from(n));
+                if fails_past_end {
+                    mirror.seal_metrics.fetches_past_end.inc();
+                }
                 if next.state == State::Stopping
                     && entry.cut.is_some_and(|cut| c.fetch_offset < cut)
                 {
@@ -470,6 +483,11 @@ pub(super) fn decide_all(
                             .commit(&key, *next)
                             .await
                             .map_err(|e| err(version, e.to_string()))?;
+                        if fails_past_end {
+                            mirror.seal_metrics.failed_past_end.inc();
+                            tracing::error!(partition = %key,
+                                "seal FAILED: the destination fetcher fetched past the seal's end");
+                        }
                         if becomes_stopped {
                             after_stopped(&mirror, &key);
                             tracing::info!(partition = %key, "seal complete: partition STOPPED; its fetches are answered locally from now on");

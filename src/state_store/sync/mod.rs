@@ -280,9 +280,10 @@ impl StateSync {
     /// Reads the destination's topics every `period` (rounded to tail
     /// rounds of one second; at least one): deleted destination topics are
     /// found that way.
-    pub fn set_destination_refresh(&self, period: Duration) {
+    pub fn set_destination_refresh(&self, period: Duration, tail: Duration) {
+        let rounds = (period.as_millis() / tail.as_millis().max(1)).max(1);
         self.dest_refresh_rounds.store(
-            period.as_secs().max(1),
+            u64::try_from(rounds).unwrap_or(u64::MAX),
             std::sync::atomic::Ordering::Relaxed,
         );
     }
