@@ -24,6 +24,9 @@ Each run's destination log is compared with a single-instance run of the same so
 
 from __future__ import annotations
 
+import os
+import signal
+
 import pytest
 
 import harness
@@ -98,8 +101,20 @@ def test_source_restarted_during_a_seal_across_a_leadership_move(kafka1, kafka_f
     # answers its fetcher with the seal alone and waits for the high watermark.
     bed.assert_waits(leader=2, end=end, seconds=2.0)
     assert bed.dest.state(T)["log_end_offset"] == end
-    for b in (1, 3):
-        bed.dest.pause_replication(T, b, paused=False)
+    # Broker 2's instance is held (SIGSTOP) while the high watermark passes the end, so that
+    # broker 1's instance, which holds the whole seal too, reads it first whatever the timing
+    # of the two polls: it must leave the completion to broker 2's (seen in CI: when broker 2's
+    # completed first, broker 1's read STOPPED before its own poll and the path went untested).
+    os.killpg(bed.mg[2].proc.pid, signal.SIGSTOP)
+    try:
+        for b in (1, 3):
+            bed.dest.pause_replication(T, b, paused=False)
+        harness.wait_until(lambda: "another instance serves the partition now: it completes the seal"
+                           in bed.mg[1].log_text(), 30, interval=0.1,
+                           what="broker 1's instance read the high watermark past the end")
+        assert _state(bed.mg[1], T) == "STOPPING"
+    finally:
+        os.killpg(bed.mg[2].proc.pid, signal.SIGCONT)
     bed.stopped_on()
     view = bed.mg[2].partition(T)
     assert (view["state"], view["cut"], view["seal_batches"]) == ("STOPPED", cut, 2), view
@@ -112,7 +127,6 @@ def test_source_restarted_during_a_seal_across_a_leadership_move(kafka1, kafka_f
     # (before, both persisted STOPPED, each counting seal_completed).
     assert [_events(bed.mg[b], "seal_completed") for b in BROKERS] == [0, 1, 0]
     assert view["served_here"], view
-    assert "another instance serves the partition now: it completes the seal" in bed.mg[1].log_text()
     assert sum(_events(bed.mg[b], "seal_replanned_below_cut") for b in BROKERS) == 0
     for mg in bed.mg.values():
         harness.wait_until(lambda mg=mg: _state(mg, T) == "STOPPED", 15, interval=0.1,
