@@ -78,6 +78,7 @@ fn mirror_with(mode: PidMode, layout: LayoutConfig, limits: RegistryConfig) -> A
         upstream_request_timeout_ms: 10_000,
         fetcher_bootstrap: None,
         fetcher_node_port_base: None,
+        fetcher_principals: Vec::new(),
         crc_verify_every: 0,
         source_sasl: None,
         destination_sasl: None,
