@@ -690,7 +690,7 @@ async fn session_step(
     let Some(exchange) = state.exchange.as_mut() else {
         return Err((None, "SaslAuthenticate without a SaslHandshake".into()));
     };
-    match exchange.step(header, frame, ctx) {
+    match exchange.step(header, frame, &ctx.listener) {
         Step::Answer(f) => Ok(Some(f)),
         Step::Authenticated {
             frame: f,
@@ -1695,6 +1695,124 @@ mod reauth_tests {
             auths - 1
         );
         assert!(text.contains(&line), "{line} in\n{text}");
+    }
+
+    /// An upstream that answers every request with its correlation id and `ok`.
+    async fn echo(mut up: tokio::io::DuplexStream) {
+        while let Some(req) = read_frame(&mut up).await {
+            let mut resp = req[4..8].to_vec();
+            resp.extend_from_slice(b"ok");
+            if up.write_all(&framed(&resp)).await.is_err() {
+                break;
+            }
+        }
+    }
+
+    fn list_offsets(corr: i32) -> Vec<u8> {
+        let mut req = Vec::new();
+        req.extend_from_slice(&2i16.to_be_bytes());
+        req.extend_from_slice(&1i16.to_be_bytes());
+        req.extend_from_slice(&corr.to_be_bytes());
+        req.extend_from_slice(&(-1i16).to_be_bytes());
+        req.extend_from_slice(b"body");
+        framed(&req)
+    }
+
+    /// A client's SASL session on a mirror listener (KIP-368): a request
+    /// after it expired closes the connection; re-authenticating in place
+    /// (as the same user) keeps it; another user is refused.
+    #[tokio::test]
+    async fn client_sessions_expire_and_reauthenticate_in_place() {
+        use crate::sasl::server::{credential_line, CredentialStore, ServerAuth};
+        let lines: Vec<String> = ["fetcher", "other"]
+            .iter()
+            .map(|u| credential_line(u, Mechanism::ScramSha256, b"pw", 4096).unwrap())
+            .collect();
+        let text = lines.join("\n");
+        let server = Arc::new(ServerAuth::with_store(
+            vec![Mechanism::ScramSha256],
+            CredentialStore::parse(&text).unwrap(),
+            Some(Duration::from_millis(LIFETIME_MS as u64)),
+            text.as_bytes(),
+        ));
+        let creds = |user: &str| ClientCredentials {
+            mechanism: Mechanism::ScramSha256,
+            username: user.into(),
+            password: Secret::new("pw"),
+        };
+        let start = |server: &Arc<ServerAuth>| {
+            let ctx = context();
+            let (client, app) = tokio::io::duplex(1 << 16);
+            let (upstream, broker_end) = tokio::io::duplex(1 << 16);
+            tokio::spawn(echo(broker_end));
+            let (stop, shutdown) = watch::channel(false);
+            let opts = RelayOptions {
+                session: Some(ClientSession {
+                    server: server.clone(),
+                    principal: "User:fetcher".into(),
+                    expires_at: server.session_end(Instant::now()),
+                }),
+                ..RelayOptions::default()
+            };
+            let peer: SocketAddr = "127.0.0.1:1".parse().unwrap();
+            let relay = tokio::spawn(relay_opts(
+                client,
+                upstream,
+                peer,
+                ctx.clone(),
+                shutdown,
+                opts,
+            ));
+            (app, relay, stop, ctx)
+        };
+        let ok = |corr: i32| {
+            let mut want = corr.to_be_bytes().to_vec();
+            want.extend_from_slice(b"ok");
+            want
+        };
+
+        // Expired: the next request closes the connection.
+        let (mut app, relay, _stop, ctx) = start(&server);
+        app.write_all(&list_offsets(1)).await.unwrap();
+        assert_eq!(read_frame(&mut app).await.unwrap(), ok(1));
+        tokio::time::sleep(Duration::from_millis(LIFETIME_MS as u64 + 50)).await;
+        app.write_all(&list_offsets(2)).await.unwrap();
+        assert_eq!(read_frame(&mut app).await, None, "closed after expiry");
+        let end = relay.await.unwrap();
+        assert!(matches!(end, ConnectionEnd::Authentication(_)), "{end:?}");
+        assert!(ctx.metrics.encode().contains(
+            "mirrorguard_client_authentications_total{listener=\"t\",kind=\"expired\"} 1"
+        ));
+
+        // Re-authenticated in place: served past the first lifetime.
+        let (mut app, relay, _stop, _) = start(&server);
+        for round in 0..3 {
+            tokio::time::sleep(Duration::from_millis(LIFETIME_MS as u64 * 2 / 3)).await;
+            let s = crate::sasl::client::authenticate(
+                &mut app,
+                &creds("fetcher"),
+                Duration::from_secs(5),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+            assert_eq!(s.lifetime_ms, LIFETIME_MS);
+            app.write_all(&list_offsets(10 + round)).await.unwrap();
+            assert_eq!(read_frame(&mut app).await.unwrap(), ok(10 + round));
+        }
+        drop(app);
+        assert!(matches!(relay.await.unwrap(), ConnectionEnd::ClientClosed));
+
+        // Another principal: refused, closed.
+        let (mut app, relay, _stop, _) = start(&server);
+        let _ =
+            crate::sasl::client::authenticate(&mut app, &creds("other"), Duration::from_secs(5))
+                .await;
+        app.write_all(&list_offsets(20)).await.ok();
+        assert_eq!(read_frame(&mut app).await, None);
+        assert!(matches!(
+            relay.await.unwrap(),
+            ConnectionEnd::Authentication(_)
+        ));
     }
 
     #[test]

@@ -552,17 +552,26 @@ impl Listener {
                 None
             }
             Ok(Err(e)) => {
-                let end = match e {
-                    crate::codec::FrameError::Io(_)
-                    | crate::codec::FrameError::Truncated { .. } => "closed",
-                    ref other => {
+                // As the relay names a client's end (`ConnectionEnd`).
+                let cause = match &e {
+                    crate::codec::FrameError::Io(why) => {
+                        tracing::info!(listener = %name, %peer, reason = %why,
+                            "client connection reset by the client");
+                        "reset"
+                    }
+                    crate::codec::FrameError::Truncated { got, expected } => {
+                        tracing::info!(listener = %name, %peer, got, expected,
+                            "client closed in the middle of sending a request (nothing of it was forwarded)");
+                        "mid_request"
+                    }
+                    other => {
                         Metrics::count(&self.metrics.frame_errors, name, other.kind());
                         tracing::warn!(listener = %name, %peer, kind = other.kind(), error = %other,
                             "closing client connection: malformed frame");
                         "protocol"
                     }
                 };
-                self.metrics.connection_end(name, "client", end);
+                self.metrics.connection_end(name, "client", cause);
                 None
             }
             Err(_) => {

@@ -375,8 +375,9 @@ pub enum Step {
 }
 
 impl Exchange {
-    /// Answers one request frame (size prefix included) of the exchange.
-    pub fn step(&mut self, h: &RequestHeader, frame: &[u8], ctx: &ConnectionContext) -> Step {
+    /// Answers one request frame (size prefix included) of the exchange
+    /// (`listener` names the listener in logs).
+    pub fn step(&mut self, h: &RequestHeader, frame: &[u8], listener: &str) -> Step {
         let fail = |frame: Option<BytesMut>, why: String| Step::Failed { frame, why };
         let offered: Vec<&str> = self.auth.mechanisms.iter().map(|m| m.name()).collect();
         match (h.api_key, &mut self.phase) {
@@ -436,7 +437,7 @@ impl Exchange {
                         Step::Answer(authenticate_response(h, 0, None, &reply, 0))
                     }
                     Ok(ServerStep::Done(reply, user)) => {
-                        tracing::debug!(listener = %ctx.listener, user = %user, mechanism = %m,
+                        tracing::debug!(listener = %listener, user = %user, mechanism = %m,
                             "client authenticated");
                         Step::Authenticated {
                             frame: authenticate_response(h, 0, None, &reply, lifetime),
@@ -639,7 +640,7 @@ impl ServerAuth {
                 continue;
             }
             started = true;
-            match exchange.step(&h, &frame, ctx) {
+            match exchange.step(&h, &frame, &ctx.listener) {
                 Step::Answer(f) => write(client, &f).await?,
                 Step::Authenticated { frame, principal } => {
                     write(client, &frame).await?;
