@@ -570,3 +570,56 @@ stopped_when = "fetcher_offset"
     print(f"mirrorguard exit {proc.returncode}; the password reached the cleartext destination: {leaked}")
     assert not leaked, "[state.sasl]'s password crossed a cleartext connection"
     assert proc.returncode not in (0, None) and "destination_tls" in out, out[-3000:]
+
+
+def test_listener_sessions_expire_and_clients_reauthenticate(ksec, kafka1, mirror_factory, tmp_path):
+    """Item 7 (SASL): a mirror listener's sessions expire (KIP-368). librdkafka
+    re-authenticates in place and keeps reading; a client that does not is closed at its
+    next request after the session's end."""
+    topic = topic_name("sec-reauth")
+    create_topics(ksec.bootstrap, [topic])
+    create_topics(kafka1.bootstrap, [topic])
+    creds = tmp_path / "listener.creds"
+    credentials(creds, {"fetcher": FETCHER_PW})
+    spec = source_spec(ksec, "reauth", extra="\n".join([
+        f'listener_sasl = {{ credentials_file = "{creds}", mechanisms = ["SCRAM-SHA-256"]'
+        + new_setting(", session_lifetime_ms = 3000") + " }",
+        new_setting('fetcher_principals = ["User:fetcher"]'),
+    ]))
+    mg = mirror_factory(kafka1.bootstrap, [spec])
+    mg.wait_sources_known()
+    raw = rawkafka.Connection(HOST, spec.bootstrap_port)
+    sasl_authenticate(raw, "fetcher", FETCHER_PW)
+    rawkafka.metadata_v1(raw, [topic])
+    conf = {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "SCRAM-SHA-256",
+            "sasl.username": "fetcher", "sasl.password": FETCHER_PW, "group.id": "reauth",
+            "enable.auto.commit": False, "fetch.wait.max.ms": 100}
+    c = harness.new_consumer(spec.bootstrap, **conf)
+    c.assign([harness.TopicPartition(topic, 0, 0)])
+    got: list[bytes] = []
+    t0 = time.monotonic()
+    for i in range(8):
+        harness.produce(ksec.bootstrap, topic, [(None, b"r-%d" % i)])
+        deadline = time.monotonic() + 5
+        while len(got) <= i and time.monotonic() < deadline:
+            for m in c.consume(1, 0.2):
+                assert not m.error(), m.error()
+                got.append(m.value())
+        time.sleep(0.6)
+    elapsed = time.monotonic() - t0
+    assert got == [b"r-%d" % i for i in range(8)], got
+    expired = True
+    try:
+        rawkafka.metadata_v1(raw, [topic])
+        expired = False
+    except (OSError, rawkafka.ProtocolError):
+        pass
+    raw.close()
+    m = mg.metrics()
+    ok = m.sum("mirrorguard_client_authentications_total", listener="reauth", kind="ok")
+    print(f"librdkafka read 8 records over {elapsed:.1f}s of 3 s sessions; authentications ok {ok}; "
+          f"raw client without re-authentication closed: {expired}")
+    assert expired, "a session that never expires"
+    assert m.sum("mirrorguard_client_authentications_total", listener="reauth", kind="expired") >= 1
+    assert ok >= 4, ok  # the raw client, librdkafka's two connections, and re-authentications
+    assert "client re-authenticated" in mg.log_text(), "librdkafka reconnected instead"
