@@ -6,12 +6,13 @@ loopback (region mode, no client authentication). A topic gets `mib` MiB of idem
 1 MiB batches. The "fetcher" reads the whole partition through the mirror listener
 with raw Fetch v12 requests of 1 MiB (tests/integration/mirror_harness.py's
 `fetch_request`, one request in flight, as a broker's fetcher), from offset 0 to the
-end, `rounds` times: once quiet, once while a flood runs. The flood is `connections`
-anonymous connections from 127.0.0.0/8 addresses (so a per-address cap does not hide
-the budget), each announcing a 100 MiB frame and sending `body_kib` KiB of it, opened
-and kept open for the whole flooded round. Reported per round: the fetcher's MB/s,
-mirrorguard's RSS (VmRSS now, VmHWM peak) and the flood connections that were accepted
-and then closed by mirrorguard (`mirrorguard_budget_refused_total`).
+end, `passes` times per round: once quiet, once while a flood runs. The flood sends
+waves of `connections` anonymous connections from 127.0.0.0/8 addresses (so a
+per-address cap does not hide the budget), each announcing a 100 MiB frame and sending
+`body_kib` KiB of it, a new wave as soon as the last one is sent, for the whole round.
+Reported per round: the fetcher's MB/s, mirrorguard's RSS (VmRSS at the end, VmHWM
+peak since start), the flood's waves and connections, the flood connections closed by
+mirrorguard while sending, and `mirrorguard_budget_refused_total`.
 
     .tools/venv/bin/python bench/flood.py                        # target/debug/mirrorguard
     .tools/venv/bin/python bench/flood.py --binary target/release/mirrorguard --mib 64
@@ -92,19 +93,20 @@ def read_all(bootstrap: str, topic: str, end: int, deadline: float) -> tuple[int
 
 
 class Flood:
-    """`n` connections from 127.0.0.0/8, each announcing 100 MiB and sending `body` bytes."""
+    """Waves of `n` connections from 127.0.0.0/8, each announcing 100 MiB and sending
+    `body` bytes of it, until stopped (each wave's sockets stay open until the next)."""
 
     def __init__(self, port: int, n: int, body: int, seconds: float):
         self.port, self.n, self.body, self.seconds = port, n, body, seconds
-        self.socks: list[socket.socket] = []
+        self.opened = 0
         self.closed_by_peer = 0
+        self.waves = 0
         self.sent = 0
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self.run, daemon=True)
 
-    def run(self):
-        deadline = time.monotonic() + self.seconds
-        piece = b"\x00\x01\x00\x0c" + b"\x00" * (64 * 1024 - 4)
+    def wave(self, deadline: float) -> list[socket.socket]:
+        socks = []
         for i in range(self.n):
             if self.stop.is_set() or time.monotonic() > deadline:
                 break
@@ -118,10 +120,12 @@ class Flood:
                 s.close()
                 continue
             s.setblocking(False)
-            self.socks.append(s)
-        left = {id(s): self.body for s in self.socks}
+            socks.append(s)
+        self.opened += len(socks)
+        piece = b"\x00\x01\x00\x0c" + b"\x00" * (64 * 1024 - 4)
+        left = {id(s): self.body for s in socks}
         while left and not self.stop.is_set() and time.monotonic() < deadline:
-            for s in self.socks:
+            for s in socks:
                 k = left.get(id(s))
                 if not k:
                     continue
@@ -134,14 +138,24 @@ class Flood:
                 except OSError:
                     self.closed_by_peer += 1
                     left.pop(id(s), None)
-            time.sleep(0.01)
-        self.stop.wait(max(0.0, deadline - time.monotonic()))
+            time.sleep(0.005)
+        return socks
+
+    def run(self):
+        deadline = time.monotonic() + self.seconds
+        held: list[socket.socket] = []
+        while not self.stop.is_set() and time.monotonic() < deadline:
+            socks = self.wave(deadline)
+            for s in held:
+                s.close()
+            held = socks
+            self.waves += 1
+        for s in held:
+            s.close()
 
     def close(self):
         self.stop.set()
         self.thread.join(30)
-        for s in self.socks:
-            s.close()
 
 
 def main() -> int:
@@ -150,7 +164,8 @@ def main() -> int:
     ap.add_argument("--mib", type=int, default=32, help="MiB in the mirrored partition")
     ap.add_argument("--connections", type=int, default=1000)
     ap.add_argument("--body-kib", type=int, default=384)
-    ap.add_argument("--seconds", type=float, default=40.0, help="bound of each round")
+    ap.add_argument("--passes", type=int, default=64, help="reads of the whole partition per round")
+    ap.add_argument("--seconds", type=float, default=60.0, help="bound of each round")
     args = ap.parse_args()
     logging.basicConfig(level=logging.WARNING)
     harness.MIRRORGUARD_BIN = Path(args.binary)
@@ -173,22 +188,25 @@ def main() -> int:
         print(f"binary {args.binary}; {args.mib} MiB in {end} records; flood: {args.connections} connections "
               f"x {args.body_kib} KiB of an announced 100 MiB frame", flush=True)
         print(f"{'round':<8} {'MB/s':>7} {'bytes':>11} {'s':>6} {'RSS MB':>7} {'peak MB':>8} "
-              f"{'flood open':>10} {'closed by mg':>12} {'refused':>8}", flush=True)
+              f"{'waves':>6} {'flood conns':>11} {'closed by mg':>12} {'refused':>8}", flush=True)
         for name in ("quiet", "flood"):
             flood = None
             if name == "flood":
                 flood = Flood(spec.bootstrap_port, args.connections, args.body_kib * 1024, args.seconds)
                 flood.thread.start()
-                time.sleep(min(5.0, args.seconds / 4))
-            got, secs = read_all(spec.bootstrap, topic, end, time.monotonic() + args.seconds)
+                time.sleep(3.0)
+            got, secs = 0, 0.0
+            deadline = time.monotonic() + args.seconds
+            for _ in range(args.passes):
+                g, t = read_all(spec.bootstrap, topic, end, deadline)
+                got, secs = got + g, secs + t
             rss, hwm = status_kib(mg.proc.pid, "VmRSS"), status_kib(mg.proc.pid, "VmHWM")
-            opened = len(flood.socks) if flood else 0
-            closed = flood.closed_by_peer if flood else 0
             if flood:
                 flood.close()
             refused = mg.metrics().sum("mirrorguard_budget_refused_total")
             print(f"{name:<8} {got / secs / 1e6:7.1f} {got:11d} {secs:6.1f} {rss // 1024:7d} {hwm // 1024:8d} "
-                  f"{opened:10d} {closed:12d} {int(refused):8d}", flush=True)
+                  f"{flood.waves if flood else 0:6d} {flood.opened if flood else 0:11d} "
+                  f"{flood.closed_by_peer if flood else 0:12d} {int(refused):8d}", flush=True)
     finally:
         harness.close_clients()
         if mg is not None:

@@ -28,7 +28,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Notify};
 
@@ -515,23 +515,43 @@ impl Listener {
         ctx: &ConnectionContext,
         peer: SocketAddr,
     ) -> Option<bytes::BytesMut> {
-        let mut reader = FrameReader::new(&mut *client, ctx.max_frame);
+        let max = ctx.max_frame;
         let read = async {
-            let Some(total) = reader.peek(8).await? else {
-                return Ok(None);
-            };
+            // The size and the first header bytes, read exactly: nothing
+            // more is buffered before the budget has its say (a flood of
+            // connections announcing large frames costs 8 bytes each).
+            let mut head = [0u8; 8];
+            let mut got = 0;
+            while got < head.len() {
+                let n = client.read(&mut head[got..]).await?;
+                if n == 0 {
+                    if got == 0 {
+                        return Ok(None);
+                    }
+                    let expected = match head[..got].try_into() {
+                        Ok(size) if got >= 4 => i32::from_be_bytes(size) as usize + 4,
+                        _ => 4,
+                    };
+                    return Err(crate::codec::FrameError::Truncated { got, expected });
+                }
+                got += n;
+                crate::codec::frame::frame_boundary(&head[..got], max)?;
+            }
+            let total = i32::from_be_bytes([head[0], head[1], head[2], head[3]]) as usize + 4;
             if !ctx.budget.would_admit(total) {
                 return Ok(Some(Err(total)));
             }
+            let mut reader =
+                FrameReader::with_buffer(&mut *client, max, bytes::BytesMut::from(&head[..]));
             reader
                 .peek(total.min(crate::proxy::limits::SMALL_REQUEST_BYTES))
-                .await
-                .map(|_| Some(Ok(())))
+                .await?;
+            Ok(Some(Ok(reader.into_parts().1)))
         };
         let got = tokio::time::timeout(FIRST_REQUEST_DEADLINE, read).await;
         let name = &self.config.name;
         match got {
-            Ok(Ok(Some(Ok(())))) => Some(reader.into_parts().1),
+            Ok(Ok(Some(Ok(prefix)))) => Some(prefix),
             Ok(Ok(Some(Err(total)))) => {
                 self.metrics
                     .budget_refused
