@@ -887,11 +887,15 @@ where
             (None, None)
         };
         let write_wait = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        // The copy kept for a local answer holds the budget until it is
+        // answered; otherwise the frame holds it until it is written.
+        let (kept_permit, held) = if request.is_some() {
+            (Some(permit), None)
+        } else {
+            (None, Some(permit))
+        };
         {
-            let permit = request.as_ref().map(|_| {
-                // The copy kept for a local answer holds the budget.
-                permit
-            });
+            let permit = kept_permit;
             let entry = InFlight {
                 header,
                 sent_at: Instant::now(),
@@ -919,6 +923,7 @@ where
                 .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into())),
             None => upstream_wr.write_all(&frame).await,
         };
+        drop(held);
         if let Err(e) = written {
             Metrics::count(&ctx.metrics.upstream_errors, &ctx.listener, "disconnect");
             if keeps {

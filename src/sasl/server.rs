@@ -794,8 +794,23 @@ fn api_versions(
     ctx: &ConnectionContext,
 ) -> Result<BytesMut, AcceptError> {
     let response = match table {
-        Some(t) => crate::mirror::offline::api_versions_response(h, t)
-            .map_err(|e| AcceptError::Refused(e.to_string()))?,
+        Some(t) => {
+            // This answer is built in v0-v3: a client asking for more gets
+            // UNSUPPORTED_VERSION and, here, v3 as ApiVersions' highest
+            // version, and asks again with it (KIP-511).
+            let capped: Vec<(i16, i16, i16)> = t
+                .iter()
+                .map(|&(k, lo, hi)| {
+                    if k == api::API_VERSIONS {
+                        (k, lo, hi.min(3))
+                    } else {
+                        (k, lo, hi)
+                    }
+                })
+                .collect();
+            crate::mirror::offline::api_versions_response(h, &capped)
+                .map_err(|e| AcceptError::Refused(e.to_string()))?
+        }
         None => match ctx.chain.offline_answer(h, frame) {
             Some(Ok(a)) => a.frame,
             Some(Err(e)) => return Err(AcceptError::Refused(e.to_string())),
@@ -1012,6 +1027,27 @@ mod tests {
             body,
             &[0, 0, 0, 0, 0, 3, 0, 1, 0, 4, 0, 17, 0, 17, 0, 1, 0, 1, 0, 36, 0, 0, 0, 2][..]
         );
+    }
+
+    /// A client asking for ApiVersions v4+ before authentication is told
+    /// v3 is the highest, and asks again (KIP-511): never told v4 again.
+    #[test]
+    fn api_versions_before_authentication_offer_what_they_encode() {
+        let ctx = ctx();
+        let table = [(1, 4, 17), (18, 0, 4)];
+        let h = RequestHeader {
+            api_key: api::API_VERSIONS,
+            api_version: 4,
+            correlation_id: 1,
+        };
+        let frame = request(18, 4, &[]);
+        let resp = api_versions(&h, &frame, Some(&table), &ctx).unwrap();
+        let body = &resp[8..];
+        assert_eq!(&body[..2], &api::error::UNSUPPORTED_VERSION.to_be_bytes());
+        use kafka_protocol::protocol::Decodable;
+        let v0 = kafka_protocol::messages::ApiVersionsResponse::decode(&mut &body[..], 0).unwrap();
+        let av = v0.api_keys.iter().find(|k| k.api_key == 18).unwrap();
+        assert_eq!(av.max_version, 3);
     }
 
     #[tokio::test]
