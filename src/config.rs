@@ -121,6 +121,14 @@ pub struct MirrorConfig {
     /// state).
     #[serde(default)]
     pub fetcher_identity: FetcherIdentity,
+    /// The principals of the destination's fetcher (`User:<sasl user>`, or
+    /// `User:<certificate subject>` such as `User:CN=fetcher,O=Example`),
+    /// required when the listener authenticates its clients (`listener_sasl`
+    /// or `tls.client_ca`): only their fetches, on the fetcher ports, take a
+    /// cut, complete a seal or change producer state; other authenticated
+    /// clients are readers.
+    #[serde(default)]
+    pub fetcher_principals: Vec<String>,
     /// Verify the CRC-32C of one batch in this many that pass (0, the
     /// default: never) and count the corrupt ones in the `corrupt_records`
     /// mirror event. PID rewrites never need it (a corrupt batch stays
@@ -263,7 +271,28 @@ impl MirrorConfig {
             listener_sasl: self.listener_sasl.clone(),
             tls: self.tls.clone(),
             upstream_tls: self.source_tls.clone(),
+            upstream_identity: None,
         }
+    }
+
+    /// Whether the mirror's listeners authenticate their clients (SASL or
+    /// client certificates).
+    pub fn authenticates_clients(&self) -> bool {
+        self.listener_sasl.is_some() || self.tls.as_ref().is_some_and(|t| t.client_ca.is_some())
+    }
+
+    /// `fetcher_principals`, each as `User:<name>` (a bare name is a user).
+    pub fn fetcher_principals(&self) -> Vec<String> {
+        self.fetcher_principals
+            .iter()
+            .map(|p| {
+                if p.starts_with("User:") {
+                    p.clone()
+                } else {
+                    format!("User:{p}")
+                }
+            })
+            .collect()
     }
 }
 
@@ -567,6 +596,47 @@ pub struct LimitsConfig {
     /// How long in-flight requests may take to drain after SIGTERM.
     #[serde(default = "default_shutdown_grace_ms")]
     pub shutdown_grace_ms: u64,
+    /// Most client connections open at once, all listeners together; more
+    /// are accepted and closed at once (logged, counted).
+    #[serde(default = "default_max_connections")]
+    pub max_connections: usize,
+    /// Most client connections open at once from one client address, all
+    /// listeners together.
+    #[serde(default = "default_max_connections_per_address")]
+    pub max_connections_per_address: usize,
+    /// Budget for request bytes held in memory, all connections together:
+    /// a request held whole (one a filter reads or answers itself, or the
+    /// head read to route one) larger than [`SMALL_REQUEST_BYTES`] reserves
+    /// its announced size here first; when the budget cannot cover it the
+    /// connection is closed (logged, counted). Requests of at most
+    /// `SMALL_REQUEST_BYTES` always pass (one per connection, so at most
+    /// `max_connections` times that beyond the budget): a flood of large
+    /// frames cannot lock out a fetcher's small requests.
+    #[serde(default = "default_max_buffered_request_bytes")]
+    pub max_buffered_request_bytes: usize,
+}
+
+/// Requests up to this size never wait for the budget of
+/// `[limits] max_buffered_request_bytes` (but are counted in it).
+pub const SMALL_REQUEST_BYTES: usize = 16 * 1024;
+
+/// Default of `[limits] max_connections`.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 4096;
+/// Default of `[limits] max_connections_per_address`.
+pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 512;
+/// Default of `[limits] max_buffered_request_bytes` (32 MiB).
+pub const DEFAULT_MAX_BUFFERED_REQUEST_BYTES: usize = 32 * 1024 * 1024;
+
+fn default_max_connections() -> usize {
+    DEFAULT_MAX_CONNECTIONS
+}
+
+fn default_max_connections_per_address() -> usize {
+    DEFAULT_MAX_CONNECTIONS_PER_ADDRESS
+}
+
+fn default_max_buffered_request_bytes() -> usize {
+    DEFAULT_MAX_BUFFERED_REQUEST_BYTES
 }
 
 impl Default for LimitsConfig {
@@ -574,6 +644,9 @@ impl Default for LimitsConfig {
         Self {
             max_frame_bytes: DEFAULT_MAX_FRAME_BYTES,
             shutdown_grace_ms: default_shutdown_grace_ms(),
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+            max_buffered_request_bytes: DEFAULT_MAX_BUFFERED_REQUEST_BYTES,
         }
     }
 }
@@ -631,6 +704,20 @@ pub struct ListenerConfig {
     /// from `[[mirror]].listener_sasl`).
     #[serde(skip)]
     pub listener_sasl: Option<ListenerSaslConfig>,
+    /// `shared`: every client of this listener acts on the upstream as the
+    /// client certificate of `upstream_tls` (a WARN at start). Required when
+    /// `upstream_tls` has a certificate and `tls.client_ca` does not make
+    /// the listener's own clients present one.
+    #[serde(default)]
+    pub upstream_identity: Option<UpstreamIdentity>,
+}
+
+/// `upstream_identity` of a `[[listener]]` or `[[guard]]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UpstreamIdentity {
+    /// Every client shares mirrorguard's upstream client certificate.
+    Shared,
 }
 
 /// mirrorguard's own SASL identity toward one cluster (`[state.sasl]`,
@@ -651,6 +738,10 @@ pub struct ClientSaslConfig {
     /// An environment variable holding the password.
     #[serde(default)]
     pub password_env: Option<String>,
+    /// PLAIN sends the password itself: it is refused on a connection
+    /// without TLS unless this is set.
+    #[serde(default)]
+    pub allow_plain_without_tls: bool,
 }
 
 /// `[[mirror]].listener_sasl`: the SASL authentication a mirror listener
@@ -665,6 +756,22 @@ pub struct ListenerSaslConfig {
     pub mechanisms: Vec<String>,
     /// The credential file (salted SCRAM credentials, no passwords).
     pub credentials_file: PathBuf,
+    /// Lifetime of an authenticated session (KIP-368): a client must
+    /// re-authenticate within it or its connection is closed; 0 = never
+    /// expires (not recommended).
+    #[serde(default = "default_session_lifetime_ms")]
+    pub session_lifetime_ms: u64,
+    /// PLAIN over a listener without `tls` (the password crosses the
+    /// network in the clear): refused unless this is set.
+    #[serde(default)]
+    pub allow_plain_without_tls: bool,
+}
+
+/// Default of `listener_sasl.session_lifetime_ms` (1 h).
+pub const DEFAULT_SESSION_LIFETIME_MS: u64 = 3_600_000;
+
+fn default_session_lifetime_ms() -> u64 {
+    DEFAULT_SESSION_LIFETIME_MS
 }
 
 fn default_listener_mechanisms() -> Vec<String> {
@@ -1124,7 +1231,142 @@ impl Config {
             }
         }
         self.validate_abort_path(path)?;
-        self.validate_tls(path)
+        self.validate_tls(path)?;
+        self.validate_least_privilege(path)
+    }
+
+    /// SPEC 5, least privilege on every listener: no listener lends
+    /// mirrorguard's identity to an anonymous client, and no password
+    /// crosses a connection without TLS unless the operator said so.
+    fn validate_least_privilege(&self, path: &Path) -> Result<(), ConfigError> {
+        let invalid = |field: String, message: String| ConfigError::Invalid {
+            path: path.to_path_buf(),
+            field,
+            message,
+        };
+        let l = &self.limits;
+        if l.max_connections == 0 || l.max_connections_per_address == 0 {
+            return Err(invalid(
+                "limits.max_connections".into(),
+                "max_connections and max_connections_per_address must be > 0".into(),
+            ));
+        }
+        if l.max_buffered_request_bytes < SMALL_REQUEST_BYTES {
+            return Err(invalid(
+                "limits.max_buffered_request_bytes".into(),
+                format!("must be at least {SMALL_REQUEST_BYTES}"),
+            ));
+        }
+        for (section, list) in [("listener", &self.listeners), ("guard", &self.guards)] {
+            for (i, lc) in list.iter().enumerate() {
+                let lends = lc.upstream_tls.as_ref().is_some_and(|t| t.cert.is_some());
+                let clients_have_certs = lc.tls.as_ref().is_some_and(|t| t.client_ca.is_some());
+                if lends && !clients_have_certs && lc.upstream_identity.is_none() {
+                    return Err(invalid(
+                        format!("{section}[{i}].upstream_identity"),
+                        "upstream_tls presents mirrorguard's client certificate to the brokers \
+                         for every client of this listener, and its clients do not authenticate: \
+                         require client certificates (tls.client_ca), or set \
+                         upstream_identity = \"shared\" to let every client act as that certificate"
+                            .into(),
+                    ));
+                }
+                plain_needs_tls(
+                    lc.upstream_sasl.as_ref(),
+                    lc.upstream_tls.is_some(),
+                    &format!("{section}[{i}].upstream_sasl"),
+                )
+                .map_err(|(f, m)| invalid(f, m))?;
+            }
+        }
+        for (i, m) in self.mirrors.iter().enumerate() {
+            let mut hosts = vec![m.listen_host.clone(), m.bootstrap.clone()];
+            hosts.extend(m.fetcher_bootstrap.iter().cloned());
+            let off_loopback = hosts.iter().any(|h| {
+                let ip = h
+                    .parse::<SocketAddr>()
+                    .map(|a| a.ip())
+                    .or_else(|_| h.parse::<IpAddr>());
+                !ip.is_ok_and(|ip| ip.is_loopback())
+            });
+            if off_loopback && !m.authenticates_clients() {
+                return Err(invalid(
+                    format!("mirror[{i}].listener_sasl"),
+                    "a mirror listener on an address other than loopback speaks for \
+                     mirrorguard's own identity on the source to whoever connects: require \
+                     authenticated clients with listener_sasl or tls.client_ca"
+                        .into(),
+                ));
+            }
+            if m.authenticates_clients() && m.fetcher_principals.is_empty() {
+                return Err(invalid(
+                    format!("mirror[{i}].fetcher_principals"),
+                    "the listener authenticates its clients: name the destination fetcher's \
+                     principals (e.g. [\"User:fetcher\"]); only they take part in seals"
+                        .into(),
+                ));
+            }
+            if !m.authenticates_clients() && !m.fetcher_principals.is_empty() {
+                return Err(invalid(
+                    format!("mirror[{i}].fetcher_principals"),
+                    "no client has a principal: the listener authenticates no one (add \
+                     listener_sasl or tls.client_ca)"
+                        .into(),
+                ));
+            }
+            if let Some(ls) = &m.listener_sasl {
+                if ls.mechanisms.iter().any(|x| x == "PLAIN")
+                    && m.tls.is_none()
+                    && !ls.allow_plain_without_tls
+                {
+                    return Err(invalid(
+                        format!("mirror[{i}].listener_sasl.mechanisms"),
+                        "PLAIN sends the client's password itself and the listener has no tls: \
+                         add tls, drop PLAIN, or set allow_plain_without_tls = true"
+                            .into(),
+                    ));
+                }
+            }
+            plain_needs_tls(
+                m.source_sasl.as_ref(),
+                m.source_tls.is_some(),
+                &format!("mirror[{i}].source_sasl"),
+            )
+            .map_err(|(f, m)| invalid(f, m))?;
+        }
+        if let Some(st) = &self.state {
+            plain_needs_tls(st.sasl.as_ref(), st.tls.is_some(), "state.sasl")
+                .map_err(|(f, m)| invalid(f, m))?;
+        }
+        // The destination: its credentials are `destination_sasl`, else
+        // [state.sasl]'s; its TLS `destination_tls` (with a destination
+        // bootstrap of its own), else [state].tls.
+        if let Some((i, m)) = self
+            .mirrors
+            .iter()
+            .enumerate()
+            .find(|(_, m)| !m.destination_bootstrap.is_empty())
+        {
+            let explicit = self.mirrors.iter().any(|m| m.destination_sasl.is_some());
+            let inherited = self.state.as_ref().and_then(|s| s.sasl.as_ref());
+            if m.destination_tls.is_none() && !explicit && inherited.is_some() {
+                return Err(invalid(
+                    format!("mirror[{i}].destination_tls"),
+                    "destination_bootstrap has no destination_tls, so mirrorguard would send \
+                     [state.sasl]'s credentials to the destination without TLS: add \
+                     destination_tls, or name the destination's own credentials in \
+                     destination_sasl"
+                        .into(),
+                ));
+            }
+        }
+        plain_needs_tls(
+            self.destination_sasl(),
+            self.destination_tls().is_some(),
+            "mirror.destination_sasl",
+        )
+        .map_err(|(f, m)| invalid(f, m))?;
+        Ok(())
     }
 
     /// mirrorguard's own abort of open mirrored transactions
@@ -1221,6 +1463,23 @@ impl Config {
             crate::tls::client_config(t).map_err(|e| invalid(&section, e))?;
         }
         Ok(())
+    }
+}
+
+/// PLAIN without TLS: the password crosses the network as it is.
+fn plain_needs_tls(
+    sasl: Option<&ClientSaslConfig>,
+    tls: bool,
+    section: &str,
+) -> Result<(), (String, String)> {
+    match sasl {
+        Some(c) if c.mechanism == "PLAIN" && !tls && !c.allow_plain_without_tls => Err((
+            format!("{section}.mechanism"),
+            "PLAIN sends mirrorguard's password itself and this connection has no TLS: \
+             configure TLS for it, use SCRAM-SHA-256/512, or set allow_plain_without_tls = true"
+                .into(),
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -1564,6 +1823,7 @@ pid_mode = "preserve"
                     "source_sasl",
                     "destination_sasl",
                     "listener_sasl",
+                    "fetcher_principals",
                 ]
                 .iter()
                 .any(|k| t.starts_with(&format!("{k} = ")));

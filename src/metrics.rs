@@ -170,6 +170,20 @@ pub struct Metrics {
     /// Re-authentications (KIP-368) of mirror listeners' upstream
     /// connections, by listener and result (`ok`, `error`).
     reauthentications: Family<ListenerResultLabels, Counter>,
+    /// Requests a mirror listener refused (an API not on its list), by
+    /// listener and API.
+    pub mirror_refused: Family<ApiLabels, Counter>,
+    /// Connections refused by `[limits]`, by listener and reason
+    /// (`max_connections`, `max_connections_per_address`).
+    pub connections_refused: Family<KindLabels, Counter>,
+    /// Connections closed because a request they sent could not be held
+    /// within `[limits] max_buffered_request_bytes`, by listener.
+    pub budget_refused: Family<ListenerLabels, Counter>,
+    /// Request bytes held in memory now, all connections (the budget's use).
+    pub buffered_request_bytes: Gauge,
+    /// Client (re-)authentications on mirror listeners, by listener and
+    /// result (`ok`, `failed`, `expired`: a request after the session's end).
+    pub client_authentications: Family<KindLabels, Counter>,
 }
 
 /// Cached handles for one (listener, API) pair.
@@ -276,6 +290,41 @@ impl Metrics {
             "mirrorguard_produce_refused",
             "Produce partitions refused by the produce guard because the partition is mirrored",
             produce_refused.clone(),
+        );
+        let mirror_refused = Family::<ApiLabels, Counter>::default();
+        registry.register(
+            "mirrorguard_mirror_refused",
+            "Requests a mirror listener refused because their API is not on its list (README, \
+             Security), by listener and API",
+            mirror_refused.clone(),
+        );
+        let connections_refused = Family::<KindLabels, Counter>::default();
+        registry.register(
+            "mirrorguard_connections_refused",
+            "Client connections closed at accept by [limits], by listener and kind \
+             (max_connections, max_connections_per_address)",
+            connections_refused.clone(),
+        );
+        let budget_refused = Family::<ListenerLabels, Counter>::default();
+        registry.register(
+            "mirrorguard_budget_refused",
+            "Client connections closed because a request could not be held within \
+             [limits] max_buffered_request_bytes, by listener",
+            budget_refused.clone(),
+        );
+        let buffered_request_bytes = Gauge::default();
+        registry.register(
+            "mirrorguard_buffered_request_bytes",
+            "Request bytes held in memory, all connections (the use of \
+             [limits] max_buffered_request_bytes)",
+            buffered_request_bytes.clone(),
+        );
+        let client_authentications = Family::<KindLabels, Counter>::default();
+        registry.register(
+            "mirrorguard_client_authentications",
+            "Client authentications on mirror listeners (first ones and KIP-368 \
+             re-authentications), by listener and kind (ok, failed, expired)",
+            client_authentications.clone(),
         );
         registry.register(
             "mirrorguard_guard_refused",
@@ -402,6 +451,11 @@ impl Metrics {
             tls_handshake_errors,
             tls_reloads,
             reauthentications,
+            mirror_refused,
+            connections_refused,
+            budget_refused,
+            buffered_request_bytes,
+            client_authentications,
         })
     }
 
@@ -469,6 +523,12 @@ impl Metrics {
                 result,
             })
             .inc();
+    }
+
+    /// Counts a client (re-)authentication on a mirror listener (`ok`,
+    /// `failed`, `expired`).
+    pub fn count_client_authentication(&self, listener: &str, kind: &'static str) {
+        Self::count(&self.client_authentications, listener, kind);
     }
 
     /// Increments `family` for one listener and kind.

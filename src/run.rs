@@ -15,6 +15,7 @@ use tokio::sync::watch;
 use crate::admin::{self, AdminState};
 use crate::config::{Config, LogFormat, LoggingConfig};
 use crate::filter::address::AddressRewrite;
+use crate::filter::allowlist::MirrorAllowlist;
 use crate::filter::mirror_fetch::MirrorFetch;
 use crate::filter::offline::SourceOffline;
 use crate::filter::produce_guard::{GuardPolicy, ProduceGuard};
@@ -27,7 +28,8 @@ use crate::lifecycle::Lifecycle;
 use crate::metrics::Metrics;
 use crate::mirror::{MirrorContext, PendingSalt, SaltStore};
 use crate::producer_state::{ProducerStateRegistry, RegistryConfig};
-use crate::proxy::listener::{ConnectionTracker, Listener};
+use crate::proxy::limits::{ConnectionLimits, MemoryBudget};
+use crate::proxy::listener::{ConnectionTracker, Listener, Shared};
 use crate::proxy::nodes::NodeRegistry;
 use crate::sasl::server::ServerAuth;
 use crate::sasl::ClientCredentials;
@@ -86,12 +88,20 @@ fn plain_chain(nodes: Arc<NodeRegistry>) -> Chain {
     Chain::new(common_filters(nodes, SaslRelay::Passthrough))
 }
 
-/// The chain of a `[[mirror]]` listener: offline answers, the PID rewrite,
+/// The chain of a `[[mirror]]` listener: its API list first (nothing else
+/// reaches the source as mirrorguard), offline answers, the PID rewrite,
 /// the seal. `fetcher`: whether its clients are the destination fetcher
 /// (only its fetches move a seal and feed producer state).
-fn mirror_chain(nodes: Arc<NodeRegistry>, mirror: Arc<MirrorContext>, fetcher: bool) -> Chain {
+fn mirror_chain(
+    nodes: Arc<NodeRegistry>,
+    mirror: Arc<MirrorContext>,
+    fetcher: bool,
+    listener: &str,
+    metrics: Arc<Metrics>,
+) -> Chain {
     mirror.set_nodes(nodes.clone());
     let mut filters: Vec<Box<dyn Filter>> = vec![
+        Box::new(MirrorAllowlist::new(listener, metrics)),
         Box::new(SourceOffline::new(mirror.clone())),
         Box::new(MirrorFetch::new(mirror.clone(), fetcher)),
         Box::new(Seal::new(mirror, fetcher)),
@@ -169,6 +179,27 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
     let tracker = Arc::new(ConnectionTracker::default());
     let max_frame = config.limits.max_frame_bytes as usize;
+    raise_open_file_limit(&config.limits);
+    let shared = Shared {
+        metrics: metrics.clone(),
+        shutdown: shutdown_rx.clone(),
+        tracker: tracker.clone(),
+        limits: ConnectionLimits::new(
+            config.limits.max_connections,
+            config.limits.max_connections_per_address,
+        ),
+        budget: MemoryBudget::new(
+            config.limits.max_buffered_request_bytes,
+            Some(metrics.clone()),
+        ),
+    };
+    for (i, l) in config.listeners.iter().chain(&config.guards).enumerate() {
+        if l.upstream_identity == Some(crate::config::UpstreamIdentity::Shared) {
+            tracing::warn!(listener = %l.name, index = i,
+                "upstream_identity = \"shared\": every client of this listener acts on the \
+                 upstream as mirrorguard's client certificate (upstream_tls.cert)");
+        }
+    }
 
     let mut listeners = Vec::new();
 
@@ -306,14 +337,22 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             .chain(fetcher_listener.map(|fc| (fc, true)));
         for (lc, fetcher) in kinds {
             let m = mirror.clone();
-            let listener = Listener::new(
-                lc,
-                max_frame,
-                metrics.clone(),
-                shutdown_rx.clone(),
-                tracker.clone(),
-                move |nodes| mirror_chain(nodes, m, fetcher),
-            )?;
+            let (name, metrics2) = (lc.name.clone(), metrics.clone());
+            let listener = Listener::new(lc, max_frame, shared.clone(), move |nodes| {
+                mirror_chain(nodes, m, fetcher, &name, metrics2)
+            })?;
+            // Where the listener authenticates its clients, only the
+            // fetcher principals are the fetcher; the others read.
+            if fetcher && mc.authenticates_clients() {
+                let readers = mirror_chain(
+                    listener.nodes.clone(),
+                    mirror.clone(),
+                    false,
+                    &listener.config.name,
+                    metrics.clone(),
+                );
+                listener.set_reader_chain(readers, mc.fetcher_principals());
+            }
             // Replays and topic lookups reach the source as the first
             // (main) listener does.
             mirror.set_source_connector(listener.upstream_connector().clone());
@@ -347,23 +386,16 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             gc.name.clone(),
             topic_ids.clone(),
         );
-        let listener = Listener::new(
-            gc.clone(),
-            max_frame,
-            metrics.clone(),
-            shutdown_rx.clone(),
-            tracker.clone(),
-            move |nodes| {
-                guard_chain(
-                    nodes,
-                    &name,
-                    lifecycle,
-                    mirror_contexts,
-                    metrics2,
-                    topic_ids,
-                )
-            },
-        )?;
+        let listener = Listener::new(gc.clone(), max_frame, shared.clone(), move |nodes| {
+            guard_chain(
+                nodes,
+                &name,
+                lifecycle,
+                mirror_contexts,
+                metrics2,
+                topic_ids,
+            )
+        })?;
         listener.set_sasl(
             resolve(
                 gc.upstream_sasl.as_ref(),
@@ -376,14 +408,7 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     }
 
     for lc in &config.listeners {
-        let listener = Listener::new(
-            lc.clone(),
-            max_frame,
-            metrics.clone(),
-            shutdown_rx.clone(),
-            tracker.clone(),
-            plain_chain,
-        )?;
+        let listener = Listener::new(lc.clone(), max_frame, shared.clone(), plain_chain)?;
         listener.set_sasl(
             resolve(
                 lc.upstream_sasl.as_ref(),
@@ -478,6 +503,41 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
     let _ = tokio::time::timeout(Duration::from_secs(1), admin_task).await;
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Raises the soft limit of open files to the hard limit (each proxied
+/// connection holds two descriptors), and warns when even that cannot hold
+/// `[limits] max_connections`.
+fn raise_open_file_limit(limits: &crate::config::LimitsConfig) {
+    let mut rl = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit/setrlimit write and read only the struct passed.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut rl) != 0 {
+            return;
+        }
+        if rl.rlim_cur < rl.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: rl.rlim_max,
+                rlim_max: rl.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                rl = raised;
+            }
+        }
+    }
+    let needed = (limits.max_connections as u64).saturating_mul(2) + 256;
+    let have: u64 = rl.rlim_cur;
+    if have < needed {
+        tracing::warn!(
+            open_files = have,
+            max_connections = limits.max_connections,
+            "the open-file limit cannot hold [limits] max_connections proxied connections \
+             (two descriptors each): raise it (LimitNOFILE=) or lower max_connections"
+        );
+    }
 }
 
 /// SIGHUP re-reads every TLS certificate, key and CA bundle: new

@@ -79,6 +79,7 @@ fn mirror_with(mode: PidMode, layout: LayoutConfig, limits: RegistryConfig) -> A
         fetcher_bootstrap: None,
         fetcher_node_port_base: None,
         fetcher_identity: mirrorguard::config::FetcherIdentity::AnyReader,
+        fetcher_principals: Vec::new(),
         crc_verify_every: 0,
         source_sasl: None,
         destination_sasl: None,

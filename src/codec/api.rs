@@ -216,6 +216,8 @@ pub mod error {
     pub const TOPIC_AUTHORIZATION_FAILED: i16 = E::TopicAuthorizationFailed.code();
     /// CLUSTER_AUTHORIZATION_FAILED.
     pub const CLUSTER_AUTHORIZATION_FAILED: i16 = E::ClusterAuthorizationFailed.code();
+    /// GROUP_AUTHORIZATION_FAILED (30).
+    pub const GROUP_AUTHORIZATION_FAILED: i16 = E::GroupAuthorizationFailed.code();
     /// UNSUPPORTED_VERSION.
     pub const UNSUPPORTED_VERSION: i16 = E::UnsupportedVersion.code();
     /// TOPIC_ALREADY_EXISTS.

@@ -130,6 +130,24 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         }
     }
 
+    /// Wraps a stream whose first bytes were already read into `buf` (they
+    /// come first).
+    pub fn with_buffer(inner: R, max_frame: usize, mut buf: BytesMut) -> Self {
+        if buf.capacity() < INITIAL_BUFFER {
+            buf.reserve(INITIAL_BUFFER - buf.len());
+        }
+        Self {
+            inner,
+            buf,
+            max_frame,
+        }
+    }
+
+    /// The stream and the bytes read from it but not consumed yet.
+    pub fn into_parts(self) -> (R, BytesMut) {
+        (self.inner, self.buf)
+    }
+
     /// Returns the next frame *including* its 4-byte size prefix, so it can be
     /// forwarded as is, or `None` on a clean end of stream between frames.
     pub async fn next_frame(&mut self) -> Result<Option<BytesMut>, FrameError> {

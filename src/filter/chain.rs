@@ -83,6 +83,19 @@ impl Chain {
             })
     }
 
+    /// Whether more of the head of a request of `h` could make
+    /// [`streams_request`](Self::streams_request) say yes: the listener does
+    /// not keep it, and every filter that reads it may decide from a head
+    /// ([`Filter::decides_from_head`]).
+    pub fn head_may_decide(&self, h: &RequestHeader) -> bool {
+        !self.filters.iter().any(|f| f.answers_offline(h.api_key))
+            && self.filters.iter().all(|f| {
+                !f.handles(h.api_key, h.api_version)
+                    || !f.reads_request(h.api_key, h.api_version)
+                    || f.decides_from_head(h.api_key, h.api_version)
+            })
+    }
+
     /// The streaming walker of the response to `h`, when one filter
     /// rewrites it as it arrives and every other that handles it leaves it
     /// untouched ([`Filter::response_stream`]); `None`: held whole (or, when

@@ -39,6 +39,7 @@
 //! [`RequestState`].
 
 pub mod address;
+pub mod allowlist;
 pub mod api_versions;
 pub mod chain;
 pub mod mirror_fetch;
@@ -126,6 +127,15 @@ pub trait Filter: Send + Sync {
         false
     }
 
+    /// Whether more of a request's head may let
+    /// [`passes_from_head`](Self::passes_from_head) say yes (the produce
+    /// guard, which finds a Produce's partitions in its head); the default
+    /// says no, so a connection holding a request this filter reads stops
+    /// reading its head at once and holds it whole, within the budget.
+    fn decides_from_head(&self, _api_key: i16, _api_version: i16) -> bool {
+        false
+    }
+
     /// Decides about a request before it is forwarded. The default forwards
     /// it untouched.
     fn on_request(&self, _h: &RequestHeader, _frame: &[u8]) -> Result<RequestAction, RewriteError> {
@@ -199,6 +209,9 @@ pub enum RequestState {
     Seal(crate::mirror::seal_path::FetchPlan),
     /// A SASL request answered locally ([`sasl`]).
     Sasl(sasl::LocalSaslAnswer),
+    /// The body refusing a request a mirror listener does not forward
+    /// ([`allowlist`]).
+    Refused(Vec<u8>),
 }
 
 impl RequestState {

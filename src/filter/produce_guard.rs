@@ -344,6 +344,10 @@ impl Filter for ProduceGuard {
     /// A Produce whose partition headers all sit in its head and none of
     /// whose partitions is refused streams; any refusal is decided on the
     /// whole frame (the request is split or answered).
+    fn decides_from_head(&self, api_key: i16, _api_version: i16) -> bool {
+        api_key == api::PRODUCE
+    }
+
     fn passes_from_head(&self, h: &RequestHeader, head: &[u8], total: usize) -> bool {
         let Some(hv) = handlers::request_header_version(h.api_key, h.api_version) else {
             return false;

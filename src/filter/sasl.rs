@@ -103,6 +103,7 @@ impl Filter for SaslRelay {
                 *code,
                 Some("SaslAuthenticate request received after successful authentication"),
                 &[],
+                0,
             ),
         }))
     }

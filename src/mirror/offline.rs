@@ -260,6 +260,17 @@ pub fn answer(
 }
 
 fn api_versions(h: &RequestHeader) -> Result<BytesMut, RewriteError> {
+    api_versions_response(h, OFFLINE_VERSIONS)
+}
+
+/// An ApiVersions response answering `h` that advertises `table`
+/// (`(api_key, min, max)`); versions above 3 are answered in v0 with
+/// UNSUPPORTED_VERSION and the table, as Kafka does, and the client asks
+/// again at v0-3.
+pub fn api_versions_response(
+    h: &RequestHeader,
+    table: &[(i16, i16, i16)],
+) -> Result<BytesMut, RewriteError> {
     // Versions we do not know are answered in v0 with UNSUPPORTED_VERSION
     // and our list, as Kafka does.
     let (v, error) = if (0..=3).contains(&h.api_version) {
@@ -270,9 +281,9 @@ fn api_versions(h: &RequestHeader) -> Result<BytesMut, RewriteError> {
     let flexible = api::is_flexible(api::API_VERSIONS, v);
     let mut w = Writer::new(Vec::with_capacity(64));
     w.put_i16(error);
-    w.put_array_len_v(flexible, Some(OFFLINE_VERSIONS.len()), "api_keys")
+    w.put_array_len_v(flexible, Some(table.len()), "api_keys")
         .map_err(|e| err(h, e.to_string()))?;
-    for (key, min, max) in OFFLINE_VERSIONS {
+    for (key, min, max) in table {
         w.put_i16(*key);
         w.put_i16(*min);
         w.put_i16(*max);

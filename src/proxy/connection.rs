@@ -84,7 +84,9 @@ use crate::codec::header::{
 use crate::codec::{CopyError, FrameError, FrameReader};
 use crate::filter::{Chain, Decision, RequestState, RewriteError, Rewritten};
 use crate::metrics::{ApiMetrics, Metrics};
+use crate::proxy::limits::{BudgetPermit, LogLimiter, MemoryBudget, SMALL_REQUEST_BYTES};
 use crate::sasl::client::{reauth_delay, SaslRoundTrip};
+use crate::sasl::server::{Exchange, ServerAuth, Step};
 use crate::sasl::{ClientCredentials, SaslError};
 
 /// Most requests one client may have outstanding before the proxy stops
@@ -166,6 +168,10 @@ pub struct InFlight {
     pub request: Option<BytesMut>,
     /// When the upstream's answer is overdue (offline-capable listeners).
     pub deadline: Option<Instant>,
+    /// The answer, built already (a SASL re-authentication round).
+    pub local: Option<BytesMut>,
+    /// The budget held by `request`.
+    pub permit: Option<BudgetPermit>,
 }
 
 /// Whether a listener's upstream answers, shared by its connections.
@@ -216,6 +222,8 @@ pub struct ConnectionContext {
     /// The listener's view of its upstream (offline connections close once
     /// it recovers).
     pub health: Arc<UpstreamHealth>,
+    /// The process-wide budget of request bytes held in memory.
+    pub budget: Arc<MemoryBudget>,
 }
 
 /// How a connection ended, by side and cause. Only `ClientProtocol` is a
@@ -246,6 +254,15 @@ pub enum ConnectionEnd {
     UpstreamProtocol(String),
     /// Shutdown drained the connection.
     Drained,
+    /// The client's session ended: a failed re-authentication, or a
+    /// request after the session expired (KIP-368).
+    Authentication(String),
+    /// A request the process could not hold within
+    /// `[limits] max_buffered_request_bytes`.
+    OverBudget {
+        /// The request's size (size prefix included).
+        size: usize,
+    },
 }
 
 impl ConnectionEnd {
@@ -255,14 +272,16 @@ impl ConnectionEnd {
             ConnectionEnd::ClientClosed
             | ConnectionEnd::ClientReset(_)
             | ConnectionEnd::ClientAbandonedRequest { .. }
-            | ConnectionEnd::ClientProtocol(_) => "client",
+            | ConnectionEnd::ClientProtocol(_)
+            | ConnectionEnd::Authentication(_) => "client",
             ConnectionEnd::UpstreamClosed(_) | ConnectionEnd::UpstreamProtocol(_) => "upstream",
-            ConnectionEnd::Drained => "proxy",
+            ConnectionEnd::Drained | ConnectionEnd::OverBudget { .. } => "proxy",
         }
     }
 
     /// The cause, a stable label of `mirrorguard_connection_ends_total`:
-    /// `closed`, `reset`, `mid_request`, `protocol` or `shutdown`.
+    /// `closed`, `reset`, `mid_request`, `protocol`, `shutdown`,
+    /// `authentication` or `limit`.
     pub fn cause(&self) -> &'static str {
         match self {
             ConnectionEnd::ClientClosed | ConnectionEnd::UpstreamClosed(_) => "closed",
@@ -270,6 +289,8 @@ impl ConnectionEnd {
             ConnectionEnd::ClientAbandonedRequest { .. } => "mid_request",
             ConnectionEnd::ClientProtocol(_) | ConnectionEnd::UpstreamProtocol(_) => "protocol",
             ConnectionEnd::Drained => "shutdown",
+            ConnectionEnd::Authentication(_) => "authentication",
+            ConnectionEnd::OverBudget { .. } => "limit",
         }
     }
 }
@@ -304,6 +325,50 @@ where
     C: AsyncRead + AsyncWrite + Unpin + Send,
     U: AsyncRead + AsyncWrite + Unpin + Send,
 {
+    let opts = RelayOptions {
+        reauth,
+        ..RelayOptions::default()
+    };
+    relay_opts(client, upstream, peer, ctx, shutdown, opts).await
+}
+
+/// What a relayed connection starts with besides its two streams.
+#[derive(Default)]
+pub struct RelayOptions {
+    /// Re-authentication of the upstream connection (mirror listeners).
+    pub reauth: Option<Reauth>,
+    /// Client bytes read before the relay started (the head of its first
+    /// request, read before the upstream was opened).
+    pub prefix: BytesMut,
+    /// The client's authenticated session on a listener that terminates
+    /// SASL: it must re-authenticate (KIP-368) before it expires.
+    pub session: Option<ClientSession>,
+}
+
+/// A client's SASL session on a mirror listener.
+pub struct ClientSession {
+    /// The listener's authentication (for re-authentications).
+    pub server: Arc<ServerAuth>,
+    /// The authenticated principal (`User:<name>`); a re-authentication
+    /// must keep it.
+    pub principal: String,
+    /// When the session ends (`None`: never).
+    pub expires_at: Option<Instant>,
+}
+
+/// [`relay`] with [`RelayOptions`].
+pub async fn relay_opts<C, U>(
+    client: C,
+    upstream: U,
+    peer: SocketAddr,
+    ctx: Arc<ConnectionContext>,
+    shutdown: watch::Receiver<bool>,
+    opts: RelayOptions,
+) -> ConnectionEnd
+where
+    C: AsyncRead + AsyncWrite + Unpin + Send,
+    U: AsyncRead + AsyncWrite + Unpin + Send,
+{
     relay_inner(
         client,
         upstream,
@@ -312,7 +377,7 @@ where
         shutdown,
         false,
         STREAM_ABOVE,
-        reauth,
+        opts,
     )
     .await
 }
@@ -329,9 +394,23 @@ pub async fn serve_offline<C>(
 where
     C: AsyncRead + AsyncWrite + Unpin + Send,
 {
+    serve_offline_opts(client, peer, ctx, shutdown, RelayOptions::default()).await
+}
+
+/// [`serve_offline`] with [`RelayOptions`] (the upstream's are unused).
+pub async fn serve_offline_opts<C>(
+    client: C,
+    peer: SocketAddr,
+    ctx: Arc<ConnectionContext>,
+    shutdown: watch::Receiver<bool>,
+    opts: RelayOptions,
+) -> ConnectionEnd
+where
+    C: AsyncRead + AsyncWrite + Unpin + Send,
+{
     // Never read or written while offline; the other end is dropped.
     let (dead, _) = tokio::io::duplex(1);
-    relay_with(client, dead, peer, ctx, shutdown, true, STREAM_ABOVE).await
+    relay_inner(client, dead, peer, ctx, shutdown, true, STREAM_ABOVE, opts).await
 }
 
 /// The connection's mode, shared by its pumps.
@@ -366,6 +445,7 @@ impl Mode {
 
 /// [`relay`] with the cut-through threshold as a parameter (`usize::MAX`:
 /// every frame held whole), so tests can compare both paths.
+#[cfg(test)]
 pub(crate) async fn relay_with<C, U>(
     client: C,
     upstream: U,
@@ -387,7 +467,7 @@ where
         shutdown,
         offline,
         stream_above,
-        None,
+        RelayOptions::default(),
     )
     .await
 }
@@ -401,12 +481,17 @@ async fn relay_inner<C, U>(
     mut shutdown: watch::Receiver<bool>,
     offline: bool,
     stream_above: usize,
-    reauth: Option<Reauth>,
+    opts: RelayOptions,
 ) -> ConnectionEnd
 where
     C: AsyncRead + AsyncWrite + Unpin + Send,
     U: AsyncRead + AsyncWrite + Unpin + Send,
 {
+    let RelayOptions {
+        reauth,
+        prefix,
+        session,
+    } = opts;
     let (client_rd, client_wr) = tokio::io::split(client);
     let (upstream_rd, upstream_wr) = tokio::io::split(upstream);
     let (tx, rx) = mpsc::channel::<Entry>(MAX_IN_FLIGHT);
@@ -419,7 +504,7 @@ where
     }
 
     let requests = request_pump(
-        client_rd,
+        FrameReader::with_buffer(client_rd, ctx.max_frame, prefix),
         upstream_wr,
         tx,
         &ctx,
@@ -428,6 +513,7 @@ where
         &mode,
         stream_above,
         reauth.as_ref(),
+        session,
     );
     let responses = response_pump(upstream_rd, client_wr, rx, &ctx, peer, &mode, stream_above);
     tokio::pin!(requests, responses);
@@ -436,6 +522,11 @@ where
             // Stop reading new requests, but deliver the answers owed.
             ConnectionEnd::Drained => match responses.await {
                 ConnectionEnd::ClientClosed => ConnectionEnd::Drained,
+                other => other,
+            },
+            // The same for a failed re-authentication: its answer is owed.
+            ConnectionEnd::Authentication(why) => match responses.await {
+                ConnectionEnd::ClientClosed => ConnectionEnd::Authentication(why),
                 other => other,
             },
             other => other,
@@ -473,16 +564,31 @@ fn parse_request_header(
     })
 }
 
+/// How [`stream_head`] decided.
+enum Head {
+    /// Stream this request (its header).
+    Stream(RequestHeader),
+    /// Hold it whole.
+    Hold,
+    /// Its head could not be held within the budget.
+    OverBudget,
+}
+
 /// Reads the head of the next request (`total` bytes long), growing it up
 /// to [`MAX_REQUEST_HEAD`], until the request may be streamed: its header
 /// (and for a Produce its `acks`) is in the head, the listener would not
 /// keep it whole, and every filter that reads it can decide from the head
-/// ([`Chain::streams_request`]). `None`: hold it whole.
+/// ([`Chain::streams_request`]). Stops at once when no more of the head
+/// can change the decision ([`Chain::head_may_decide`]: a request the
+/// listener keeps, or one whose readers cannot decide from a head); a head
+/// grown past [`SMALL_REQUEST_BYTES`] holds its size in the budget.
 async fn stream_head<R: AsyncRead + Unpin>(
     reader: &mut FrameReader<R>,
     total: usize,
-    chain: &Chain,
-) -> Result<Option<RequestHeader>, FrameError> {
+    ctx: &ConnectionContext,
+    permit: &mut Option<BudgetPermit>,
+) -> Result<Head, FrameError> {
+    let chain = &ctx.chain;
     let mut want = 512;
     loop {
         reader.peek(want).await?;
@@ -493,19 +599,136 @@ async fn stream_head<R: AsyncRead + Unpin>(
             let acks_known =
                 h.api_key != api::PRODUCE || produce_acks(head, h.api_version, hv).is_some();
             if acks_known && chain.streams_request(&h, head, total) {
-                return Ok(Some(h));
+                return Ok(Head::Stream(h));
+            }
+            if acks_known && !chain.head_may_decide(&h) {
+                return Ok(Head::Hold);
             }
         }
         if complete || want >= MAX_REQUEST_HEAD {
-            return Ok(None);
+            return Ok(Head::Hold);
         }
         want = (want * 8).min(MAX_REQUEST_HEAD);
+        if want.min(total) > SMALL_REQUEST_BYTES {
+            match ctx.budget.acquire(want.min(total)) {
+                Some(p) => *permit = Some(p),
+                None => return Ok(Head::OverBudget),
+            }
+        }
+    }
+}
+
+/// The end of a connection whose request could not be held within the
+/// budget (logged at most once a second per process).
+fn over_budget(ctx: &ConnectionContext, peer: SocketAddr, size: usize) -> ConnectionEnd {
+    static LOG: LogLimiter = LogLimiter::new();
+    ctx.metrics
+        .budget_refused
+        .get_or_create(&crate::metrics::ListenerLabels {
+            listener: ctx.listener.clone(),
+        })
+        .inc();
+    if let Some(held_back) = LOG.allow() {
+        tracing::warn!(listener = %ctx.listener, %peer, size, used = ctx.budget.used(),
+            limit = ctx.budget.limit(), held_back,
+            "closing client connection: its request cannot be held within \
+             [limits] max_buffered_request_bytes");
+    }
+    ConnectionEnd::OverBudget { size }
+}
+
+const SASL_HANDSHAKE: i16 = 17;
+const SASL_AUTHENTICATE: i16 = 36;
+
+/// A client's re-authentication (KIP-368) in progress, and its session.
+struct SessionState {
+    session: ClientSession,
+    exchange: Option<Exchange>,
+}
+
+/// What the request pump does with a request of a client that has a SASL
+/// session: `Ok(None)` relay it; `Ok(Some(frame))` answer it with `frame`
+/// (a SASL round); `Err` ends the connection (after delivering `frame`
+/// when the error carries one).
+async fn session_step(
+    state: &mut SessionState,
+    ctx: &ConnectionContext,
+    peer: SocketAddr,
+    header: &RequestHeader,
+    frame: &[u8],
+) -> Result<Option<BytesMut>, (Option<BytesMut>, String)> {
+    let sasl = header.api_key == SASL_HANDSHAKE || header.api_key == SASL_AUTHENTICATE;
+    if !sasl {
+        if state.exchange.is_some() {
+            return Err((
+                None,
+                "a request in the middle of a re-authentication".into(),
+            ));
+        }
+        if state
+            .session
+            .expires_at
+            .is_some_and(|at| Instant::now() >= at)
+        {
+            ctx.metrics
+                .count_client_authentication(&ctx.listener, "expired");
+            return Err((
+                None,
+                format!(
+                    "{} v{} after the client's session expired (KIP-368: it must \
+                     re-authenticate first)",
+                    api::api_display(header.api_key),
+                    header.api_version
+                ),
+            ));
+        }
+        return Ok(None);
+    }
+    if header.api_key == SASL_HANDSHAKE {
+        state.exchange = Some(state.session.server.exchange());
+    }
+    let Some(exchange) = state.exchange.as_mut() else {
+        return Err((None, "SaslAuthenticate without a SaslHandshake".into()));
+    };
+    match exchange.step(header, frame, &ctx.listener) {
+        Step::Answer(f) => Ok(Some(f)),
+        Step::Authenticated {
+            frame: f,
+            principal,
+        } => {
+            state.exchange = None;
+            if principal != state.session.principal {
+                ctx.metrics
+                    .count_client_authentication(&ctx.listener, "failed");
+                return Err((
+                    None,
+                    format!(
+                        "re-authenticated as {principal}, not {}: a session cannot change \
+                         principals",
+                        state.session.principal
+                    ),
+                ));
+            }
+            ctx.metrics.count_client_authentication(&ctx.listener, "ok");
+            state.session.expires_at = state.session.server.session_end(Instant::now());
+            tracing::debug!(listener = %ctx.listener, %peer, principal = %principal,
+                "client re-authenticated");
+            Ok(Some(f))
+        }
+        Step::Failed { frame: f, why } => {
+            ctx.metrics
+                .count_client_authentication(&ctx.listener, "failed");
+            if f.is_some() {
+                tokio::time::sleep(crate::sasl::server::FAILED_AUTH_DELAY).await;
+            }
+            Err((f, format!("re-authentication failed: {why}")))
+        }
     }
 }
 
 #[allow(clippy::too_many_arguments)]
 async fn request_pump<R, W>(
-    client_rd: R,
+    mut reader: FrameReader<R>,
     mut upstream_wr: W,
     tx: mpsc::Sender<Entry>,
     ctx: &ConnectionContext,
@@ -514,15 +737,19 @@ async fn request_pump<R, W>(
     mode: &Mode,
     stream_above: usize,
     reauth: Option<&Reauth>,
+    session: Option<ClientSession>,
 ) -> ConnectionEnd
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let mut reader = FrameReader::new(client_rd, ctx.max_frame);
     let mut api_metrics: HashMap<i16, ApiMetrics> = HashMap::new();
     let keeps = ctx.chain.serves_offline();
     let mut reauth_at = reauth.and_then(|r| Reauth::due(r.lifetime_ms, r.authenticated_at));
+    let mut session = session.map(|session| SessionState {
+        session,
+        exchange: None,
+    });
     loop {
         if mode.upstream_back(ctx) {
             // Deliver what is owed, then close: the client reconnects to the
@@ -552,36 +779,46 @@ where
             }
             continue;
         };
-        let head = match peeked {
-            Ok(Some(total)) if total > stream_above => stream_head(&mut reader, total, &ctx.chain)
-                .await
-                .map(|h| h.map(|h| (h, total))),
-            Ok(Some(_)) => Ok(None),
+        let total = match peeked {
+            Ok(Some(total)) => total,
             Ok(None) => return ConnectionEnd::ClientClosed,
-            Err(e) => Err(e),
-        };
-        match head {
-            Ok(Some((header, total))) => {
-                match stream_request(
-                    &mut reader,
-                    &mut upstream_wr,
-                    &tx,
-                    ctx,
-                    peer,
-                    mode,
-                    &mut api_metrics,
-                    header,
-                    total,
-                )
-                .await
-                {
-                    Ok(()) => continue,
-                    Err(end) => return end,
-                }
-            }
-            Ok(None) => {}
             Err(e) => return client_read_end(ctx, peer, e),
+        };
+        // A client with a session streams nothing: each of its requests is
+        // checked against the session first.
+        let mut head_permit = None;
+        if total > stream_above && session.is_none() {
+            match stream_head(&mut reader, total, ctx, &mut head_permit).await {
+                Ok(Head::Stream(header)) => {
+                    drop(head_permit);
+                    match stream_request(
+                        &mut reader,
+                        &mut upstream_wr,
+                        &tx,
+                        ctx,
+                        peer,
+                        mode,
+                        &mut api_metrics,
+                        header,
+                        total,
+                    )
+                    .await
+                    {
+                        Ok(()) => continue,
+                        Err(end) => return end,
+                    }
+                }
+                Ok(Head::Hold) => {}
+                Ok(Head::OverBudget) => return over_budget(ctx, peer, total),
+                Err(e) => return client_read_end(ctx, peer, e),
+            }
         }
+        // Held whole: its bytes count against the budget until it is
+        // forwarded (or, kept for a local answer, until it is answered).
+        let Some(permit) = ctx.budget.acquire(total) else {
+            return over_budget(ctx, peer, total);
+        };
+        drop(head_permit);
         let frame = tokio::select! {
             biased;
             _ = shutdown.wait_for(|s| *s) => return ConnectionEnd::Drained,
@@ -606,6 +843,25 @@ where
             .or_insert_with(|| ctx.metrics.api(&ctx.listener, header.api_key));
         m.requests.inc();
         m.bytes_in.inc_by(frame.len() as u64);
+        if let Some(state) = session.as_mut() {
+            match session_step(state, ctx, peer, &header, &frame).await {
+                Ok(None) => {}
+                Ok(Some(answer)) => {
+                    if queue_local(&tx, header, m, answer).await.is_err() {
+                        return ConnectionEnd::UpstreamClosed("response side closed".into());
+                    }
+                    continue;
+                }
+                Err((answer, why)) => {
+                    tracing::info!(listener = %ctx.listener, %peer, reason = %why,
+                        "closing client connection: its session ended");
+                    if let Some(answer) = answer {
+                        let _ = queue_local(&tx, header, m, answer).await;
+                    }
+                    return ConnectionEnd::Authentication(why);
+                }
+            }
+        }
         let (frame, state, answered_by) = match ctx.chain.on_request(&header, frame) {
             Ok(Decision::Forward { frame, state }) => (frame, state, None),
             Ok(Decision::Answer { by, state }) => (BytesMut::new(), Some(state), Some(by)),
@@ -631,7 +887,15 @@ where
             (None, None)
         };
         let write_wait = deadline.map(|d| d.saturating_duration_since(Instant::now()));
+        // The copy kept for a local answer holds the budget until it is
+        // answered; otherwise the frame holds it until it is written.
+        let (kept_permit, held) = if request.is_some() {
+            (Some(permit), None)
+        } else {
+            (None, Some(permit))
+        };
         {
+            let permit = kept_permit;
             let entry = InFlight {
                 header,
                 sent_at: Instant::now(),
@@ -642,6 +906,8 @@ where
                 kept,
                 request,
                 deadline,
+                local: None,
+                permit,
             };
             if tx.send(Entry::Client(entry)).await.is_err() {
                 // The response pump is gone; its end reason wins the select.
@@ -657,6 +923,7 @@ where
                 .unwrap_or_else(|_| Err(std::io::ErrorKind::TimedOut.into())),
             None => upstream_wr.write_all(&frame).await,
         };
+        drop(held);
         if let Err(e) = written {
             Metrics::count(&ctx.metrics.upstream_errors, &ctx.listener, "disconnect");
             if keeps {
@@ -667,6 +934,29 @@ where
             return ConnectionEnd::UpstreamClosed(format!("write to upstream: {e}"));
         }
     }
+}
+
+/// Queues `answer`, built already, as the response to `header`.
+async fn queue_local(
+    tx: &mpsc::Sender<Entry>,
+    header: RequestHeader,
+    metrics: &ApiMetrics,
+    answer: BytesMut,
+) -> Result<(), ()> {
+    let entry = InFlight {
+        header,
+        sent_at: Instant::now(),
+        metrics: metrics.clone(),
+        state: None,
+        answered_by: None,
+        unanswered: false,
+        kept: false,
+        request: None,
+        deadline: None,
+        local: Some(answer),
+        permit: None,
+    };
+    tx.send(Entry::Client(entry)).await.map_err(|_| ())
 }
 
 /// Sleeps until `at`, or forever without one.
@@ -814,6 +1104,8 @@ where
         kept,
         request: None,
         deadline,
+        local: None,
+        permit: None,
     };
     if tx.send(Entry::Client(entry)).await.is_err() {
         return Err(ConnectionEnd::UpstreamClosed("response side closed".into()));
@@ -1072,6 +1364,13 @@ where
             unanswered.push_back(h.correlation_id);
             continue;
         }
+        if let Some(frame) = entry.local.take() {
+            if let Err(e) = client_wr.write_all(&frame).await {
+                return ConnectionEnd::ClientReset(format!("writing a response: {e}"));
+            }
+            entry.metrics.bytes_out.inc_by(frame.len() as u64);
+            continue;
+        }
         if entry.answered_by.is_some() {
             let frame = match rewrite_until_ready(
                 ctx,
@@ -1285,6 +1584,7 @@ mod reauth_tests {
             metrics,
             chain: Arc::new(Chain::new(vec![Box::new(AddressRewrite::new(nodes))])),
             health: Arc::new(UpstreamHealth::default()),
+            budget: MemoryBudget::unlimited(),
         })
     }
 
@@ -1400,6 +1700,124 @@ mod reauth_tests {
             auths - 1
         );
         assert!(text.contains(&line), "{line} in\n{text}");
+    }
+
+    /// An upstream that answers every request with its correlation id and `ok`.
+    async fn echo(mut up: tokio::io::DuplexStream) {
+        while let Some(req) = read_frame(&mut up).await {
+            let mut resp = req[4..8].to_vec();
+            resp.extend_from_slice(b"ok");
+            if up.write_all(&framed(&resp)).await.is_err() {
+                break;
+            }
+        }
+    }
+
+    fn list_offsets(corr: i32) -> Vec<u8> {
+        let mut req = Vec::new();
+        req.extend_from_slice(&2i16.to_be_bytes());
+        req.extend_from_slice(&1i16.to_be_bytes());
+        req.extend_from_slice(&corr.to_be_bytes());
+        req.extend_from_slice(&(-1i16).to_be_bytes());
+        req.extend_from_slice(b"body");
+        framed(&req)
+    }
+
+    /// A client's SASL session on a mirror listener (KIP-368): a request
+    /// after it expired closes the connection; re-authenticating in place
+    /// (as the same user) keeps it; another user is refused.
+    #[tokio::test]
+    async fn client_sessions_expire_and_reauthenticate_in_place() {
+        use crate::sasl::server::{credential_line, CredentialStore, ServerAuth};
+        let lines: Vec<String> = ["fetcher", "other"]
+            .iter()
+            .map(|u| credential_line(u, Mechanism::ScramSha256, b"pw", 4096).unwrap())
+            .collect();
+        let text = lines.join("\n");
+        let server = Arc::new(ServerAuth::with_store(
+            vec![Mechanism::ScramSha256],
+            CredentialStore::parse(&text).unwrap(),
+            Some(Duration::from_millis(LIFETIME_MS as u64)),
+            text.as_bytes(),
+        ));
+        let creds = |user: &str| ClientCredentials {
+            mechanism: Mechanism::ScramSha256,
+            username: user.into(),
+            password: Secret::new("pw"),
+        };
+        let start = |server: &Arc<ServerAuth>| {
+            let ctx = context();
+            let (client, app) = tokio::io::duplex(1 << 16);
+            let (upstream, broker_end) = tokio::io::duplex(1 << 16);
+            tokio::spawn(echo(broker_end));
+            let (stop, shutdown) = watch::channel(false);
+            let opts = RelayOptions {
+                session: Some(ClientSession {
+                    server: server.clone(),
+                    principal: "User:fetcher".into(),
+                    expires_at: server.session_end(Instant::now()),
+                }),
+                ..RelayOptions::default()
+            };
+            let peer: SocketAddr = "127.0.0.1:1".parse().unwrap();
+            let relay = tokio::spawn(relay_opts(
+                client,
+                upstream,
+                peer,
+                ctx.clone(),
+                shutdown,
+                opts,
+            ));
+            (app, relay, stop, ctx)
+        };
+        let ok = |corr: i32| {
+            let mut want = corr.to_be_bytes().to_vec();
+            want.extend_from_slice(b"ok");
+            want
+        };
+
+        // Expired: the next request closes the connection.
+        let (mut app, relay, _stop, ctx) = start(&server);
+        app.write_all(&list_offsets(1)).await.unwrap();
+        assert_eq!(read_frame(&mut app).await.unwrap(), ok(1));
+        tokio::time::sleep(Duration::from_millis(LIFETIME_MS as u64 + 50)).await;
+        app.write_all(&list_offsets(2)).await.unwrap();
+        assert_eq!(read_frame(&mut app).await, None, "closed after expiry");
+        let end = relay.await.unwrap();
+        assert!(matches!(end, ConnectionEnd::Authentication(_)), "{end:?}");
+        assert!(ctx.metrics.encode().contains(
+            "mirrorguard_client_authentications_total{listener=\"t\",kind=\"expired\"} 1"
+        ));
+
+        // Re-authenticated in place: served past the first lifetime.
+        let (mut app, relay, _stop, _) = start(&server);
+        for round in 0..3 {
+            tokio::time::sleep(Duration::from_millis(LIFETIME_MS as u64 * 2 / 3)).await;
+            let s = crate::sasl::client::authenticate(
+                &mut app,
+                &creds("fetcher"),
+                Duration::from_secs(5),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: {e}"));
+            assert_eq!(s.lifetime_ms, LIFETIME_MS);
+            app.write_all(&list_offsets(10 + round)).await.unwrap();
+            assert_eq!(read_frame(&mut app).await.unwrap(), ok(10 + round));
+        }
+        drop(app);
+        assert!(matches!(relay.await.unwrap(), ConnectionEnd::ClientClosed));
+
+        // Another principal: refused, closed.
+        let (mut app, relay, _stop, _) = start(&server);
+        let _ =
+            crate::sasl::client::authenticate(&mut app, &creds("other"), Duration::from_secs(5))
+                .await;
+        app.write_all(&list_offsets(20)).await.ok();
+        assert_eq!(read_frame(&mut app).await, None);
+        assert!(matches!(
+            relay.await.unwrap(),
+            ConnectionEnd::Authentication(_)
+        ));
     }
 
     #[test]

@@ -5,10 +5,17 @@
 //! connections on node N's port go to wherever node N is now (from the
 //! [`NodeRegistry`]). Each accepted connection runs [`relay`](crate::proxy::connection::relay) in its own task
 //! and is counted so that shutdown can wait for in-flight requests. On a
-//! mirror listener, SASL authentication (mirrorguard's own toward the
-//! source, then the client's toward mirrorguard) runs between accept and
-//! relay ([`crate::sasl::server`]).
-//! and is counted so that shutdown can wait for in-flight requests.
+//! mirror listener with `listener_sasl`, the client authenticates to
+//! mirrorguard first ([`crate::sasl::server`]; ApiVersions is answered
+//! locally meanwhile): nothing is opened upstream for a client that has not
+//! authenticated. Every listener then waits for the client's first request
+//! (its head: [`FIRST_REQUEST_DEADLINE`]) before it connects upstream (and,
+//! on a mirror listener, authenticates there with mirrorguard's own
+//! credentials), so a connection that sends nothing, or announces a frame
+//! the memory budget cannot hold, costs the upstream nothing.
+//!
+//! Before any of that a connection is admitted by the process's connection
+//! caps ([`crate::proxy::limits`]); a refused one is closed at once.
 //!
 //! With `tls` configured, the TLS handshake runs in that task (never in the
 //! accept loop, so a client that stalls its handshake holds only itself up);
@@ -21,23 +28,49 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Notify};
 
+use crate::codec::FrameReader;
 use crate::config::{split_host_port, ListenerConfig};
 use crate::filter::Chain;
 use crate::kafka_client::TransportConnector;
 use crate::metrics::{ListenerLabels, Metrics};
 use crate::proxy::connection::{
-    relay_reauth, serve_offline, ConnectionContext, ConnectionEnd, Reauth, UpstreamHealth,
+    relay_opts, serve_offline_opts, ClientSession, ConnectionContext, ConnectionEnd, Reauth,
+    RelayOptions, UpstreamHealth,
 };
+use crate::proxy::limits::{ConnectionLimits, LogLimiter, MemoryBudget};
 use crate::proxy::nodes::{NodeBinder, NodeRegistry};
 use crate::proxy::refresh::{RefreshHook, RefreshTarget};
 use crate::proxy::upstream::{connect, connect_any, ConnectError};
 use crate::sasl::server::ServerAuth;
 use crate::sasl::Identity;
 use crate::tls::{ServerTls, TlsError, Transport};
+
+/// How long a client has, once connected (and authenticated, where the
+/// listener authenticates), to send the head of its first request; the
+/// upstream is connected only then.
+pub const FIRST_REQUEST_DEADLINE: Duration = Duration::from_secs(30);
+
+/// What every listener of the process shares.
+#[derive(Clone)]
+pub struct Shared {
+    /// Metrics.
+    pub metrics: Arc<Metrics>,
+    /// The shutdown signal.
+    pub shutdown: watch::Receiver<bool>,
+    /// Live connections (shutdown waits for them).
+    pub tracker: Arc<ConnectionTracker>,
+    /// Connection caps.
+    pub limits: Arc<ConnectionLimits>,
+    /// The budget of request bytes held in memory.
+    pub budget: Arc<MemoryBudget>,
+}
+
+/// An ApiVersions table: `(api_key, min, max)`.
+type ApiTable = Arc<Vec<(i16, i16, i16)>>;
 
 /// Where a listening port sends its connections.
 #[derive(Debug, Clone, Copy)]
@@ -110,6 +143,17 @@ pub struct Listener {
     tls: Option<Arc<ServerTls>>,
     /// TCP or TLS towards the upstream.
     upstream: TransportConnector,
+    /// Connection caps, shared by the process's listeners.
+    limits: Arc<ConnectionLimits>,
+    /// On a fetcher listener that authenticates its clients: the chain of
+    /// the clients whose principal is not a fetcher principal (readers),
+    /// and those principals.
+    readers: std::sync::OnceLock<(Arc<ConnectionContext>, Vec<String>)>,
+    /// The source's ApiVersions table as the last refresh read it (mirror
+    /// listeners: ApiVersions before authentication is answered from it).
+    api_versions: std::sync::Mutex<Option<ApiTable>>,
+    /// Refusals by the connection caps, logged at most once a second.
+    refusal_log: LogLimiter,
 }
 
 impl Listener {
@@ -119,11 +163,16 @@ impl Listener {
     pub fn new(
         config: ListenerConfig,
         max_frame: usize,
-        metrics: Arc<Metrics>,
-        shutdown: watch::Receiver<bool>,
-        tracker: Arc<ConnectionTracker>,
+        shared: Shared,
         make_chain: impl FnOnce(Arc<NodeRegistry>) -> Chain,
     ) -> Result<Arc<Self>, TlsError> {
+        let Shared {
+            metrics,
+            shutdown,
+            tracker,
+            limits,
+            budget,
+        } = shared;
         let tls = match &config.tls {
             Some(t) => Some(ServerTls::new(t, &format!("{} tls", config.name))?),
             None => None,
@@ -144,6 +193,7 @@ impl Listener {
             metrics: metrics.clone(),
             chain: Arc::new(make_chain(nodes.clone())),
             health: Arc::new(UpstreamHealth::default()),
+            budget,
         });
         // Validated at config load.
         let upstream_bootstrap = config
@@ -166,6 +216,10 @@ impl Listener {
             sasl: std::sync::OnceLock::new(),
             tls,
             upstream,
+            limits,
+            readers: std::sync::OnceLock::new(),
+            api_versions: std::sync::Mutex::new(None),
+            refusal_log: LogLimiter::new(),
         });
         let weak: Weak<dyn NodeBinder> = listener.me.clone();
         listener.nodes.set_binder(weak);
@@ -190,6 +244,39 @@ impl Listener {
     /// pass before anything is relayed. Set before `start`.
     pub fn set_sasl(&self, upstream: Identity, clients: Option<Arc<ServerAuth>>) {
         let _ = self.sasl.set((upstream, clients));
+    }
+
+    /// On a fetcher listener whose clients authenticate: the chain of the
+    /// clients whose principal is not one of `fetcher_principals` (they
+    /// read, but never take a cut, complete a seal or change producer
+    /// state). Set before `start`.
+    pub fn set_reader_chain(&self, chain: Chain, fetcher_principals: Vec<String>) {
+        let ctx = Arc::new(ConnectionContext {
+            listener: self.ctx.listener.clone(),
+            max_frame: self.ctx.max_frame,
+            metrics: self.ctx.metrics.clone(),
+            chain: Arc::new(chain),
+            health: self.ctx.health.clone(),
+            budget: self.ctx.budget.clone(),
+        });
+        let _ = self.readers.set((ctx, fetcher_principals));
+    }
+
+    /// The source's ApiVersions table (`(api_key, min, max)`), learned by
+    /// the Metadata refresh.
+    pub fn set_upstream_api_versions(&self, table: Vec<(i16, i16, i16)>) {
+        *crate::proxy::nodes::lock(&self.api_versions) = Some(Arc::new(table));
+    }
+
+    /// The connection context of a client with `principal`.
+    fn context_for(&self, principal: Option<&str>) -> Arc<ConnectionContext> {
+        match (self.readers.get(), principal) {
+            (Some((readers, fetchers)), Some(p)) if !fetchers.iter().any(|f| f == p) => {
+                readers.clone()
+            }
+            (Some((readers, _)), None) => readers.clone(),
+            _ => self.ctx.clone(),
+        }
     }
 
     /// Whether the upstream cluster has been reached at least once (or, for
@@ -253,6 +340,22 @@ impl Listener {
         target: Target,
         _guard: TrackerGuard,
     ) {
+        let _admitted = match self.limits.admit(peer.ip()) {
+            Ok(a) => a,
+            Err(why) => {
+                Metrics::count(
+                    &self.metrics.connections_refused,
+                    &self.config.name,
+                    why.label(),
+                );
+                if let Some(held_back) = self.refusal_log.allow() {
+                    tracing::warn!(listener = %self.config.name, %peer, limit = why.label(),
+                        open = self.limits.open(), held_back,
+                        "client connection refused: [limits] {} reached", why.label());
+                }
+                return;
+            }
+        };
         let labels = ListenerLabels {
             listener: self.config.name.clone(),
         };
@@ -282,11 +385,70 @@ impl Listener {
                 }
             },
         };
+        // The client's principal: its certificate's subject (mTLS), replaced
+        // by its SASL user where the listener terminates SASL.
+        let mut principal = client
+            .peer_certificate()
+            .and_then(crate::tls::certificate_principal);
+        let mut session = None;
+        if self.config.terminates_sasl {
+            if let Some(server) = self.sasl.get().and_then(|(_, s)| s.clone()) {
+                let table = crate::proxy::nodes::lock(&self.api_versions).clone();
+                match server
+                    .accept(&mut client, &self.ctx, peer, table.as_ref().map(|t| &t[..]))
+                    .await
+                {
+                    Ok(p) => {
+                        self.metrics
+                            .count_client_authentication(&self.config.name, "ok");
+                        tracing::info!(listener = %self.config.name, %peer, principal = %p,
+                            user = p.trim_start_matches("User:"), "client authenticated");
+                        session = Some(ClientSession {
+                            expires_at: server.session_end(std::time::Instant::now()),
+                            server,
+                            principal: p.clone(),
+                        });
+                        principal = Some(p);
+                    }
+                    Err(e) => {
+                        if let crate::sasl::server::AcceptError::OverBudget(size) = e {
+                            Metrics::count(
+                                &self.metrics.frame_errors,
+                                &self.config.name,
+                                "over_budget",
+                            );
+                            self.metrics.budget_refused.get_or_create(&labels).inc();
+                            tracing::debug!(listener = %self.config.name, %peer, size,
+                                "client not authenticated: frame over the budget");
+                        } else {
+                            self.metrics
+                                .count_client_authentication(&self.config.name, "failed");
+                            tracing::info!(listener = %self.config.name, %peer, error = %e,
+                                "client not authenticated: connection closed");
+                        }
+                        self.metrics
+                            .connection_end(&self.config.name, "client", "authentication");
+                        open.dec();
+                        return;
+                    }
+                }
+            }
+        }
+        let ctx = self.context_for(principal.as_deref());
+        // Nothing upstream until the client sent the head of a request the
+        // budget can hold.
+        let prefix = match self.first_request(&mut client, &ctx, peer).await {
+            Some(p) => p,
+            None => {
+                open.dec();
+                return;
+            }
+        };
         let upstream = match self.connect_upstream(target).await {
             Ok(u) => Some(u),
             Err(e) => {
                 Metrics::count(&self.metrics.upstream_errors, &self.config.name, e.kind());
-                if !self.ctx.chain.serves_offline() {
+                if !ctx.chain.serves_offline() {
                     tracing::warn!(listener = %self.config.name, %peer, ?target, error = %e,
                         "closing client connection: upstream unavailable");
                     open.dec();
@@ -297,24 +459,23 @@ impl Listener {
                 None
             }
         };
-        let Some((upstream, reauth)) = self.authenticate(&mut client, upstream, peer).await else {
+        let Some((upstream, reauth)) = self.authenticate_upstream(upstream, peer, &ctx).await
+        else {
             open.dec();
             return;
         };
-        tracing::debug!(listener = %self.config.name, %peer, ?target, "connection opened");
+        tracing::debug!(listener = %self.config.name, %peer, ?target, principal = ?principal,
+            "connection opened");
+        let opts = RelayOptions {
+            reauth,
+            prefix,
+            session,
+        };
         let end = match upstream {
             Some(upstream) => {
-                relay_reauth(
-                    client,
-                    upstream,
-                    peer,
-                    self.ctx.clone(),
-                    self.shutdown.clone(),
-                    reauth,
-                )
-                .await
+                relay_opts(client, upstream, peer, ctx, self.shutdown.clone(), opts).await
             }
-            None => serve_offline(client, peer, self.ctx.clone(), self.shutdown.clone()).await,
+            None => serve_offline_opts(client, peer, ctx, self.shutdown.clone(), opts).await,
         };
         self.metrics
             .connection_end(&self.config.name, end.side(), end.cause());
@@ -331,7 +492,10 @@ impl Listener {
                 tracing::info!(listener = %self.config.name, %peer, got, expected,
                     "client closed in the middle of sending a request (nothing of it was forwarded)")
             }
-            ConnectionEnd::ClientProtocol(_) => {} // logged where detected
+            // Logged where detected.
+            ConnectionEnd::ClientProtocol(_)
+            | ConnectionEnd::Authentication(_)
+            | ConnectionEnd::OverBudget { .. } => {}
             ConnectionEnd::UpstreamClosed(why) | ConnectionEnd::UpstreamProtocol(why) => {
                 tracing::warn!(listener = %self.config.name, %peer, ?target, reason = %why,
                     "closing client connection: upstream side ended")
@@ -340,28 +504,123 @@ impl Listener {
         open.dec();
     }
 
-    /// The SASL step between accept and relay (mirror listeners only: on
-    /// others clients authenticate to the broker through the relay). The
-    /// upstream connection authenticates with mirrorguard's source
-    /// credentials (failing that it is dropped, and the connection is
-    /// served offline), then the client authenticates to mirrorguard
-    /// ([`ServerAuth::accept`]). `None`: close the client. With the
-    /// upstream comes its re-authentication schedule, when the source gave
-    /// the session a lifetime.
-    async fn authenticate<C, U>(
+    /// Waits (at most [`FIRST_REQUEST_DEADLINE`]) for the head of the
+    /// client's first request: its whole frame, or the first
+    /// [`SMALL_REQUEST_BYTES`](crate::proxy::limits::SMALL_REQUEST_BYTES)
+    /// of a longer one the budget could hold. Returns the bytes read (the
+    /// relay starts from them); `None`: close the connection.
+    async fn first_request<C: AsyncRead + Unpin>(
         &self,
         client: &mut C,
+        ctx: &ConnectionContext,
+        peer: SocketAddr,
+    ) -> Option<bytes::BytesMut> {
+        let max = ctx.max_frame;
+        let read = async {
+            // The size and the first header bytes, read exactly: nothing
+            // more is buffered before the budget has its say (a flood of
+            // connections announcing large frames costs 8 bytes each).
+            let mut head = [0u8; 8];
+            let mut got = 0;
+            while got < head.len() {
+                let n = client.read(&mut head[got..]).await?;
+                if n == 0 {
+                    if got == 0 {
+                        return Ok(None);
+                    }
+                    let expected = match head[..got].try_into() {
+                        Ok(size) if got >= 4 => i32::from_be_bytes(size) as usize + 4,
+                        _ => 4,
+                    };
+                    return Err(crate::codec::FrameError::Truncated { got, expected });
+                }
+                got += n;
+                crate::codec::frame::frame_boundary(&head[..got], max)?;
+            }
+            let total = i32::from_be_bytes([head[0], head[1], head[2], head[3]]) as usize + 4;
+            if !ctx.budget.would_admit(total) {
+                return Ok(Some(Err(total)));
+            }
+            let mut reader =
+                FrameReader::with_buffer(&mut *client, max, bytes::BytesMut::from(&head[..]));
+            reader
+                .peek(total.min(crate::proxy::limits::SMALL_REQUEST_BYTES))
+                .await?;
+            Ok(Some(Ok(reader.into_parts().1)))
+        };
+        let got = tokio::time::timeout(FIRST_REQUEST_DEADLINE, read).await;
+        let name = &self.config.name;
+        match got {
+            Ok(Ok(Some(Ok(prefix)))) => Some(prefix),
+            Ok(Ok(Some(Err(total)))) => {
+                self.metrics
+                    .budget_refused
+                    .get_or_create(&ListenerLabels {
+                        listener: name.clone(),
+                    })
+                    .inc();
+                self.metrics.connection_end(name, "proxy", "limit");
+                if let Some(held_back) = self.refusal_log.allow() {
+                    tracing::warn!(listener = %name, %peer, size = total, held_back,
+                        "closing client connection: its first request cannot be held within \
+                         [limits] max_buffered_request_bytes (nothing was opened upstream)");
+                }
+                None
+            }
+            Ok(Ok(None)) => {
+                self.metrics.connection_end(name, "client", "closed");
+                None
+            }
+            Ok(Err(e)) => {
+                // As the relay names a client's end (`ConnectionEnd`).
+                let cause = match &e {
+                    crate::codec::FrameError::Io(why) => {
+                        tracing::info!(listener = %name, %peer, reason = %why,
+                            "client connection reset by the client");
+                        "reset"
+                    }
+                    crate::codec::FrameError::Truncated { got, expected } => {
+                        tracing::info!(listener = %name, %peer, got, expected,
+                            "client closed in the middle of sending a request (nothing of it was forwarded)");
+                        "mid_request"
+                    }
+                    other => {
+                        Metrics::count(&self.metrics.frame_errors, name, other.kind());
+                        tracing::warn!(listener = %name, %peer, kind = other.kind(), error = %other,
+                            "closing client connection: malformed frame");
+                        "protocol"
+                    }
+                };
+                self.metrics.connection_end(name, "client", cause);
+                None
+            }
+            Err(_) => {
+                self.metrics.connection_end(name, "client", "idle");
+                tracing::debug!(listener = %name, %peer,
+                    "closing client connection: no request within {FIRST_REQUEST_DEADLINE:?}");
+                None
+            }
+        }
+    }
+
+    /// On a mirror listener, authenticates the upstream connection with
+    /// mirrorguard's source credentials (failing that it is dropped, and
+    /// the connection is served offline). `None`: close the client. With
+    /// the upstream comes its re-authentication schedule, when the source
+    /// gave the session a lifetime.
+    async fn authenticate_upstream<U>(
+        &self,
         mut upstream: Option<U>,
         peer: SocketAddr,
+        ctx: &ConnectionContext,
     ) -> Option<(Option<U>, Option<Reauth>)>
     where
-        C: AsyncRead + AsyncWrite + Unpin,
         U: AsyncRead + AsyncWrite + Unpin,
     {
         if !self.config.terminates_sasl {
             return Some((upstream, None));
         }
-        let (identity, server) = self.sasl.get().cloned().unwrap_or_default();
+        let identity = self.sasl.get().and_then(|(i, _)| i.clone());
         let mut reauth = None;
         if let (Some(creds), Some(u)) = (&identity, upstream.as_mut()) {
             match crate::sasl::client::authenticate(u, creds, self.connect_timeout()).await {
@@ -381,29 +640,14 @@ impl Listener {
                     );
                     tracing::warn!(listener = %self.config.name, %peer, error = %e,
                     "mirrorguard's own authentication to the upstream failed");
-                    if !self.ctx.chain.serves_offline() {
+                    if !ctx.chain.serves_offline() {
                         return None;
                     }
                     upstream = None;
                 }
             }
         }
-        let Some(server) = server else {
-            return Some((upstream, reauth));
-        };
-        match server
-            .accept(client, upstream.as_mut(), &self.ctx, peer)
-            .await
-        {
-            Ok(_user) => Some((upstream, reauth)),
-            Err(e) => {
-                self.metrics
-                    .connection_end(&self.config.name, "client", "authentication");
-                tracing::info!(listener = %self.config.name, %peer, error = %e,
-                    "client not authenticated: connection closed");
-                None
-            }
-        }
+        Some((upstream, reauth))
     }
 
     async fn connect_upstream(&self, target: Target) -> Result<Transport, ConnectError> {
@@ -431,6 +675,11 @@ impl Listener {
             let hook = crate::proxy::nodes::lock(&self.refresh_hook).clone();
             let refreshed = super::refresh::refresh_nodes(&*self, hook.is_some())
                 .await
+                .inspect(|(_, view)| {
+                    if let Some(t) = &view.api_versions {
+                        self.set_upstream_api_versions(t.clone());
+                    }
+                })
                 .and_then(|(n, view)| match &hook {
                     Some(h) => h.on_refresh(&view).map(|_| n).map_err(anyhow::Error::msg),
                     None => Ok(n),

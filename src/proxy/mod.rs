@@ -7,6 +7,7 @@
 //! filter chain ([`crate::filter`]).
 
 pub mod connection;
+pub mod limits;
 pub mod listener;
 pub mod nodes;
 pub mod refresh;

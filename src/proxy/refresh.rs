@@ -32,6 +32,10 @@ pub struct ClusterView {
     /// Topics with partition leaders and epochs (v12 refreshes only; what a
     /// mirror persists as its source topology).
     pub topic_details: Vec<crate::mirror::offline::TopicTopology>,
+    /// The upstream's ApiVersions table (`(api_key, min, max)`; v12
+    /// refreshes only): what a mirror listener answers ApiVersions with
+    /// before its client authenticated.
+    pub api_versions: Option<Vec<(i16, i16, i16)>>,
 }
 
 /// What a refresh needs of its listener (implemented by
@@ -98,13 +102,51 @@ async fn metadata(
     timeout: Duration,
     max_frame: usize,
 ) -> Result<Response, ClientError> {
+    metadata_and_versions(bootstrap, connector, version, timeout, max_frame, false)
+        .await
+        .map(|(r, _)| r)
+}
+
+/// [`metadata`], then (`versions`) ApiVersions v0 on the same connection.
+async fn metadata_and_versions(
+    bootstrap: &[(String, u16)],
+    connector: &TransportConnector,
+    version: i16,
+    timeout: Duration,
+    max_frame: usize,
+    versions: bool,
+) -> Result<(Response, Option<Vec<(i16, i16, i16)>>), ClientError> {
     let servers: Vec<String> = bootstrap.iter().map(|(h, p)| address(h, *p)).collect();
     let mut conn =
         Connection::connect_first(connector, &servers, timeout, max_frame, CLIENT_ID).await?;
-    conn.request(METADATA, version, timeout * 2, |w| {
-        metadata_body(version, w)
-    })
-    .await
+    let md = conn
+        .request(METADATA, version, timeout * 2, |w| {
+            metadata_body(version, w)
+        })
+        .await?;
+    if !versions {
+        return Ok((md, None));
+    }
+    let av = conn
+        .request(api::API_VERSIONS, 0, timeout * 2, |_| Ok(()))
+        .await?;
+    Ok((md, parse_api_versions_v0(av.body()).ok()))
+}
+
+/// An ApiVersions v0 response body as `(api_key, min, max)`.
+fn parse_api_versions_v0(body: &[u8]) -> WireResult<Vec<(i16, i16, i16)>> {
+    let mut r = Reader::new(body);
+    r.read_i16("error_code")?;
+    let n = r.read_array_len_v(false, 6, "api_keys")?;
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push((
+            r.read_i16("api_key")?,
+            r.read_i16("min_version")?,
+            r.read_i16("max_version")?,
+        ));
+    }
+    Ok(out)
 }
 
 /// Reads the upstream's brokers into the listener's node registry; returns
@@ -114,7 +156,7 @@ pub async fn refresh_nodes(
     with_topics: bool,
 ) -> anyhow::Result<(usize, ClusterView)> {
     let version: i16 = if with_topics { 12 } else { 4 };
-    let resp = metadata(
+    let (resp, versions) = metadata_and_versions(
         listener.upstream_bootstrap(),
         &listener
             .connector()
@@ -123,6 +165,7 @@ pub async fn refresh_nodes(
         version,
         listener.connect_timeout(),
         listener.max_frame(),
+        with_topics,
     )
     .await?;
     let body = resp.body();
@@ -133,7 +176,8 @@ pub async fn refresh_nodes(
         None
     };
     rewrite_metadata_response(version, body, &mut learn)?;
-    let view = parse_cluster_view(version, body)?;
+    let mut view = parse_cluster_view(version, body)?;
+    view.api_versions = versions;
     Ok((count, view))
 }
 

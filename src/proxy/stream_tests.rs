@@ -261,6 +261,7 @@ fn context(guard: bool) -> Arc<ConnectionContext> {
         metrics,
         chain: Arc::new(Chain::new(filters)),
         health: Arc::new(UpstreamHealth::default()),
+        budget: crate::proxy::limits::MemoryBudget::unlimited(),
     })
 }
 

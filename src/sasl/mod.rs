@@ -252,6 +252,7 @@ mod tests {
             username: "mg".into(),
             password_file: Some(f),
             password_env: None,
+            allow_plain_without_tls: false,
         };
         let c = ClientCredentials::resolve(&cfg, "state.sasl").unwrap();
         assert_eq!(c.password.expose(), b"hunter2");

@@ -201,7 +201,16 @@ impl ScramClient {
         let iterations: u32 = attr(&attrs, 'i')?
             .parse()
             .map_err(|_| SaslError::malformed("iteration count is not a number"))?;
-        if !(1..=1_000_000).contains(&iterations) {
+        // Kafka's client refuses fewer than the mechanism's minimum: a server
+        // (or a host on the path) asking for 1 would make a captured
+        // exchange cheap to brute-force.
+        if iterations < MIN_ITERATIONS {
+            return Err(SaslError::Rejected(format!(
+                "the server asks for {iterations} SCRAM iterations, fewer than the minimum of \
+                 {MIN_ITERATIONS}"
+            )));
+        }
+        if iterations > 1_000_000 {
             return Err(SaslError::malformed("iteration count out of range"));
         }
         let m = self.mechanism;
@@ -246,7 +255,10 @@ pub struct ScramServer {
     mechanism: Mechanism,
     /// The authenticated user name (once the proof is checked).
     pub user: String,
-    credential: Option<StoredCredential>,
+    credential: StoredCredential,
+    /// Whether `credential` is the user's (else a made-up one: the proof
+    /// is checked all the same and then refused).
+    known: bool,
     nonce: String,
     client_first_bare: String,
     server_first: String,
@@ -262,6 +274,26 @@ impl ScramServer {
         client_first: &str,
         lookup: impl FnOnce(&str) -> Option<StoredCredential>,
     ) -> Result<Self, SaslError> {
+        Self::new_with(mechanism, client_first, |user| match lookup(user) {
+            Some(c) => (c, true),
+            None => {
+                let salted = salted_password(mechanism, b"", &hash(mechanism, user.as_bytes()), 1);
+                let mut c = StoredCredential::derive(mechanism, &salted, b"unknown", 1);
+                c.salt = hash(mechanism, user.as_bytes())[..16].to_vec();
+                c.iterations = MIN_ITERATIONS;
+                (c, false)
+            }
+        })
+    }
+
+    /// [`new`](Self::new) with a lookup that always yields a credential:
+    /// the user's (`true`), or one made up for an unknown user (`false`),
+    /// with which the exchange runs to the same failure as a wrong password.
+    pub fn new_with(
+        mechanism: Mechanism,
+        client_first: &str,
+        lookup: impl FnOnce(&str) -> (StoredCredential, bool),
+    ) -> Result<Self, SaslError> {
         let bare = client_first
             .strip_prefix("n,,")
             .ok_or_else(|| SaslError::malformed("only the `n,,` GS2 header is supported"))?;
@@ -274,20 +306,18 @@ impl ScramServer {
         if client_nonce.is_empty() || client_nonce.contains(',') {
             return Err(SaslError::malformed("empty client nonce"));
         }
-        let credential = lookup(&user);
-        let (salt, iterations) = match &credential {
-            Some(c) => (c.salt.clone(), c.iterations),
-            None => (
-                hash(mechanism, user.as_bytes())[..16].to_vec(),
-                MIN_ITERATIONS,
-            ),
-        };
+        let (credential, known) = lookup(&user);
         let nonce = format!("{client_nonce}{}", self::nonce()?);
-        let server_first = format!("r={nonce},s={},i={iterations}", B64.encode(salt));
+        let server_first = format!(
+            "r={nonce},s={},i={}",
+            B64.encode(&credential.salt),
+            credential.iterations
+        );
         Ok(Self {
             mechanism,
             user,
             credential,
+            known,
             nonce,
             client_first_bare: bare.to_owned(),
             server_first,
@@ -315,9 +345,7 @@ impl ScramServer {
             .rsplit_once(",p=")
             .map(|(w, _)| w)
             .ok_or_else(|| SaslError::malformed("proof is not last"))?;
-        let Some(cred) = &self.credential else {
-            return Err(SaslError::Rejected("invalid credentials".into()));
-        };
+        let cred = &self.credential;
         let m = self.mechanism;
         let auth_message = format!(
             "{},{},{without_proof}",
@@ -328,7 +356,7 @@ impl ScramServer {
             return Err(SaslError::Rejected("invalid credentials".into()));
         }
         let client_key = xor(&proof, &signature);
-        if !bool::from(hash(m, &client_key).ct_eq(&cred.stored_key)) {
+        if !bool::from(hash(m, &client_key).ct_eq(&cred.stored_key)) || !self.known {
             return Err(SaslError::Rejected("invalid credentials".into()));
         }
         let server_signature = hmac(m, &cred.server_key, auth_message.as_bytes());
@@ -436,9 +464,11 @@ mod tests {
         for sf in [
             "",
             "r=abc,s=AA==,i=4096",
-            "r=zzz1,s=AA==,i=1",
-            "r=abc1,s=!,i=1",
+            "r=zzz1,s=AA==,i=4096",
+            "r=abc1,s=!,i=4096",
             "r=abc1,s=AA==,i=0",
+            "r=abc1,s=AA==,i=1",
+            "r=abc1,s=AA==,i=4095",
             "e=other-error",
         ] {
             assert!(c.client_final(sf).is_err(), "{sf:?}");

@@ -58,14 +58,15 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
-use bytes::{BufMut, BytesMut};
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use bytes::BytesMut;
+use sha2::{Digest, Sha256};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use super::client::read_frame;
 use super::scram::{ScramServer, StoredCredential, MAX_ITERATIONS, MIN_ITERATIONS};
 use super::{Mechanism, SaslError};
 use crate::codec::api;
@@ -81,7 +82,7 @@ pub const AUTH_DEADLINE: Duration = Duration::from_secs(30);
 /// Pause before a failed authentication is answered (Kafka's
 /// `connection.failed.authentication.delay.ms` default): slows password
 /// guessing down.
-const FAILED_AUTH_DELAY: Duration = Duration::from_millis(100);
+pub const FAILED_AUTH_DELAY: Duration = Duration::from_millis(100);
 /// Largest frame read before authentication (Kafka's
 /// `sasl.server.max.receive.size` default).
 const MAX_PRE_AUTH_FRAME: usize = 512 * 1024;
@@ -168,6 +169,22 @@ impl CredentialStore {
 
     fn get(&self, user: &str, m: Mechanism) -> Option<StoredCredential> {
         self.users.get(&(user.to_owned(), m)).cloned()
+    }
+
+    /// The iteration count most credentials of `m` use (Kafka's minimum
+    /// when there are none): what an unknown user is offered.
+    fn usual_iterations(&self, m: Mechanism) -> u32 {
+        let mut counts: HashMap<u32, usize> = HashMap::new();
+        for ((_, cm), c) in &self.users {
+            if *cm == m {
+                *counts.entry(c.iterations).or_default() += 1;
+            }
+        }
+        counts
+            .into_iter()
+            .max_by_key(|(i, n)| (*n, *i))
+            .map(|(i, _)| i)
+            .unwrap_or(MIN_ITERATIONS)
     }
 
     /// Number of credentials.
@@ -297,6 +314,12 @@ pub fn run_credential(args: &CredentialArgs) -> std::process::ExitCode {
 pub struct ServerAuth {
     mechanisms: Vec<Mechanism>,
     store: CredentialStore,
+    /// Session lifetime (KIP-368); `None`: sessions never expire.
+    lifetime: Option<Duration>,
+    /// Secret key the made-up credentials of unknown users derive from
+    /// (from the credential file's content: stable across restarts, not
+    /// computable without the file).
+    fake_key: [u8; 32],
 }
 
 /// Why a client was not let through.
@@ -311,11 +334,143 @@ pub enum AcceptError {
     /// No authentication within [`AUTH_DEADLINE`].
     #[error("no authentication within {AUTH_DEADLINE:?}")]
     Deadline,
+    /// A frame larger than the budget allows before authentication.
+    #[error("a {0}-byte frame before authentication cannot be held within the budget")]
+    OverBudget(usize),
 }
 
 enum Phase {
     Initial,
     Authenticating(Mechanism, Option<ScramServer>),
+}
+
+/// One SASL exchange (SaslHandshake, then SaslAuthenticate rounds), frame
+/// by frame: the first authentication of a connection
+/// ([`ServerAuth::accept`]) and each re-authentication (KIP-368) on the
+/// relayed connection go through it.
+pub struct Exchange {
+    auth: Arc<ServerAuth>,
+    phase: Phase,
+}
+
+/// What an exchange answers one frame with.
+pub enum Step {
+    /// This frame; the exchange goes on.
+    Answer(BytesMut),
+    /// This frame; the client is authenticated as `principal`.
+    Authenticated {
+        /// The answer.
+        frame: BytesMut,
+        /// `User:<name>`.
+        principal: String,
+    },
+    /// The exchange failed: answer with `frame` (if any, after
+    /// [`FAILED_AUTH_DELAY`]), then close the connection.
+    Failed {
+        /// The answer, when Kafka gives one.
+        frame: Option<BytesMut>,
+        /// Why (logged, never sent).
+        why: String,
+    },
+}
+
+impl Exchange {
+    /// Answers one request frame (size prefix included) of the exchange
+    /// (`listener` names the listener in logs).
+    pub fn step(&mut self, h: &RequestHeader, frame: &[u8], listener: &str) -> Step {
+        let fail = |frame: Option<BytesMut>, why: String| Step::Failed { frame, why };
+        let offered: Vec<&str> = self.auth.mechanisms.iter().map(|m| m.name()).collect();
+        match (h.api_key, &mut self.phase) {
+            (SASL_HANDSHAKE, Phase::Initial) => {
+                if h.api_version != 1 {
+                    let body = handshake_response(api::error::UNSUPPORTED_VERSION, &offered);
+                    return fail(
+                        Some(response_frame(h.correlation_id, 0, &body)),
+                        format!(
+                            "SaslHandshake v{} refused (only v1: v0 sends raw tokens)",
+                            h.api_version
+                        ),
+                    );
+                }
+                let wanted = match request_body(h, frame)
+                    .and_then(|b| Ok(Reader::new(b).read_string("mechanism")?.to_owned()))
+                {
+                    Ok(w) => w,
+                    Err(e) => return fail(None, e.to_string()),
+                };
+                let chosen = Mechanism::parse(&wanted).filter(|m| self.auth.mechanisms.contains(m));
+                let code = if chosen.is_some() {
+                    0
+                } else {
+                    UNSUPPORTED_SASL_MECHANISM
+                };
+                let answer =
+                    response_frame(h.correlation_id, 0, &handshake_response(code, &offered));
+                match chosen {
+                    Some(m) => {
+                        self.phase = Phase::Authenticating(m, None);
+                        Step::Answer(answer)
+                    }
+                    None => fail(
+                        Some(answer),
+                        format!("SASL mechanism {wanted:?} is not enabled (enabled: {offered:?})"),
+                    ),
+                }
+            }
+            (SASL_AUTHENTICATE, Phase::Authenticating(m, scram)) if h.api_version <= 2 => {
+                let m = *m;
+                let token = match request_body(h, frame).and_then(|b| {
+                    let mut r = Reader::new(b);
+                    Ok(if h.api_version >= 2 {
+                        r.read_compact_bytes("auth_bytes")?
+                    } else {
+                        r.read_bytes("auth_bytes")?
+                    }
+                    .to_vec())
+                }) {
+                    Ok(t) => t,
+                    Err(e) => return fail(None, e.to_string()),
+                };
+                let lifetime = self.auth.lifetime_ms();
+                match self.auth.step(m, scram, &token) {
+                    Ok(ServerStep::Continue(reply)) => {
+                        Step::Answer(authenticate_response(h, 0, None, &reply, 0))
+                    }
+                    Ok(ServerStep::Done(reply, user)) => {
+                        tracing::debug!(listener = %listener, user = %user, mechanism = %m,
+                            "client authenticated");
+                        Step::Authenticated {
+                            frame: authenticate_response(h, 0, None, &reply, lifetime),
+                            principal: format!("User:{user}"),
+                        }
+                    }
+                    Err(e) => {
+                        let message = format!(
+                            "Authentication failed during authentication due to invalid credentials with SASL mechanism {m}"
+                        );
+                        fail(
+                            Some(authenticate_response(
+                                h,
+                                SASL_AUTHENTICATION_FAILED,
+                                Some(&message),
+                                &[],
+                                0,
+                            )),
+                            format!("{m}: {e}"),
+                        )
+                    }
+                }
+            }
+            (key, _) => fail(
+                None,
+                format!(
+                    "unexpected {} v{} during SASL authentication (closed, as Kafka does)",
+                    api::api_name(key).unwrap_or("unknown request"),
+                    h.api_version
+                ),
+            ),
+        }
+    }
 }
 
 impl ServerAuth {
@@ -332,141 +487,173 @@ impl ServerAuth {
         if mechanisms.is_empty() {
             return Err(CredentialFileError::NoMechanism);
         }
+        let text =
+            std::fs::read(&cfg.credentials_file).map_err(|source| CredentialFileError::Read {
+                file: cfg.credentials_file.display().to_string(),
+                source,
+            })?;
         let store = CredentialStore::load(&cfg.credentials_file)?;
-        Ok(Self { mechanisms, store })
+        let lifetime =
+            (cfg.session_lifetime_ms > 0).then(|| Duration::from_millis(cfg.session_lifetime_ms));
+        Ok(Self::with_store(mechanisms, store, lifetime, &text))
     }
 
-    /// Runs the pre-relay authentication phase on `client`; `upstream` (if
-    /// connected) answers ApiVersions. Returns the authenticated user.
-    pub async fn accept<C, U>(
-        &self,
+    /// A server over `store` (`secret`: what the made-up credentials of
+    /// unknown users derive from; the credential file's bytes).
+    pub fn with_store(
+        mechanisms: Vec<Mechanism>,
+        store: CredentialStore,
+        lifetime: Option<Duration>,
+        secret: &[u8],
+    ) -> Self {
+        let mut h = Sha256::new();
+        h.update(b"mirrorguard unknown-user credentials v1\0");
+        h.update(secret);
+        let fake_key = h.finalize().into();
+        Self {
+            mechanisms,
+            store,
+            lifetime,
+            fake_key,
+        }
+    }
+
+    /// A new exchange (a SaslHandshake starts it).
+    pub fn exchange(self: &Arc<Self>) -> Exchange {
+        Exchange {
+            auth: self.clone(),
+            phase: Phase::Initial,
+        }
+    }
+
+    /// When a session authenticated at `at` ends (`None`: never).
+    pub fn session_end(&self, at: Instant) -> Option<Instant> {
+        self.lifetime.map(|l| at + l)
+    }
+
+    fn lifetime_ms(&self) -> i64 {
+        self.lifetime
+            .map(|l| i64::try_from(l.as_millis()).unwrap_or(i64::MAX))
+            .unwrap_or(0)
+    }
+
+    /// The credential of `user` for `m`, or a made-up one (`false`) derived
+    /// from the secret key: an unknown user gets a stable salt and the
+    /// usual iteration count, and fails at the same check, after the same
+    /// work, as a wrong password.
+    fn credential(&self, user: &str, m: Mechanism) -> (StoredCredential, bool) {
+        if let Some(c) = self.store.get(user, m) {
+            return (c, true);
+        }
+        let derive = |label: &[u8]| {
+            let mut mac = <hmac::Hmac<Sha256> as hmac::KeyInit>::new_from_slice(&self.fake_key)
+                .expect("any key length");
+            hmac::Mac::update(&mut mac, label);
+            hmac::Mac::update(&mut mac, m.name().as_bytes());
+            hmac::Mac::update(&mut mac, b"\0");
+            hmac::Mac::update(&mut mac, user.as_bytes());
+            hmac::Mac::finalize(mac).into_bytes().to_vec()
+        };
+        let len = if m == Mechanism::ScramSha512 { 64 } else { 32 };
+        let stretch = |label: &[u8]| {
+            let mut out = derive(label);
+            while out.len() < len {
+                out.extend(derive(&out.clone()));
+            }
+            out.truncate(len);
+            out
+        };
+        let fake = StoredCredential {
+            salt: derive(b"salt")[..16].to_vec(),
+            iterations: self.store.usual_iterations(m),
+            stored_key: stretch(b"stored"),
+            server_key: stretch(b"server"),
+        };
+        (fake, false)
+    }
+
+    /// Runs the pre-relay authentication phase on `client`: ApiVersions is
+    /// answered locally (`api_versions`: the source's table, when known;
+    /// else the chain's offline answer), nothing is opened upstream.
+    /// Returns the authenticated principal (`User:<name>`).
+    pub async fn accept<C>(
+        self: &Arc<Self>,
         client: &mut C,
-        upstream: Option<&mut U>,
         ctx: &ConnectionContext,
         peer: SocketAddr,
+        api_versions: Option<&[(i16, i16, i16)]>,
     ) -> Result<String, AcceptError>
     where
         C: AsyncRead + AsyncWrite + Unpin,
-        U: AsyncRead + AsyncWrite + Unpin,
     {
-        match tokio::time::timeout(AUTH_DEADLINE, self.phase(client, upstream, ctx, peer)).await {
+        match tokio::time::timeout(AUTH_DEADLINE, self.phase(client, ctx, peer, api_versions)).await
+        {
             Ok(r) => r,
             Err(_) => Err(AcceptError::Deadline),
         }
     }
 
-    async fn phase<C, U>(
-        &self,
+    async fn phase<C>(
+        self: &Arc<Self>,
         client: &mut C,
-        mut upstream: Option<&mut U>,
         ctx: &ConnectionContext,
         peer: SocketAddr,
+        table: Option<&[(i16, i16, i16)]>,
     ) -> Result<String, AcceptError>
     where
         C: AsyncRead + AsyncWrite + Unpin,
-        U: AsyncRead + AsyncWrite + Unpin,
     {
-        let mut phase = Phase::Initial;
+        let mut exchange = self.exchange();
+        let mut started = false;
         loop {
-            let body = read_frame(client, MAX_PRE_AUTH_FRAME)
+            let mut size = [0u8; 4];
+            client
+                .read_exact(&mut size)
                 .await
-                .map_err(|e| match e {
-                    SaslError::Io(m) => AcceptError::Gone(m),
-                    e => {
-                        AcceptError::Refused(format!("unreadable frame before authentication: {e}"))
-                    }
+                .map_err(|e| AcceptError::Gone(e.to_string()))?;
+            let len = i32::from_be_bytes(size);
+            let len = usize::try_from(len)
+                .ok()
+                .filter(|s| (4..=MAX_PRE_AUTH_FRAME).contains(s))
+                .ok_or_else(|| {
+                    AcceptError::Refused(format!(
+                        "unreadable frame before authentication: frame size {len} out of range \
+                         (at most {MAX_PRE_AUTH_FRAME} before authentication)"
+                    ))
                 })?;
-            let mut frame = BytesMut::with_capacity(body.len() + 4);
-            frame.put_i32(body.len() as i32);
-            frame.extend_from_slice(&body);
+            // Held whole: within the budget.
+            let _permit = ctx
+                .budget
+                .acquire(len + 4)
+                .ok_or(AcceptError::OverBudget(len + 4))?;
+            let mut frame = BytesMut::zeroed(len + 4);
+            frame[..4].copy_from_slice(&size);
+            client
+                .read_exact(&mut frame[4..])
+                .await
+                .map_err(|e| AcceptError::Gone(e.to_string()))?;
             let h = RequestHeader::parse(&frame)
                 .map_err(|e| AcceptError::Refused(format!("not a Kafka request: {e}")))?;
-            match (h.api_key, &mut phase) {
-                (api::API_VERSIONS, Phase::Initial) => {
-                    let answer = api_versions(&h, frame, upstream.as_deref_mut(), ctx).await?;
-                    write(client, &answer).await?;
+            if h.api_key == api::API_VERSIONS && !started {
+                let answer = api_versions(&h, &frame, table, ctx)?;
+                write(client, &answer).await?;
+                continue;
+            }
+            started = true;
+            match exchange.step(&h, &frame, &ctx.listener) {
+                Step::Answer(f) => write(client, &f).await?,
+                Step::Authenticated { frame, principal } => {
+                    write(client, &frame).await?;
+                    tracing::debug!(listener = %ctx.listener, %peer, principal = %principal,
+                        "client authenticated");
+                    return Ok(principal);
                 }
-                (SASL_HANDSHAKE, Phase::Initial) => {
-                    let offered: Vec<&str> = self.mechanisms.iter().map(|m| m.name()).collect();
-                    if h.api_version != 1 {
-                        let body = handshake_response(api::error::UNSUPPORTED_VERSION, &offered);
-                        write(client, &response_frame(h.correlation_id, 0, &body)).await?;
-                        return Err(AcceptError::Refused(format!(
-                            "SaslHandshake v{} refused (only v1: v0 sends raw tokens)",
-                            h.api_version
-                        )));
+                Step::Failed { frame, why } => {
+                    if let Some(f) = frame {
+                        tokio::time::sleep(FAILED_AUTH_DELAY).await;
+                        write(client, &f).await?;
                     }
-                    let wanted = request_body(&h, &frame)
-                        .and_then(|b| Ok(Reader::new(b).read_string("mechanism")?.to_owned()))
-                        .map_err(|e| AcceptError::Refused(e.to_string()))?;
-                    let chosen = Mechanism::parse(&wanted).filter(|m| self.mechanisms.contains(m));
-                    let code = if chosen.is_some() {
-                        0
-                    } else {
-                        UNSUPPORTED_SASL_MECHANISM
-                    };
-                    write(
-                        client,
-                        &response_frame(h.correlation_id, 0, &handshake_response(code, &offered)),
-                    )
-                    .await?;
-                    match chosen {
-                        Some(m) => phase = Phase::Authenticating(m, None),
-                        None => {
-                            return Err(AcceptError::Refused(format!(
-                                "SASL mechanism {wanted:?} is not enabled (enabled: {offered:?})"
-                            )))
-                        }
-                    }
-                }
-                (SASL_AUTHENTICATE, Phase::Authenticating(m, scram)) if h.api_version <= 2 => {
-                    let m = *m;
-                    let token = request_body(&h, &frame)
-                        .and_then(|b| {
-                            let mut r = Reader::new(b);
-                            Ok(if h.api_version >= 2 {
-                                r.read_compact_bytes("auth_bytes")?
-                            } else {
-                                r.read_bytes("auth_bytes")?
-                            }
-                            .to_vec())
-                        })
-                        .map_err(|e| AcceptError::Refused(e.to_string()))?;
-                    match self.step(m, scram, &token) {
-                        Ok(Step::Continue(reply)) => {
-                            write(client, &authenticate_response(&h, 0, None, &reply)).await?;
-                        }
-                        Ok(Step::Done(reply, user)) => {
-                            write(client, &authenticate_response(&h, 0, None, &reply)).await?;
-                            tracing::debug!(listener = %ctx.listener, %peer, user = %user, mechanism = %m,
-                                "client authenticated");
-                            return Ok(user);
-                        }
-                        Err(e) => {
-                            tokio::time::sleep(FAILED_AUTH_DELAY).await;
-                            let message = format!(
-                                "Authentication failed during authentication due to invalid credentials with SASL mechanism {m}"
-                            );
-                            write(
-                                client,
-                                &authenticate_response(
-                                    &h,
-                                    SASL_AUTHENTICATION_FAILED,
-                                    Some(&message),
-                                    &[],
-                                ),
-                            )
-                            .await?;
-                            return Err(AcceptError::Refused(format!("{m}: {e}")));
-                        }
-                    }
-                }
-                (key, _) => {
-                    return Err(AcceptError::Refused(format!(
-                        "unexpected {} v{} during SASL authentication (closed, as Kafka does)",
-                        api::api_name(key).unwrap_or("unknown request"),
-                        h.api_version
-                    )))
+                    return Err(AcceptError::Refused(why));
                 }
             }
         }
@@ -477,7 +664,7 @@ impl ServerAuth {
         m: Mechanism,
         scram: &mut Option<ScramServer>,
         token: &[u8],
-    ) -> Result<Step, SaslError> {
+    ) -> Result<ServerStep, SaslError> {
         match (m, scram.take()) {
             (Mechanism::Plain, _) => {
                 // [authzid] NUL authcid NUL passwd
@@ -491,17 +678,21 @@ impl ServerAuth {
                 };
                 let user = std::str::from_utf8(user)
                     .map_err(|_| SaslError::malformed("user name is not UTF-8"))?;
+                // One PBKDF2 derivation whether the user is known or not:
+                // its SCRAM-SHA-256 credential (else SHA-512), or a made-up one.
+                let sm = [Mechanism::ScramSha256, Mechanism::ScramSha512]
+                    .into_iter()
+                    .find(|sm| self.store.get(user, *sm).is_some())
+                    .unwrap_or(Mechanism::ScramSha256);
+                let (cred, known) = self.credential(user, sm);
+                let matches = cred.matches_password(sm, pw);
                 if !authz.is_empty() && authz != user.as_bytes() {
                     return Err(SaslError::Rejected(
                         "authorization id differs from the user".into(),
                     ));
                 }
-                let ok = [Mechanism::ScramSha256, Mechanism::ScramSha512]
-                    .into_iter()
-                    .find_map(|sm| self.store.get(user, sm).map(|c| c.matches_password(sm, pw)))
-                    .unwrap_or(false);
-                if ok {
-                    Ok(Step::Done(Vec::new(), user.to_owned()))
+                if matches && known {
+                    Ok(ServerStep::Done(Vec::new(), user.to_owned()))
                 } else {
                     Err(SaslError::Rejected("invalid credentials".into()))
                 }
@@ -509,22 +700,22 @@ impl ServerAuth {
             (m, None) => {
                 let first = std::str::from_utf8(token)
                     .map_err(|_| SaslError::malformed("client-first is not UTF-8"))?;
-                let s = ScramServer::new(m, first, |u| self.store.get(u, m))?;
+                let s = ScramServer::new_with(m, first, |u| self.credential(u, m))?;
                 let reply = s.server_first().as_bytes().to_vec();
                 *scram = Some(s);
-                Ok(Step::Continue(reply))
+                Ok(ServerStep::Continue(reply))
             }
             (_, Some(s)) => {
                 let fin = std::str::from_utf8(token)
                     .map_err(|_| SaslError::malformed("client-final is not UTF-8"))?;
                 let reply = s.finish(fin)?;
-                Ok(Step::Done(reply.into_bytes(), s.user))
+                Ok(ServerStep::Done(reply.into_bytes(), s.user))
             }
         }
     }
 }
 
-enum Step {
+enum ServerStep {
     Continue(Vec<u8>),
     Done(Vec<u8>, String),
 }
@@ -559,12 +750,14 @@ fn handshake_response(code: i16, mechanisms: &[&str]) -> Vec<u8> {
     w.into_inner()
 }
 
-/// A whole SaslAuthenticate response frame answering `h` (v0-v2).
+/// A whole SaslAuthenticate response frame answering `h` (v0-v2), with
+/// the session's lifetime (v1+; 0 = no re-authentication asked).
 pub(crate) fn authenticate_response(
     h: &RequestHeader,
     code: i16,
     message: Option<&str>,
     bytes: &[u8],
+    session_lifetime_ms: i64,
 ) -> BytesMut {
     let flexible = h.api_version >= 2;
     let mut w = Writer::new(Vec::new());
@@ -577,7 +770,7 @@ pub(crate) fn authenticate_response(
         let _ = w.put_bytes(bytes, "auth_bytes");
     }
     if h.api_version >= 1 {
-        w.put_i64(0); // session_lifetime_ms: no re-authentication
+        w.put_i64(session_lifetime_ms);
     }
     if flexible {
         w.put_uvarint(0);
@@ -589,53 +782,36 @@ pub(crate) fn authenticate_response(
     )
 }
 
-/// The ApiVersions answer before authentication: the upstream's (or the
-/// offline one) through the chain, with this server's SASL versions.
-async fn api_versions<U: AsyncRead + AsyncWrite + Unpin>(
+/// The ApiVersions answer before authentication, built locally (nothing
+/// is opened upstream before the client authenticated): the source's
+/// table as the listener last read it (`table`), else the chain's offline
+/// answer; then through the chain (clamp, the mirror's API list) with this
+/// server's SASL versions.
+fn api_versions(
     h: &RequestHeader,
-    frame: BytesMut,
-    upstream: Option<&mut U>,
+    frame: &[u8],
+    table: Option<&[(i16, i16, i16)]>,
     ctx: &ConnectionContext,
 ) -> Result<BytesMut, AcceptError> {
-    let limit = ctx
-        .chain
-        .upstream_deadline(h, &frame)
-        .unwrap_or(Duration::from_secs(10));
-    let from_upstream = match upstream {
-        Some(u) => {
-            let asked = async {
-                u.write_all(&frame)
-                    .await
-                    .map_err(|e| SaslError::Io(e.to_string()))?;
-                u.flush().await.map_err(|e| SaslError::Io(e.to_string()))?;
-                read_frame(u, ctx.max_frame).await
-            };
-            match tokio::time::timeout(limit, asked).await {
-                Ok(Ok(body)) if body.get(..4) == Some(&h.correlation_id.to_be_bytes()[..]) => {
-                    let mut f = BytesMut::with_capacity(body.len() + 4);
-                    f.put_i32(body.len() as i32);
-                    f.extend_from_slice(&body);
-                    Some(f)
-                }
-                // The upstream is now out of step: the relay finds it out.
-                Ok(Ok(_)) => {
-                    return Err(AcceptError::Refused(
-                        "the upstream answered ApiVersions with another correlation id".into(),
-                    ))
-                }
-                Ok(Err(e)) => {
-                    tracing::debug!(listener = %ctx.listener, error = %e,
-                        "upstream did not answer ApiVersions: answering it locally");
-                    None
-                }
-                Err(_) => None,
-            }
+    let response = match table {
+        Some(t) => {
+            // This answer is built in v0-v3: a client asking for more gets
+            // UNSUPPORTED_VERSION and, here, v3 as ApiVersions' highest
+            // version, and asks again with it (KIP-511).
+            let capped: Vec<(i16, i16, i16)> = t
+                .iter()
+                .map(|&(k, lo, hi)| {
+                    if k == api::API_VERSIONS {
+                        (k, lo, hi.min(3))
+                    } else {
+                        (k, lo, hi)
+                    }
+                })
+                .collect();
+            crate::mirror::offline::api_versions_response(h, &capped)
+                .map_err(|e| AcceptError::Refused(e.to_string()))?
         }
-        None => None,
-    };
-    let response = match from_upstream {
-        Some(f) => f,
-        None => match ctx.chain.offline_answer(h, &frame) {
+        None => match ctx.chain.offline_answer(h, frame) {
             Some(Ok(a)) => a.frame,
             Some(Err(e)) => return Err(AcceptError::Refused(e.to_string())),
             None => {
@@ -669,7 +845,7 @@ mod tests {
     use super::*;
     use crate::sasl::{client, ClientCredentials, Secret};
     use std::sync::Arc;
-    use tokio::io::{AsyncReadExt, DuplexStream};
+    use tokio::io::AsyncReadExt;
 
     fn ctx() -> ConnectionContext {
         ConnectionContext {
@@ -678,18 +854,26 @@ mod tests {
             metrics: crate::metrics::Metrics::new(),
             chain: Arc::new(crate::filter::Chain::new(Vec::new())),
             health: Default::default(),
+            budget: crate::proxy::limits::MemoryBudget::unlimited(),
         }
     }
 
-    fn server(mechanisms: &[Mechanism]) -> ServerAuth {
+    fn server_with(mechanisms: &[Mechanism], lifetime: Option<Duration>) -> Arc<ServerAuth> {
         let lines: Vec<String> = [Mechanism::ScramSha256, Mechanism::ScramSha512]
             .iter()
             .map(|m| credential_line("fetcher", *m, b"right", 4096).unwrap())
             .collect();
-        ServerAuth {
-            mechanisms: mechanisms.to_vec(),
-            store: CredentialStore::parse(&lines.join("\n")).unwrap(),
-        }
+        let text = lines.join("\n");
+        Arc::new(ServerAuth::with_store(
+            mechanisms.to_vec(),
+            CredentialStore::parse(&text).unwrap(),
+            lifetime,
+            text.as_bytes(),
+        ))
+    }
+
+    fn server(mechanisms: &[Mechanism]) -> Arc<ServerAuth> {
+        server_with(mechanisms, None)
     }
 
     fn creds(m: Mechanism, password: &str) -> ClientCredentials {
@@ -702,7 +886,7 @@ mod tests {
 
     /// mirrorguard's client against mirrorguard's server over an in-memory pipe.
     async fn exchange(
-        s: &ServerAuth,
+        s: &Arc<ServerAuth>,
         c: &ClientCredentials,
     ) -> (
         Result<client::Session, SaslError>,
@@ -718,9 +902,7 @@ mod tests {
                 r
             },
             async {
-                let r = s
-                    .accept(&mut b, None::<&mut DuplexStream>, &ctx, peer)
-                    .await;
+                let r = s.accept(&mut b, &ctx, peer, None).await;
                 drop(b);
                 r
             }
@@ -739,7 +921,7 @@ mod tests {
         for m in all {
             let (c, sv) = exchange(&s, &creds(m, "right")).await;
             assert_eq!(c.unwrap().lifetime_ms, 0, "{m}: no re-authentication");
-            assert_eq!(sv.unwrap(), "fetcher");
+            assert_eq!(sv.unwrap(), "User:fetcher");
             let (c, sv) = exchange(&s, &creds(m, "wrong")).await;
             let e = c.unwrap_err().to_string();
             assert!(
@@ -771,12 +953,7 @@ mod tests {
         a.shutdown().await.unwrap();
         let ctx = ctx();
         let r = s
-            .accept(
-                &mut b,
-                None::<&mut DuplexStream>,
-                &ctx,
-                "127.0.0.1:1".parse().unwrap(),
-            )
+            .accept(&mut b, &ctx, "127.0.0.1:1".parse().unwrap(), None)
             .await;
         drop(b);
         let mut out = Vec::new();
@@ -821,40 +998,105 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn api_versions_come_from_the_upstream_with_the_local_sasl_versions() {
+    async fn api_versions_are_answered_locally_with_the_local_sasl_versions() {
         let s = server(&[Mechanism::ScramSha256]);
         let (mut client, mut server_end) = tokio::io::duplex(1 << 16);
-        let (mut upstream, mut broker) = tokio::io::duplex(1 << 16);
-        // The broker answers one ApiVersions v0: Fetch 4..17, SaslHandshake 0..1.
-        tokio::spawn(async move {
-            let body = read_frame(&mut broker, 1 << 20).await.unwrap();
-            let corr = &body[4..8];
-            let mut resp = corr.to_vec();
-            resp.extend_from_slice(&[0, 0, 0, 0, 0, 2, 0, 1, 0, 4, 0, 17, 0, 17, 0, 0, 0, 1]);
-            let mut f = (resp.len() as i32).to_be_bytes().to_vec();
-            f.extend_from_slice(&resp);
-            broker.write_all(&f).await.unwrap();
-        });
         client.write_all(&request(18, 0, &[])).await.unwrap();
         drop(client.write_all(&request(3, 1, &[0, 0, 0, 0])).await);
         let ctx = ctx();
+        // The source's table as the listener's refresh read it: Fetch
+        // 4..17, SaslHandshake 0..1.
+        let table = [(1, 4, 17), (17, 0, 1)];
         let r = s
             .accept(
                 &mut server_end,
-                Some(&mut upstream),
                 &ctx,
                 "127.0.0.1:1".parse().unwrap(),
+                Some(&table),
             )
             .await;
         assert!(r.is_err(), "Metadata before authentication");
-        let resp = read_frame(&mut client, 1 << 20).await.unwrap();
+        let mut size = [0u8; 4];
+        client.read_exact(&mut size).await.unwrap();
+        let mut resp = vec![0u8; i32::from_be_bytes(size) as usize];
+        client.read_exact(&mut resp).await.unwrap();
         let body = &resp[4..];
-        // error 0, three entries: Fetch as the broker sent it (the empty chain
+        // error 0, three entries: Fetch as the table has it (the empty chain
         // clamps nothing), SaslHandshake v1 only, SaslAuthenticate v0..2 added.
         assert_eq!(
             body,
             &[0, 0, 0, 0, 0, 3, 0, 1, 0, 4, 0, 17, 0, 17, 0, 1, 0, 1, 0, 36, 0, 0, 0, 2][..]
         );
+    }
+
+    /// A client asking for ApiVersions v4+ before authentication is told
+    /// v3 is the highest, and asks again (KIP-511): never told v4 again.
+    #[test]
+    fn api_versions_before_authentication_offer_what_they_encode() {
+        let ctx = ctx();
+        let table = [(1, 4, 17), (18, 0, 4)];
+        let h = RequestHeader {
+            api_key: api::API_VERSIONS,
+            api_version: 4,
+            correlation_id: 1,
+        };
+        let frame = request(18, 4, &[]);
+        let resp = api_versions(&h, &frame, Some(&table), &ctx).unwrap();
+        let body = &resp[8..];
+        assert_eq!(&body[..2], &api::error::UNSUPPORTED_VERSION.to_be_bytes());
+        use kafka_protocol::protocol::Decodable;
+        let v0 = kafka_protocol::messages::ApiVersionsResponse::decode(&mut &body[..], 0).unwrap();
+        let av = v0.api_keys.iter().find(|k| k.api_key == 18).unwrap();
+        assert_eq!(av.max_version, 3);
+    }
+
+    #[tokio::test]
+    async fn sessions_carry_their_lifetime_and_reauthenticate_frame_by_frame() {
+        let s = server_with(&[Mechanism::ScramSha512], Some(Duration::from_secs(60)));
+        let (c, sv) = exchange(&s, &creds(Mechanism::ScramSha512, "right")).await;
+        assert_eq!(c.unwrap().lifetime_ms, 60_000);
+        assert_eq!(sv.unwrap(), "User:fetcher");
+        let now = Instant::now();
+        assert_eq!(s.session_end(now), Some(now + Duration::from_secs(60)));
+    }
+
+    /// An unknown user gets a stable salt (the same on every attempt and
+    /// from another server over the same file), the usual iteration count,
+    /// and the same failure as a wrong password.
+    #[test]
+    fn unknown_users_look_like_known_ones() {
+        let s = server(&[Mechanism::ScramSha256]);
+        let first = |user: &str| {
+            let mut scram = None;
+            let token = format!("n,,n={user},r=abcdef");
+            match s.step(Mechanism::ScramSha256, &mut scram, token.as_bytes()) {
+                Ok(ServerStep::Continue(reply)) => String::from_utf8(reply).unwrap(),
+                _ => panic!("no server-first"),
+            }
+        };
+        let attrs = |sf: &str| -> (String, String) {
+            let parts: Vec<&str> = sf.split(',').collect();
+            (parts[1].to_string(), parts[2].to_string())
+        };
+        let (known_salt, known_iter) = attrs(&first("fetcher"));
+        let (ghost_salt, ghost_iter) = attrs(&first("ghost"));
+        assert_eq!(known_iter, ghost_iter);
+        assert_eq!(known_salt.len(), ghost_salt.len());
+        assert_eq!(attrs(&first("ghost")).0, ghost_salt, "stable");
+        assert_ne!(attrs(&first("ghost2")).0, ghost_salt);
+        // Not computable from the name alone: not the old hash of it.
+        let old = B64.encode(&Sha256::digest(b"ghost")[..16]);
+        assert_ne!(ghost_salt, format!("s={old}"));
+        // PLAIN: unknown user and wrong password fail alike.
+        let mut none = None;
+        for token in [&b"\0ghost\0right"[..], b"\0fetcher\0wrong"] {
+            let e = s.step(Mechanism::Plain, &mut none, token).err().unwrap();
+            assert_eq!(e.to_string(), "authentication failed: invalid credentials");
+        }
+        assert!(matches!(
+            s.step(Mechanism::Plain, &mut none, b"\0fetcher\0right"),
+            Ok(ServerStep::Done(_, _))
+        ));
     }
 
     #[test]

@@ -18,6 +18,7 @@
 
 mod error;
 mod material;
+mod principal;
 mod transport;
 
 use std::sync::{Arc, Mutex, RwLock, Weak};
@@ -27,6 +28,7 @@ use rustls_pki_types::ServerName;
 use tokio::net::TcpStream;
 
 pub use error::{classify, HandshakeError, TlsError};
+pub use principal::certificate_principal;
 pub use transport::{Transport, WriteThrough};
 
 use crate::config::{ClientTlsConfig, ServerTlsConfig};

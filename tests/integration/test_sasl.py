@@ -197,6 +197,7 @@ def test_mirror_terminates_sasl_and_seals_with_the_source_killed(sasl_kafka, kaf
         "upstream_request_timeout_ms = 2000",
         f"source_sasl = {upstream_sasl('mg', 'SCRAM-SHA-256', password_file=src_pw)}",
         f'listener_sasl = {{ credentials_file = "{creds}" }}',
+        'fetcher_principals = ["User:fetcher"]',
     ]))
     mg = mirror_factory(sasl_kafka.sasl_bootstrap, [spec], guard_upstream=sasl_kafka.sasl_bootstrap,
                         guard_node_ids=sasl_kafka.node_ids, extra_config="\n".join([
@@ -293,6 +294,7 @@ def test_mirror_upstream_reauthenticates_in_place(kafka1, kafka_factory, mirror_
     spec = MirrorSpec("reauth", src.sasl_bootstrap, node_ids=src.node_ids, extra="\n".join([
         f"source_sasl = {upstream_sasl('mg', 'SCRAM-SHA-512', password_file=src_pw)}",
         f'listener_sasl = {{ credentials_file = "{creds}" }}',
+        'fetcher_principals = ["User:fetcher"]',
     ]))
     mg = mirror_factory(kafka1.bootstrap, [spec])
     p = harness.new_producer(src.sasl_bootstrap, **{"enable.idempotence": True, **sasl_conf("SCRAM-SHA-256")})
@@ -366,6 +368,7 @@ def test_documented_acls_are_enough(kafka_factory, mirror_factory, tmp_path, mon
     spec = MirrorSpec("a-to-b", c.sasl_bootstrap, node_ids=c.node_ids, extra="\n".join([
         f"source_sasl = {identity}",
         f'listener_sasl = {{ credentials_file = "{creds}" }}',
+        'fetcher_principals = ["User:fetcher"]',
     ]))
     mg = mirror_factory(c.sasl_bootstrap, [spec], extra_config="\n".join([
         "[state.sasl]", 'mechanism = "SCRAM-SHA-256"', 'username = "mg"', 'password_env = "MG_TEST_STATE_PW"']))

@@ -293,6 +293,7 @@ def test_seal_over_sasl_ssl_with_source_killed(ksaslssl, pki, kafka_factory, mir
         f"source_sasl = {upstream_sasl('mg', 'SCRAM-SHA-512', password_file=src_pw)}",
         # PLAIN is checked against the SCRAM credential; the README allows it over TLS only.
         f'listener_sasl = {{ credentials_file = "{creds}", mechanisms = ["SCRAM-SHA-512", "PLAIN"] }}',
+        'fetcher_principals = ["User:fetcher"]',
     ]))
     mg = mirror_factory(ksaslssl.sasl_ssl_bootstrap, [spec], extra_config="\n".join([
         "[state.tls]", f'ca = "{pki.ca}"',

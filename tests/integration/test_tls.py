@@ -53,6 +53,10 @@ from mirror_harness import (  # noqa: F401 - mirror_factory is a fixture
 )
 from secure_clients import OPEN_TXN, Pki, rawkafka_tls, tls_rawkafka
 
+# The mirror listeners below require client certificates: the test clients' one (CN=app) is
+# the destination fetcher's (issue 30: only fetcher principals move a seal).
+FETCHER = 'fetcher_principals = ["User:CN=app"]\n'
+
 pytestmark = pytest.mark.skipif(not kafka_available() or not shutil.which("openssl"),
                                 reason="needs Apache Kafka 4.4 (.tools/kafka) and openssl")
 
@@ -79,6 +83,9 @@ def _proxy(work_dir, kssl, pki, name: str, listener_tls: str, upstream_tls: str 
     p = harness.Proxy(work_dir, [kssl.ssl_bootstrap], node_ids=kssl.node_ids, name=name, log_level=log_level)
     with p.config_path.open("a") as f:
         f.write(f"tls = {listener_tls}\nupstream_tls = {upstream_tls or pki.client_tls()}\n")
+        if "client_ca" not in listener_tls:
+            # Clients without certificates act as mirrorguard's: said explicitly (issue 30).
+            f.write('upstream_identity = "shared"\n')
     return p
 
 
@@ -280,7 +287,7 @@ def test_guard_and_mirror_over_tls_with_state_over_tls(kssl, pki, mirror_factory
     create_topics(kssl.bootstrap, [mirrored])
     harness.produce(kssl.bootstrap, mirrored, [(None, b"m%d" % i) for i in range(5)], **{"enable.idempotence": True})
     spec = MirrorSpec("s-to-d", kssl.ssl_bootstrap, node_ids=kssl.node_ids,
-                      extra=f"tls = {pki.server_tls()}\nsource_tls = {pki.client_tls()}\n")
+                      extra=f"tls = {pki.server_tls()}\nsource_tls = {pki.client_tls()}\n{FETCHER}")
     mg = mirror_factory(kssl.ssl_bootstrap, [spec], start=False, guard_upstream=kssl.ssl_bootstrap,
                         guard_node_ids=kssl.node_ids,
                         extra_config=f"[state.tls]\nca = \"{pki.ca}\"\ncert = \"{pki.upstream[0]}\"\n"
@@ -328,7 +335,7 @@ def test_seal_over_tls_with_source_killed(tmp_path, kssl, pki, mirror_factory):
         create_topics(src.bootstrap, [topic])
         create_topics(kssl.bootstrap, [topic])
         spec = MirrorSpec("a-to-b", src.ssl_bootstrap, node_ids=src.node_ids,
-                          extra=f"tls = {pki.server_tls()}\nsource_tls = {pki.client_tls()}\n"
+                          extra=f"tls = {pki.server_tls()}\nsource_tls = {pki.client_tls()}\n{FETCHER}"
                                 "upstream_request_timeout_ms = 2000\n")
         mg = mirror_factory(kssl.ssl_bootstrap, [spec],
                             extra_config=f"[state.tls]\nca = \"{pki.ca}\"\ncert = \"{pki.upstream[0]}\"\n"
@@ -417,7 +424,7 @@ def test_kafka_engine_fetcher_over_mtls(kssl, pki, mirror_factory, kafka_dest_fa
     listener = kafka_dest.dest_hw_bootstrap(dest)
     spec = MirrorSpec("s-to-d", kssl.ssl_bootstrap, node_ids=kssl.node_ids, destination_bootstrap=listener,
                       destination_hw=listener,
-                      extra=f"tls = {pki.server_tls()}\nsource_tls = {pki.client_tls()}\n")
+                      extra=f"tls = {pki.server_tls()}\nsource_tls = {pki.client_tls()}\n{FETCHER}")
     mg = mirror_factory(kssl.ssl_bootstrap, [spec],
                         extra_config=f"[state.tls]\nca = \"{pki.ca}\"\ncert = \"{pki.upstream[0]}\"\n"
                                      f"key = \"{pki.upstream[1]}\"\n")
