@@ -38,6 +38,18 @@ fn block_scalar(yaml: &str, key: &str) -> String {
     out
 }
 
+/// A token mirrorguard accepts (32 bytes or more, no placeholder).
+const TEST_TOKEN: &str = "3b8f0c2e9d4a71f65e0b9c8d7a6f5e4d\n";
+
+/// Writes a secret file readable by its owner only (mirrorguard refuses others).
+fn write_secret(dir: &Path, name: &str, contents: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join(name);
+    std::fs::write(&path, contents).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    path
+}
+
 /// `replicas: N` of the StatefulSet.
 fn replicas(yaml: &str) -> usize {
     yaml.lines()
@@ -55,8 +67,7 @@ fn multi_broker_statefulset_config_renders_to_one_valid_config_per_pod() {
     assert!(template.contains("@POD_NAME@"), "{template}");
     assert!(template.contains(TOKEN_PATH), "{template}");
     let dir = tempfile::tempdir().unwrap();
-    let token = dir.path().join("admin.token");
-    std::fs::write(&token, "t0ken\n").unwrap();
+    let token = write_secret(dir.path(), "admin.token", TEST_TOKEN);
 
     let pods = replicas(&yaml);
     assert!(pods >= 2, "a multi-broker example");
