@@ -610,3 +610,118 @@ def test_systemd_analyze_rates_the_unit_ok(tmp_path):
                         unit_for_verify(soft_dir, soft))
     assert r.returncode != 0, explain(r)
 
+
+# The security alerts on made-up series: each fires on what it is for and stays quiet
+# on the ordinary (one failed login, a client that gave up once, a certificate with
+# months left). promtool's clock starts at 0, so a notAfter of 10 days is 864000.
+SECURITY_RULE_TESTS = """
+rule_files: [{alerts}]
+evaluation_interval: 1m
+tests:
+  - interval: 1m
+    input_series:
+      # mg-a's own credentials are refused by the source from minute 5.
+      - series: 'mirrorguard_upstream_errors_total{{job="mirrorguard",instance="mg-a",listener="a-to-b",kind="authentication"}}'
+        values: '0x5 1+1x55'
+      - series: 'mirrorguard_upstream_errors_total{{job="mirrorguard",instance="mg-b",listener="a-to-b",kind="connect"}}'
+        values: '0+1x60'
+      # Someone guesses credentials on mg-a's mirror listener; one typo on mg-b's.
+      - series: 'mirrorguard_connection_ends_total{{job="mirrorguard",instance="mg-a",listener="a-to-b",side="client",cause="authentication"}}'
+        values: '0+2x60'
+      - series: 'mirrorguard_connection_ends_total{{job="mirrorguard",instance="mg-b",listener="a-to-b",side="client",cause="authentication"}}'
+        values: '0 1x59'
+      # Bad tokens on mg-a; one request with a stale token on mg-b.
+      - series: 'mirrorguard_admin_refused_total{{job="mirrorguard",instance="mg-a",reason="bad_token"}}'
+        values: '0+1x60'
+      - series: 'mirrorguard_admin_refused_total{{job="mirrorguard",instance="mg-b",reason="bad_token"}}'
+        values: '0 1x59'
+      - series: 'mirrorguard_admin_refused_total{{job="mirrorguard",instance="mg-b",reason="missing_token"}}'
+        values: '0+5x60'
+      # Clients with a certificate from another CA keep trying mg-a's guard.
+      - series: 'mirrorguard_tls_handshake_errors_total{{job="mirrorguard",instance="mg-a",listener="dr-guard",kind="unknown_ca"}}'
+        values: '0+3x60'
+      - series: 'mirrorguard_tls_handshake_errors_total{{job="mirrorguard",instance="mg-b",listener="dr-guard",kind="eof"}}'
+        values: '0 2x59'
+      # The source's certificate is refused on mg-a.
+      - series: 'mirrorguard_upstream_errors_total{{job="mirrorguard",instance="mg-a",listener="a-to-b",kind="tls_handshake"}}'
+        values: '0+1x60'
+      # Certificates: mg-a's guard 10 days left, its source client 1 day, mg-b's 90 days.
+      - series: 'mirrorguard_tls_certificate_expiry_timestamp_seconds{{job="mirrorguard",instance="mg-a",tls="dr-guard tls",role="server"}}'
+        values: '864000x60'
+      - series: 'mirrorguard_tls_certificate_expiry_timestamp_seconds{{job="mirrorguard",instance="mg-a",tls="a-to-b upstream tls",role="client"}}'
+        values: '86400x60'
+      - series: 'mirrorguard_tls_certificate_expiry_timestamp_seconds{{job="mirrorguard",instance="mg-b",tls="dr-guard tls",role="server"}}'
+        values: '7776000x60'
+    alert_rule_test:
+      - eval_time: 3m
+        alertname: MirrorguardOwnAuthenticationFailing
+        exp_alerts: []
+      - eval_time: 10m
+        alertname: MirrorguardOwnAuthenticationFailing
+        exp_alerts:
+          - exp_labels: {{severity: critical, job: mirrorguard, instance: mg-a, listener: a-to-b}}
+            exp_annotations:
+              summary: "A cluster refuses mirrorguard's own credentials on listener a-to-b (mg-a)"
+              description: "mirrorguard's SASL authentication towards the upstream of this listener fails (a changed password, a removed user, a mechanism no longer enabled): it cannot fetch or write there. The ERROR lines of the listener name the cluster."
+      - eval_time: 20m
+        alertname: MirrorguardClientAuthenticationFailures
+        exp_alerts:
+          - exp_labels: {{severity: warning, job: mirrorguard, instance: mg-a, listener: a-to-b}}
+            exp_annotations:
+              summary: "20 client authentications failed on listener a-to-b (mg-a) in 10 minutes"
+              description: "Clients of a listener that authenticates them fail (wrong credentials, an unknown user, authentication abandoned): a misconfigured fetcher, or someone guessing."
+      - eval_time: 20m
+        alertname: MirrorguardAdminRefused
+        exp_alerts:
+          - exp_labels: {{severity: warning, job: mirrorguard, instance: mg-a, reason: bad_token}}
+            exp_annotations:
+              summary: "Admin API requests refused on mg-a: bad_token"
+              description: "bad_token: a wrong bearer token (a stale token file, or someone guessing); host_not_allowed: a Host name that is neither an IP address, localhost nor in [admin] allowed_hosts (a web page using DNS rebinding, or a name missing from allowed_hosts)."
+      - eval_time: 20m
+        alertname: MirrorguardTlsHandshakeErrors
+        exp_alerts:
+          - exp_labels: {{severity: warning, job: mirrorguard, instance: mg-a, listener: dr-guard, kind: unknown_ca}}
+            exp_annotations:
+              summary: "TLS handshakes failing on dr-guard (mg-a): unknown_ca"
+              description: "Clients fail the TLS handshake: unknown_ca, cert_expired, no_client_cert or bad_certificate are clients with the wrong certificate (or none); plaintext is a client without TLS; timeout and eof are clients that give up. The WARN lines name each peer."
+      - eval_time: 3m
+        alertname: MirrorguardUpstreamTlsErrors
+        exp_alerts: []
+      - eval_time: 20m
+        alertname: MirrorguardUpstreamTlsErrors
+        exp_alerts:
+          - exp_labels: {{severity: critical, job: mirrorguard, instance: mg-a, listener: a-to-b}}
+            exp_annotations:
+              summary: "mirrorguard cannot complete TLS handshakes with the upstream of a-to-b (mg-a)"
+              description: "The broker's certificate does not chain to the configured CA, does not name the host, or expired; or mirrorguard's own client certificate is refused."
+      - eval_time: 10m
+        alertname: MirrorguardCertificateExpiresSoon
+        exp_alerts:
+          - exp_labels: {{severity: warning, job: mirrorguard, instance: mg-a, tls: dr-guard tls, role: server}}
+            exp_annotations:
+              summary: "The server certificate of dr-guard tls on mg-a expires within 14 days"
+              description: "Renew it and send SIGHUP (systemctl reload, or kill -HUP 1 in the container): mirrorguard re-reads every certificate, key and CA bundle."
+          - exp_labels: {{severity: warning, job: mirrorguard, instance: mg-a, tls: a-to-b upstream tls, role: client}}
+            exp_annotations:
+              summary: "The client certificate of a-to-b upstream tls on mg-a expires within 14 days"
+              description: "Renew it and send SIGHUP (systemctl reload, or kill -HUP 1 in the container): mirrorguard re-reads every certificate, key and CA bundle."
+      - eval_time: 10m
+        alertname: MirrorguardCertificateExpiresVerySoon
+        exp_alerts:
+          - exp_labels: {{severity: critical, job: mirrorguard, instance: mg-a, tls: a-to-b upstream tls, role: client}}
+            exp_annotations:
+              summary: "The client certificate of a-to-b upstream tls on mg-a expires within 2 days (or has expired)"
+              description: "Once it has expired, handshakes fail: the mirror stops (source TLS), the fetcher or producers cannot connect (served certificate). Renew it and send SIGHUP."
+"""
+
+
+def test_security_alerts_fire_on_attacks_and_expiring_certificates_only(tmp_path):
+    r = rule_test(tmp_path, SECURITY_RULE_TESTS, ALERTS)
+    assert r.returncode == 0, explain(r)
+    assert "SUCCESS" in r.stdout + r.stderr, explain(r)
+
+
+def test_a_certificate_alert_on_the_wrong_horizon_fails_its_rule_test(tmp_path):
+    bad = broken(tmp_path, ALERTS, "- time() < 14 * 86400", "- time() < 7 * 86400")
+    r = rule_test(tmp_path, SECURITY_RULE_TESTS, bad)
+    assert r.returncode != 0, explain(r)
