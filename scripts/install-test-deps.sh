@@ -101,6 +101,13 @@ if [ "$(cat "$TOOLS/checkov/.pins" 2>/dev/null)" != "$CHECKOV_PIN" ]; then
   echo "$CHECKOV_PIN" > "$TOOLS/checkov/.pins"
 fi
 
+# cargo-deny (dependency licenses, bans and sources; deny.toml), built from crates.io with its
+# own lock file into .tools/bin: several minutes the first time, nothing after.
+CARGO_DENY_VERSION="0.20.2"
+if [ "$("$TOOLS/bin/cargo-deny" --version 2>/dev/null)" != "cargo-deny $CARGO_DENY_VERSION" ]; then
+  cargo install --quiet --locked cargo-deny --version "$CARGO_DENY_VERSION" --root "$TOOLS"
+fi
+
 # Apache Kafka from Maven Central (the pom pins every version). The stamp is the pom's
 # sha256, so a changed pin re-installs; a missing jar re-installs too.
 KAFKA_VERSION="4.4.0"
