@@ -180,6 +180,9 @@ class MirrorGuard:
             self.guard_bootstrap = f"{HOST}:{guard_port}"
         self.token_path = work_dir / f"{name}.token"
         self.token_path.write_text(self.TOKEN + "\n")
+        # Readable by this user only, whatever the umask (the demo and the benchmarks run
+        # outside the test session): mirrorguard refuses a token file others can read.
+        self.token_path.chmod(0o600)
         self.config_path = work_dir / f"{name}.toml"
         self.log_path = work_dir / f"{name}.log"
         blocks = []
