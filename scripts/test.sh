@@ -73,6 +73,11 @@ fi
 
 wait_deps
 
+if [ "$quick" = 0 ]; then
+  step "cargo deny check bans licenses sources (deny.toml; advisories need the RustSec database, not reachable here)"
+  .tools/bin/cargo-deny check --hide-inclusion-graph bans licenses sources
+fi
+
 step "pytest tests/integration$([ "$quick" = 1 ] && echo " -m quick")"
 # The integration tests run target/debug/mirrorguard unless MIRRORGUARD_BIN says otherwise.
 if [ -z "${MIRRORGUARD_BIN:-}" ] && [ -n "${CARGO_TARGET_DIR:-}" ]; then

@@ -45,6 +45,20 @@ pub struct Config {
     /// Producer-state tracking.
     #[serde(default)]
     pub producer_state: ProducerStateConfig,
+    /// How secret files are checked.
+    #[serde(default)]
+    pub secrets: SecretsConfig,
+}
+
+/// `[secrets]`: how the files holding secrets (admin token, TLS private
+/// keys, SASL password and credential files) are checked at start-up.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecretsConfig {
+    /// A secret file users other than mirrorguard's own can read:
+    /// `refuse` (default) stops start-up naming it, `warn` logs it.
+    #[serde(default)]
+    pub unsafe_permissions: crate::secrets::UnsafePermissions,
 }
 
 /// `[[mirror]]`: a fetch-path listener between a destination's mirror
@@ -544,10 +558,30 @@ pub struct AdminConfig {
     /// HTTPS instead of HTTP (absent: plain HTTP).
     #[serde(default)]
     pub tls: Option<ServerTlsConfig>,
+    /// Host names (besides IP literals and `localhost`) a request's `Host`
+    /// header may carry; any other name is refused (403), so a web page on a
+    /// name that resolves to this address (DNS rebinding) cannot use the API
+    /// from a browser.
+    #[serde(default)]
+    pub allowed_hosts: Vec<String>,
+    /// Whether the reads that show producer ids (`/v1/partitions/{t}/{p}/producers`,
+    /// `/v1/collisions`, `/v1/anomalies`) need the bearer token too (default
+    /// true; false serves them to anyone who reaches the listener).
+    #[serde(default = "default_true")]
+    pub token_for_reads: bool,
+    /// A second, plain HTTP listener serving only `GET /healthz`, `/readyz`
+    /// and `/metrics` (no token, no producer ids): for probes and Prometheus
+    /// when the admin API itself stays on loopback.
+    #[serde(default)]
+    pub metrics_listen: Option<String>,
 }
 
 fn default_admin_read_timeout_ms() -> u64 {
     10_000
+}
+
+fn default_true() -> bool {
+    true
 }
 
 /// `[logging]`
@@ -966,23 +1000,29 @@ impl Config {
         };
         parse_socket_addr(&self.admin.listen)
             .map_err(|m| invalid("admin.listen".into(), m.into()))?;
-        if let Some(token_file) = &self.admin.token_file {
-            match std::fs::read_to_string(token_file) {
-                Ok(t) if !t.trim().is_empty() => {}
-                Ok(_) => {
-                    return Err(invalid(
-                        "admin.token_file".into(),
-                        format!("{} is empty", token_file.display()),
-                    ))
-                }
-                Err(e) => {
-                    return Err(invalid(
-                        "admin.token_file".into(),
-                        format!("cannot read {}: {e}", token_file.display()),
-                    ))
-                }
+        if let Some(listen) = &self.admin.metrics_listen {
+            let addr = parse_socket_addr(listen)
+                .map_err(|m| invalid("admin.metrics_listen".into(), m.into()))?;
+            if Some(addr) == parse_socket_addr(&self.admin.listen).ok() {
+                return Err(invalid(
+                    "admin.metrics_listen".into(),
+                    format!("{listen} is admin.listen itself"),
+                ));
             }
         }
+        for (i, h) in self.admin.allowed_hosts.iter().enumerate() {
+            if h.is_empty() || h.contains([':', '/', ' ']) {
+                return Err(invalid(
+                    format!("admin.allowed_hosts[{i}]"),
+                    format!("{h:?} is not a host name (no port, no scheme)"),
+                ));
+            }
+        }
+        if let Some(token_file) = &self.admin.token_file {
+            crate::secrets::AdminToken::load(token_file, self.secrets.unsafe_permissions)
+                .map_err(|e| invalid("admin.token_file".into(), e.to_string()))?;
+        }
+        self.check_secret_files(path)?;
         if !(100..=600_000).contains(&self.admin.read_timeout_ms) {
             return Err(invalid(
                 "admin.read_timeout_ms".into(),
@@ -1403,6 +1443,118 @@ impl Config {
             }
         }
         Ok(())
+    }
+
+    /// Every file holding a secret (TLS private keys, SASL password and
+    /// credential files; the admin token is checked with its contents):
+    /// refused when users other than mirrorguard's own can read it, per
+    /// `[secrets] unsafe_permissions` (see [`crate::secrets`]).
+    fn check_secret_files(&self, path: &Path) -> Result<(), ConfigError> {
+        let mut files: Vec<(String, &Path)> = Vec::new();
+        let mut servers: Vec<(String, &ServerTlsConfig)> = Vec::new();
+        for (section, list) in [("listener", &self.listeners), ("guard", &self.guards)] {
+            for (i, l) in list.iter().enumerate() {
+                servers.extend(l.tls.iter().map(|t| (format!("{section}[{i}].tls"), t)));
+            }
+        }
+        for (i, m) in self.mirrors.iter().enumerate() {
+            servers.extend(m.tls.iter().map(|t| (format!("mirror[{i}].tls"), t)));
+        }
+        servers.extend(self.admin.tls.iter().map(|t| ("admin.tls".to_owned(), t)));
+        for (section, t) in servers {
+            files.push((format!("{section}.key"), t.key.as_path()));
+        }
+        let mut clients: Vec<(String, &ClientTlsConfig)> = Vec::new();
+        let mut sasl: Vec<(String, &ClientSaslConfig)> = Vec::new();
+        for (section, list) in [("listener", &self.listeners), ("guard", &self.guards)] {
+            for (i, l) in list.iter().enumerate() {
+                clients.extend(
+                    l.upstream_tls
+                        .iter()
+                        .map(|t| (format!("{section}[{i}].upstream_tls"), t)),
+                );
+                sasl.extend(
+                    l.upstream_sasl
+                        .iter()
+                        .map(|c| (format!("{section}[{i}].upstream_sasl"), c)),
+                );
+            }
+        }
+        for (i, m) in self.mirrors.iter().enumerate() {
+            clients.extend(
+                m.source_tls
+                    .iter()
+                    .map(|t| (format!("mirror[{i}].source_tls"), t)),
+            );
+            clients.extend(
+                m.destination_tls
+                    .iter()
+                    .map(|t| (format!("mirror[{i}].destination_tls"), t)),
+            );
+            sasl.extend(
+                m.source_sasl
+                    .iter()
+                    .map(|c| (format!("mirror[{i}].source_sasl"), c)),
+            );
+            sasl.extend(
+                m.destination_sasl
+                    .iter()
+                    .map(|c| (format!("mirror[{i}].destination_sasl"), c)),
+            );
+            if let Some(l) = &m.listener_sasl {
+                files.push((
+                    format!("mirror[{i}].listener_sasl.credentials_file"),
+                    l.credentials_file.as_path(),
+                ));
+            }
+        }
+        if let Some(st) = &self.state {
+            clients.extend(st.tls.iter().map(|t| ("state.tls".to_owned(), t)));
+            sasl.extend(st.sasl.iter().map(|c| ("state.sasl".to_owned(), c)));
+        }
+        for (section, t) in clients {
+            if let Some(k) = &t.key {
+                files.push((format!("{section}.key"), k.as_path()));
+            }
+        }
+        for (section, c) in sasl {
+            if let Some(f) = &c.password_file {
+                files.push((format!("{section}.password_file"), f.as_path()));
+            }
+        }
+        for (field, file) in files {
+            crate::secrets::check_permissions(file, self.secrets.unsafe_permissions).map_err(
+                |e| ConfigError::Invalid {
+                    path: path.to_path_buf(),
+                    field,
+                    message: e.to_string(),
+                },
+            )?;
+        }
+        Ok(())
+    }
+
+    /// The environment variables holding passwords (`password_env` of every
+    /// SASL identity): taken out of the environment at start-up.
+    pub fn password_env_vars(&self) -> Vec<&str> {
+        let mut out: Vec<&str> = Vec::new();
+        let sections = self
+            .listeners
+            .iter()
+            .chain(&self.guards)
+            .filter_map(|l| l.upstream_sasl.as_ref())
+            .chain(
+                self.mirrors
+                    .iter()
+                    .flat_map(|m| m.source_sasl.iter().chain(&m.destination_sasl)),
+            )
+            .chain(self.state.iter().filter_map(|s| s.sasl.as_ref()));
+        for c in sections {
+            if let Some(v) = &c.password_env {
+                out.push(v.as_str());
+            }
+        }
+        out
     }
 
     /// Every TLS section: its files are read and made into a configuration

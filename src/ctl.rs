@@ -1,8 +1,11 @@
 //! `mirrorguard ctl`: the admin API from a shell.
 //!
-//! The admin listener is local and plain HTTP/1.1; requests go through
-//! hyper's HTTP/1 client connection (hyper already serves the admin API), on
-//! a current-thread runtime for the one call.
+//! Requests go through hyper's HTTP/1 client connection (hyper already
+//! serves the admin API), on a current-thread runtime for the one call: plain
+//! HTTP, or HTTPS with `--ca` (the admin listener's `[admin.tls]`; `--cert` /
+//! `--key` when it requires client certificates). The bearer token
+//! (`--token-file`) is sent with every call: mutating calls and the reads
+//! that show producer ids need it.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -24,6 +27,9 @@ pub enum CtlError {
         /// The I/O error.
         source: std::io::Error,
     },
+    /// `--ca`, `--cert` or `--key` cannot be used.
+    #[error("--ca/--cert/--key: {0}")]
+    Tls(String),
     /// The client runtime could not start.
     #[error("cannot start the HTTP client: {0}")]
     Runtime(std::io::Error),
@@ -78,9 +84,25 @@ pub struct CtlArgs {
     /// Admin listener address (host:port).
     #[arg(long, env = "MIRRORGUARD_ADMIN", default_value = "127.0.0.1:9644")]
     pub admin: String,
-    /// File holding the bearer token (needed by stop, pause, resume).
+    /// File holding the bearer token (mutating calls, and the reads that show
+    /// producer ids: producers, collisions, anomalies).
     #[arg(long, env = "MIRRORGUARD_TOKEN_FILE")]
     pub token_file: Option<PathBuf>,
+    /// CA bundle of the admin listener's certificate: speak HTTPS (for an
+    /// admin listener with `[admin.tls]`).
+    #[arg(long, env = "MIRRORGUARD_ADMIN_CA")]
+    pub ca: Option<PathBuf>,
+    /// Client certificate, for an admin listener that requires one
+    /// (`[admin.tls] client_ca`); needs `--ca` and `--key`.
+    #[arg(long, env = "MIRRORGUARD_ADMIN_CERT", requires_all = ["ca", "key"])]
+    pub cert: Option<PathBuf>,
+    /// The client certificate's private key.
+    #[arg(long, env = "MIRRORGUARD_ADMIN_KEY", requires_all = ["ca", "cert"])]
+    pub key: Option<PathBuf>,
+    /// Name the admin listener's certificate is verified against (default:
+    /// the host of `--admin`).
+    #[arg(long, env = "MIRRORGUARD_ADMIN_SERVER_NAME", requires = "ca")]
+    pub server_name: Option<String>,
     /// What to do.
     #[command(subcommand)]
     pub command: CtlCommand,
@@ -89,6 +111,11 @@ pub struct CtlArgs {
 /// `mirrorguard ctl` subcommands.
 #[derive(Subcommand, Debug)]
 pub enum CtlCommand {
+    /// Liveness (`GET /healthz`): exit 0 while mirrorguard runs (a container
+    /// health check or exec probe with no HTTP client in the image).
+    Health,
+    /// Readiness (`GET /readyz`): exit 0 once every listener reached its upstream.
+    Ready,
     /// List every mirrored partition with its state and seal progress.
     Partitions,
     /// Seal and stop partitions.
@@ -166,6 +193,8 @@ pub fn run(args: &CtlArgs) -> ExitCode {
 
 fn call(args: &CtlArgs) -> Result<(u16, String), CtlError> {
     let (method, path, body) = match &args.command {
+        CtlCommand::Health => ("GET", "/healthz".to_string(), None),
+        CtlCommand::Ready => ("GET", "/readyz".to_string(), None),
         CtlCommand::Partitions => ("GET", "/v1/partitions".to_string(), None),
         CtlCommand::Stop(s) => ("POST", "/v1/partitions/stop".into(), Some(s.body()?)),
         CtlCommand::Pause(s) => ("POST", "/v1/partitions/pause".into(), Some(s.body()?)),
@@ -179,8 +208,8 @@ fn call(args: &CtlArgs) -> Result<(u16, String), CtlError> {
         CtlCommand::Collisions => ("GET", "/v1/collisions".into(), None),
         CtlCommand::Anomalies => ("GET", "/v1/anomalies".into(), None),
     };
-    let token = match (&args.token_file, method) {
-        (Some(f), "POST") => Some(
+    let token = match &args.token_file {
+        Some(f) => Some(zeroize::Zeroizing::new(
             std::fs::read_to_string(f)
                 .map_err(|source| CtlError::TokenFile {
                     path: f.clone(),
@@ -188,10 +217,34 @@ fn call(args: &CtlArgs) -> Result<(u16, String), CtlError> {
                 })?
                 .trim()
                 .to_string(),
-        ),
-        _ => None,
+        )),
+        None => None,
     };
-    http(&args.admin, method, &path, body.as_ref(), token.as_deref())
+    let tls = match &args.ca {
+        Some(ca) => Some(
+            crate::tls::ClientTls::new(
+                &crate::config::ClientTlsConfig {
+                    ca: ca.clone(),
+                    cert: args.cert.clone(),
+                    key: args.key.clone(),
+                    server_name: args.server_name.clone(),
+                    insecure_skip_hostname_verification: false,
+                    handshake_timeout_ms: 10_000,
+                },
+                "ctl",
+            )
+            .map_err(|e| CtlError::Tls(e.to_string()))?,
+        ),
+        None => None,
+    };
+    http_over(
+        &args.admin,
+        tls.as_deref(),
+        method,
+        &path,
+        body.as_ref(),
+        token.as_deref().map(String::as_str),
+    )
 }
 
 /// How long one admin call may take, connect to last body byte.
@@ -209,22 +262,39 @@ pub fn http(
     body: Option<&serde_json::Value>,
     token: Option<&str>,
 ) -> Result<(u16, String), CtlError> {
+    http_over(addr, None, method, path, body, token)
+}
+
+/// [`http`] over TLS when `tls` is given (the server verified against its
+/// CA bundle and the host of `addr`, or its `server_name`).
+pub fn http_over(
+    addr: &str,
+    tls: Option<&crate::tls::ClientTls>,
+    method: &str,
+    path: &str,
+    body: Option<&serde_json::Value>,
+    token: Option<&str>,
+) -> Result<(u16, String), CtlError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(CtlError::Runtime)?;
     rt.block_on(async {
-        tokio::time::timeout(CALL_TIMEOUT, http_async(addr, method, path, body, token))
-            .await
-            .map_err(|_| CtlError::Timeout {
-                addr: addr.to_owned(),
-                after: CALL_TIMEOUT,
-            })?
+        tokio::time::timeout(
+            CALL_TIMEOUT,
+            http_async(addr, tls, method, path, body, token),
+        )
+        .await
+        .map_err(|_| CtlError::Timeout {
+            addr: addr.to_owned(),
+            after: CALL_TIMEOUT,
+        })?
     })
 }
 
 async fn http_async(
     addr: &str,
+    tls: Option<&crate::tls::ClientTls>,
     method: &str,
     path: &str,
     body: Option<&serde_json::Value>,
@@ -234,12 +304,22 @@ async fn http_async(
     use hyper::body::Bytes;
     use hyper::header;
 
-    let stream = tokio::net::TcpStream::connect(addr)
+    let tcp = tokio::net::TcpStream::connect(addr)
         .await
         .map_err(|source| CtlError::Unreachable {
             addr: addr.to_owned(),
             source,
         })?;
+    let stream = match tls {
+        None => crate::tls::Transport::Plain(tcp),
+        Some(tls) => {
+            let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+            tls.connect(tcp, host).await.map_err(|e| CtlError::Http {
+                addr: addr.to_owned(),
+                reason: format!("TLS handshake failed: {e}"),
+            })?
+        }
+    };
     let (mut sender, conn) = hyper::client::conn::http1::handshake::<_, Full<Bytes>>(
         hyper_util::rt::TokioIo::new(stream),
     )

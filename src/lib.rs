@@ -26,7 +26,9 @@
 //!   [`kafka_client`];
 //! - transport security: [`tls`] (rustls configurations from files, reloads,
 //!   handshake errors; the [`tls::Transport`] every connection is);
-//! - operations: [`admin`], [`admin_api`], [`metrics`], [`ctl`].
+//! - operations: [`admin`], [`admin_api`], [`metrics`], [`ctl`];
+//! - secrets (file permissions, the admin token, passwords taken out of the
+//!   environment, zeroized buffers): [`secrets`].
 //!
 //! [`config`] reads `proxy.toml`, [`run`] assembles the process, and [`dump`]
 //! is the offline log-segment reader behind `mirrorguard dump`.
@@ -82,6 +84,7 @@ pub mod proxy;
 pub mod records;
 pub mod run;
 pub mod sasl;
+pub mod secrets;
 pub mod state_store;
 pub mod tls;
 pub mod wire;

@@ -93,6 +93,23 @@ pub struct ListenerResultLabels {
     pub result: &'static str,
 }
 
+/// Labels of `mirrorguard_admin_refused_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    /// `missing_token`, `bad_token`, `no_token_configured`, `host_not_allowed`.
+    pub reason: &'static str,
+}
+
+/// Labels of `mirrorguard_tls_certificate_expiry_timestamp_seconds`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CertificateLabels {
+    /// The TLS configuration (`admin tls`, `<listener> tls`, `state tls`, ...).
+    pub tls: String,
+    /// `server` (the certificate served), `client` (the one presented
+    /// upstream) or `ca` (the earliest-expiring certificate of its CA bundle).
+    pub role: &'static str,
+}
+
 /// Labels of per-state gauges.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StateLabels {
@@ -184,6 +201,11 @@ pub struct Metrics {
     /// Client (re-)authentications on mirror listeners, by listener and
     /// result (`ok`, `failed`, `expired`: a request after the session's end).
     pub client_authentications: Family<KindLabels, Counter>,
+    /// Admin requests refused before any handler ran, by reason.
+    admin_refused: Family<ReasonLabels, Counter>,
+    /// notAfter of every certificate mirrorguard serves or presents, and of
+    /// its CA bundles (set at scrape time from the live TLS configurations).
+    tls_certificate_expiry: Family<CertificateLabels, Gauge>,
 }
 
 /// Cached handles for one (listener, API) pair.
@@ -236,6 +258,22 @@ impl Metrics {
              session expires, by listener and result (ok, error: the connection is answered \
              locally, then closed)",
             reauthentications.clone(),
+        );
+        let admin_refused = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "mirrorguard_admin_refused",
+            "Admin API requests refused before any handler ran, by reason (missing_token, \
+             bad_token, no_token_configured, host_not_allowed: a Host header naming neither an IP \
+             literal, localhost nor [admin] allowed_hosts, as DNS rebinding sends)",
+            admin_refused.clone(),
+        );
+        let tls_certificate_expiry = Family::<CertificateLabels, Gauge>::default();
+        registry.register(
+            "mirrorguard_tls_certificate_expiry_timestamp_seconds",
+            "notAfter (Unix time) of the certificates of each TLS configuration: role server (the \
+             leaf served to clients), client (the leaf presented upstream), ca (the \
+             earliest-expiring certificate of its CA bundle); re-read on SIGHUP",
+            tls_certificate_expiry.clone(),
         );
         let mirror_events = Family::<MirrorKindLabels, Counter>::default();
         let partitions_served = Family::<MirrorLabels, Gauge>::default();
@@ -456,6 +494,8 @@ impl Metrics {
             budget_refused,
             buffered_request_bytes,
             client_authentications,
+            admin_refused,
+            tls_certificate_expiry,
         })
     }
 
@@ -529,6 +569,35 @@ impl Metrics {
     /// `failed`, `expired`).
     pub fn count_client_authentication(&self, listener: &str, kind: &'static str) {
         Self::count(&self.client_authentications, listener, kind);
+    }
+
+    /// Counts one admin request refused for `reason`.
+    pub fn count_admin_refused(&self, reason: &'static str) {
+        self.admin_refused
+            .get_or_create(&ReasonLabels { reason })
+            .inc();
+    }
+
+    /// Replaces the certificate expiry gauges with `expiries` (TLS
+    /// configuration, role, notAfter): the earliest per label set.
+    pub fn set_certificate_expiries(&self, expiries: &[(String, &'static str, i64)]) {
+        let mut earliest: std::collections::HashMap<CertificateLabels, i64> =
+            std::collections::HashMap::new();
+        for (tls, role, not_after) in expiries {
+            let e = earliest
+                .entry(CertificateLabels {
+                    tls: tls.clone(),
+                    role,
+                })
+                .or_insert(*not_after);
+            *e = (*e).min(*not_after);
+        }
+        self.tls_certificate_expiry.clear();
+        for (labels, not_after) in earliest {
+            self.tls_certificate_expiry
+                .get_or_create(&labels)
+                .set(not_after);
+        }
     }
 
     /// Increments `family` for one listener and kind.

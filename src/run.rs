@@ -163,6 +163,9 @@ pub fn init_logging(cfg: &LoggingConfig) {
 pub fn run(config_path: &Path) -> anyhow::Result<()> {
     let config = Config::load(config_path)?;
     init_logging(&config.logging);
+    // Passwords given by `password_env` leave the environment before any
+    // thread starts (see crate::secrets).
+    crate::secrets::take_env_secrets(config.password_env_vars());
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -439,10 +442,8 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         "admin listener bound (/healthz /readyz /metrics)");
     let token = match &config.admin.token_file {
         Some(path) => Some(
-            std::fs::read_to_string(path)
-                .map_err(|e| anyhow::anyhow!("admin.token_file {}: {e}", path.display()))?
-                .trim()
-                .to_string(),
+            crate::secrets::AdminToken::load(path, config.secrets.unsafe_permissions)
+                .map_err(|e| anyhow::anyhow!("admin.token_file {e}"))?,
         ),
         None => None,
     };
@@ -454,6 +455,13 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
             .collect(),
         registry: registry.clone(),
         token,
+        token_for_reads: config.admin.token_for_reads,
+        allowed_hosts: config
+            .admin
+            .allowed_hosts
+            .iter()
+            .map(|h| h.strip_suffix('.').unwrap_or(h).to_ascii_lowercase())
+            .collect(),
         destination_bootstrap: config
             .destination_bootstrap()
             .iter()
@@ -472,6 +480,26 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         admin_tls,
         metrics.clone(),
     ));
+    // Health, readiness and metrics only, for probes and Prometheus while
+    // the API stays on loopback.
+    let metrics_task = match &config.admin.metrics_listen {
+        Some(listen) => {
+            let addr = crate::config::parse_socket_addr(listen).map_err(anyhow::Error::msg)?;
+            let socket = tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|e| anyhow::anyhow!("cannot bind admin.metrics_listen {addr}: {e}"))?;
+            tracing::info!(%addr, "metrics listener bound (/healthz /readyz /metrics)");
+            Some(tokio::spawn(admin::serve(
+                socket,
+                admin::metrics_router(admin_state.clone(), admin_read_timeout),
+                admin_read_timeout,
+                shutdown_rx.clone(),
+                None,
+                metrics.clone(),
+            )))
+        }
+        None => None,
+    };
 
     wait_for_signal().await;
     admin_state.shutting_down.store(true, Ordering::SeqCst);
@@ -501,6 +529,9 @@ pub async fn serve(config: Config) -> anyhow::Result<()> {
         }
     }
     let _ = tokio::time::timeout(Duration::from_secs(1), admin_task).await;
+    if let Some(t) = metrics_task {
+        let _ = tokio::time::timeout(Duration::from_secs(1), t).await;
+    }
     tracing::info!("stopped");
     Ok(())
 }

@@ -1,10 +1,14 @@
 //! The `/v1` admin API: partition life cycle, producer state, collisions,
 //! anomalies, and its OpenAPI document.
 //!
-//! Reads are open; every mutating call needs `Authorization: Bearer <token>`
-//! with the token read from `admin.token_file`. A mutating request is checked
-//! completely (mirror, topics, partitions, every transition) before anything
-//! changes, so a request with one bad item changes nothing.
+//! Every mutating call needs `Authorization: Bearer <token>` with the token
+//! read from `admin.token_file`, and so do the reads that show producer ids
+//! (producers, collisions, anomalies) unless `[admin] token_for_reads =
+//! false`; `GET /v1/partitions` and the OpenAPI document are open. The
+//! admin listener checks the token before it reads a body
+//! ([`crate::admin`]); the handlers check it again. A mutating request is
+//! checked completely (mirror, topics, partitions, every transition) before
+//! anything changes, so a request with one bad item changes nothing.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -37,8 +41,14 @@ pub struct ApiState {
     pub mirrors: BTreeMap<String, Arc<MirrorContext>>,
     /// Shadow producer state.
     pub registry: Arc<ProducerStateRegistry>,
-    /// Bearer token for mutating calls (`None`: mutating calls are refused).
-    pub token: Option<String>,
+    /// Bearer token for mutating calls and the reads that show producer ids
+    /// (`None`: those calls are refused).
+    pub token: Option<crate::secrets::AdminToken>,
+    /// Whether the reads that show producer ids need the token.
+    pub token_for_reads: bool,
+    /// Names a `Host` header may carry besides IP literals and `localhost`
+    /// (lowercase, no trailing dot).
+    pub allowed_hosts: Vec<String>,
     /// The destination cluster (abort-open talks to its partition leaders).
     pub destination_bootstrap: Vec<(String, u16)>,
     /// How to reach it (TCP or TLS).
@@ -220,30 +230,64 @@ struct TopicSelection {
     partitions: Option<Vec<i32>>,
 }
 
-fn authorized(s: &ApiState, headers: &HeaderMap) -> Result<(), Box<Response>> {
+/// Whether a GET of `path` shows producer ids (and so needs the token unless
+/// `token_for_reads = false`): `/v1/collisions`, `/v1/anomalies`,
+/// `/v1/partitions/{topic}/{partition}/producers`.
+pub fn shows_producer_ids(path: &str) -> bool {
+    path == "/v1/collisions"
+        || path == "/v1/anomalies"
+        || (path.starts_with("/v1/partitions/") && path.ends_with("/producers"))
+}
+
+/// Checks the bearer token of a request: `Err` with the refusal's reason
+/// (`no_token_configured`, `missing_token`, `bad_token`, as counted in
+/// `mirrorguard_admin_refused_total`) and its answer.
+pub fn check_token(s: &ApiState, headers: &HeaderMap) -> Result<(), (&'static str, Box<Response>)> {
     let Some(token) = &s.token else {
-        return Err(Box::new(error(
-            StatusCode::FORBIDDEN,
+        return Err((
             "no_token_configured",
-            "mutating calls need admin.token_file in the configuration",
-        )));
+            Box::new(error(
+                StatusCode::FORBIDDEN,
+                "no_token_configured",
+                "this call needs admin.token_file in the configuration",
+            )),
+        ));
     };
     let given = headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(bearer_token);
     match given {
-        Some(g) if constant_time_eq(g.trim().as_bytes(), token.as_bytes()) => Ok(()),
-        Some(_) => Err(Box::new(error(
-            StatusCode::UNAUTHORIZED,
+        Some(g) if token.matches(g.as_bytes()) => Ok(()),
+        Some(_) => Err((
             "bad_token",
-            "the bearer token is not valid",
-        ))),
-        None => Err(Box::new(error(
-            StatusCode::UNAUTHORIZED,
+            Box::new(error(
+                StatusCode::UNAUTHORIZED,
+                "bad_token",
+                "the bearer token is not valid",
+            )),
+        )),
+        None => Err((
             "missing_token",
-            "send Authorization: Bearer <token> (the token is in admin.token_file)",
-        ))),
+            Box::new(error(
+                StatusCode::UNAUTHORIZED,
+                "missing_token",
+                "send Authorization: Bearer <token> (the token is in admin.token_file)",
+            )),
+        )),
+    }
+}
+
+fn authorized(s: &ApiState, headers: &HeaderMap) -> Result<(), Box<Response>> {
+    check_token(s, headers).map_err(|(_, r)| r)
+}
+
+/// The token check of a read that shows producer ids.
+fn authorized_read(s: &ApiState, headers: &HeaderMap) -> Result<(), Box<Response>> {
+    if s.token_for_reads {
+        authorized(s, headers)
+    } else {
+        Ok(())
     }
 }
 
@@ -252,10 +296,6 @@ fn authorized(s: &ApiState, headers: &HeaderMap) -> Result<(), Box<Response>> {
 fn bearer_token(value: &str) -> Option<&str> {
     let (scheme, token) = value.trim_start().split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then_some(token)
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 async fn stop(
@@ -473,8 +513,12 @@ pub fn is_internal_topic(topic: &str) -> bool {
 
 async fn producers(
     State(s): State<Arc<ApiState>>,
+    headers: HeaderMap,
     path: Result<Path<(String, String)>, PathRejection>,
 ) -> Response {
+    if let Err(r) = authorized_read(&s, &headers) {
+        return *r;
+    }
     let (topic, partition) = match path {
         Ok(Path(p)) => p,
         Err(e) => return error(StatusCode::BAD_REQUEST, "bad_request", e.body_text()),
@@ -518,7 +562,10 @@ async fn producers(
     Json(json!({"topic": topic, "partition": partition, "producers": producers})).into_response()
 }
 
-async fn collisions(State(s): State<Arc<ApiState>>) -> Json<serde_json::Value> {
+async fn collisions(State(s): State<Arc<ApiState>>, headers: HeaderMap) -> Response {
+    if let Err(r) = authorized_read(&s, &headers) {
+        return *r;
+    }
     let mut out = Vec::new();
     for key in s.registry.partition_keys() {
         if let Some(h) = s.registry.get(&key) {
@@ -539,18 +586,41 @@ async fn collisions(State(s): State<Arc<ApiState>>) -> Json<serde_json::Value> {
             });
         }
     }
-    Json(json!({"collisions": out}))
+    Json(json!({"collisions": out})).into_response()
 }
 
-async fn anomalies(State(s): State<Arc<ApiState>>) -> Json<serde_json::Value> {
+async fn anomalies(State(s): State<Arc<ApiState>>, headers: HeaderMap) -> Response {
+    if let Err(r) = authorized_read(&s, &headers) {
+        return *r;
+    }
     let log = s.registry.anomaly_log();
     let records: Vec<_> = log.records().collect();
-    Json(json!({"total_recorded": log.total_recorded(), "anomalies": records}))
+    Json(json!({"total_recorded": log.total_recorded(), "anomalies": records})).into_response()
 }
 
 #[cfg(test)]
 mod tests {
-    use super::bearer_token;
+    use super::{bearer_token, shows_producer_ids};
+
+    #[test]
+    fn reads_showing_producer_ids_are_recognised() {
+        for p in [
+            "/v1/collisions",
+            "/v1/anomalies",
+            "/v1/partitions/t/0/producers",
+            "/v1/partitions/a/b/c/producers",
+        ] {
+            assert!(shows_producer_ids(p), "{p}");
+        }
+        for p in [
+            "/v1/partitions",
+            "/v1/openapi.json",
+            "/metrics",
+            "/v1/partitions/stop",
+        ] {
+            assert!(!shows_producer_ids(p), "{p}");
+        }
+    }
 
     #[test]
     fn bearer_scheme_is_case_insensitive() {

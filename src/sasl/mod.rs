@@ -119,6 +119,12 @@ impl Secret {
     }
 }
 
+impl Drop for Secret {
+    fn drop(&mut self) {
+        zeroize::Zeroize::zeroize(&mut self.0);
+    }
+}
+
 impl fmt::Debug for Secret {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("<redacted>")
@@ -156,10 +162,13 @@ impl ClientCredentials {
                     source,
                 })?
             }
-            (None, Some(var)) => std::env::var(var).map_err(|_| CredentialsError::PasswordEnv {
-                section: section.clone(),
-                var: var.clone(),
-            })?,
+            // Taken out of the environment at start-up (crate::secrets).
+            (None, Some(var)) => crate::secrets::env_secret(var)
+                .and_then(|v| String::from_utf8(v.to_vec()).ok())
+                .ok_or_else(|| CredentialsError::PasswordEnv {
+                    section: section.clone(),
+                    var: var.clone(),
+                })?,
             _ => return Err(CredentialsError::PasswordSource { section }),
         };
         if password.is_empty() || cfg.username.is_empty() {
@@ -231,7 +240,8 @@ pub type Identity = Option<Arc<ClientCredentials>>;
 
 /// A secret file's content, without a trailing newline.
 fn read_secret_file(path: &Path) -> std::io::Result<String> {
-    let s = std::fs::read_to_string(path)?;
+    // The copy read from the file is wiped; the password moves on in a Secret.
+    let s = zeroize::Zeroizing::new(std::fs::read_to_string(path)?);
     Ok(s.strip_suffix('\n')
         .map(|s| s.strip_suffix('\r').unwrap_or(s))
         .unwrap_or(&s)

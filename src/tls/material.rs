@@ -23,6 +23,43 @@ fn read(field: &'static str, path: &Path) -> Result<Vec<u8>, TlsError> {
     std::fs::read(path).map_err(|e| TlsError::new(field, path, format!("cannot read: {e}")))
 }
 
+/// notAfter of the leaf in `cert` (role `role`), and the earliest of the CA
+/// bundle `ca` (role `ca`); files that cannot be read are skipped (the
+/// configuration itself reports them).
+fn expiries(leaf: Option<(&'static str, &Path)>, ca: Option<&Path>) -> Vec<(&'static str, i64)> {
+    let mut out = Vec::new();
+    if let Some((role, path)) = leaf {
+        if let Some(t) = certs("cert", path)
+            .ok()
+            .and_then(|c| c.first().and_then(|c| super::x509::not_after(c)))
+        {
+            out.push((role, t));
+        }
+    }
+    if let Some(path) = ca {
+        if let Some(t) = certs("ca", path)
+            .ok()
+            .and_then(|c| c.iter().filter_map(|c| super::x509::not_after(c)).min())
+        {
+            out.push(("ca", t));
+        }
+    }
+    out
+}
+
+/// Certificate expiries of a server section: its leaf, its `client_ca`.
+pub(super) fn server_expiries(files: &ServerTlsConfig) -> Vec<(&'static str, i64)> {
+    expiries(Some(("server", &files.cert)), files.client_ca.as_deref())
+}
+
+/// Certificate expiries of a client section: its leaf (if any), its `ca`.
+pub(super) fn client_expiries(files: &ClientTlsConfig) -> Vec<(&'static str, i64)> {
+    expiries(
+        files.cert.as_deref().map(|c| ("client", c)),
+        Some(&files.ca),
+    )
+}
+
 fn certs(field: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let pem = read(field, path)?;
     let certs = CertificateDer::pem_slice_iter(&pem)
@@ -39,7 +76,8 @@ fn certs(field: &'static str, path: &Path) -> Result<Vec<CertificateDer<'static>
 }
 
 fn key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    let pem = read("key", path)?;
+    // The PEM text is wiped once the key is parsed out of it.
+    let pem = zeroize::Zeroizing::new(read("key", path)?);
     PrivateKeyDer::from_pem_slice(&pem).map_err(|e| {
         TlsError::new(
             "key",

@@ -20,6 +20,7 @@ mod error;
 mod material;
 mod principal;
 mod transport;
+mod x509;
 
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::time::{Duration, Instant};
@@ -42,6 +43,8 @@ trait Reload: Send + Sync {
     fn reload(&self) -> Result<(), TlsError>;
     /// What it is, for the log (`listener plain tls`, `state upstream_tls`).
     fn describe(&self) -> String;
+    /// notAfter of its certificates: (role, Unix seconds).
+    fn expiries(&self) -> Vec<(&'static str, i64)>;
 }
 
 /// Every live TLS configuration, for [`reload_all`]. Weak: a configuration
@@ -80,11 +83,30 @@ pub fn reload_all() -> ReloadReport {
     report
 }
 
+/// notAfter of the certificates of every live TLS configuration: (its
+/// name, role `server` / `client` / `ca`, Unix seconds). Read at scrape time
+/// into `mirrorguard_tls_certificate_expiry_timestamp_seconds`.
+pub fn certificate_expiries() -> Vec<(String, &'static str, i64)> {
+    let live: Vec<Arc<dyn Reload>> = {
+        let live = LIVE.lock().unwrap_or_else(|p| p.into_inner());
+        live.iter().filter_map(Weak::upgrade).collect()
+    };
+    live.iter()
+        .flat_map(|r| {
+            let what = r.describe();
+            r.expiries()
+                .into_iter()
+                .map(move |(role, t)| (what.clone(), role, t))
+        })
+        .collect()
+}
+
 /// The TLS server side of a listener (or the admin endpoint).
 pub struct ServerTls {
     files: ServerTlsConfig,
     what: String,
     current: RwLock<Arc<rustls::ServerConfig>>,
+    expiries: RwLock<Vec<(&'static str, i64)>>,
 }
 
 impl ServerTls {
@@ -95,6 +117,7 @@ impl ServerTls {
             files: files.clone(),
             what: what.to_owned(),
             current: RwLock::new(Arc::new(config)),
+            expiries: RwLock::new(material::server_expiries(files)),
         });
         register(me.clone());
         Ok(me)
@@ -148,10 +171,18 @@ impl Reload for ServerTls {
     fn reload(&self) -> Result<(), TlsError> {
         let config = material::server_config(&self.files)?;
         *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(config);
+        *self.expiries.write().unwrap_or_else(|p| p.into_inner()) =
+            material::server_expiries(&self.files);
         Ok(())
     }
     fn describe(&self) -> String {
         self.what.clone()
+    }
+    fn expiries(&self) -> Vec<(&'static str, i64)> {
+        self.expiries
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 }
 
@@ -160,6 +191,7 @@ pub struct ClientTls {
     files: ClientTlsConfig,
     what: String,
     current: RwLock<Arc<rustls::ClientConfig>>,
+    expiries: RwLock<Vec<(&'static str, i64)>>,
 }
 
 impl std::fmt::Debug for ClientTls {
@@ -178,6 +210,7 @@ impl ClientTls {
             files: files.clone(),
             what: what.to_owned(),
             current: RwLock::new(Arc::new(config)),
+            expiries: RwLock::new(material::client_expiries(files)),
         });
         register(me.clone());
         Ok(me)
@@ -216,10 +249,18 @@ impl Reload for ClientTls {
     fn reload(&self) -> Result<(), TlsError> {
         let config = material::client_config(&self.files)?;
         *self.current.write().unwrap_or_else(|p| p.into_inner()) = Arc::new(config);
+        *self.expiries.write().unwrap_or_else(|p| p.into_inner()) =
+            material::client_expiries(&self.files);
         Ok(())
     }
     fn describe(&self) -> String {
         self.what.clone()
+    }
+    fn expiries(&self) -> Vec<(&'static str, i64)> {
+        self.expiries
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 }
 

@@ -47,9 +47,13 @@ impl Ca {
     }
 }
 
+/// Writes a test file readable by its owner only, as key files must be
+/// (configuration validation refuses a key others can read).
 fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
     let p = dir.join(name);
     std::fs::write(&p, text).unwrap();
+    std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
     p
 }
 
@@ -303,6 +307,24 @@ fn config_errors_name_field_and_file() {
              [listener.upstream_tls]\nca = \"{d}/ca.pem\"\n"
         )),
         ""
+    );
+    // A private key other users can read is refused, naming field and file.
+    let loose = write(
+        b.dir.path(),
+        "loose.key",
+        &std::fs::read_to_string(&b.server.key).unwrap(),
+    );
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&loose, std::fs::Permissions::from_mode(0o644)).unwrap();
+    }
+    let e = check(&format!(
+        "[listener.tls]\ncert = \"{cert}\"\nkey = \"{}\"\n",
+        loose.display()
+    ));
+    assert!(
+        e.contains("listener[0].tls.key") && e.contains("loose.key") && e.contains("chmod 0600"),
+        "{e}"
     );
     let e = check(&format!(
         "[listener.tls]\ncert = \"{d}/missing.pem\"\nkey = \"{key}\"\n"

@@ -30,6 +30,11 @@ from harness import Proxy, TansuBroker  # noqa: E402
 # Workers, the leak check after every test, the slowest tests at the end.
 pytest_plugins = ["suite_plugin"]
 
+# Files the tests write (tokens, passwords, credential files, keys) are readable by this
+# user only: mirrorguard refuses a secret file others can read ([secrets]
+# unsafe_permissions), as an operator's should be.
+os.umask(0o077)
+
 LOGS_KEY = pytest.StashKey[list]()
 
 
