@@ -184,8 +184,9 @@ def test_mirror_listener_refuses_writes_and_admin_as_mirrorguard(ksec, kafka1, m
     assert produced == TOPIC_AUTHORIZATION_FAILED and create == TOPIC_AUTHORIZATION_FAILED
     assert advertised <= MIRROR_APIS and {1, 2, 3, 18, 23} <= advertised, sorted(advertised)
     m = mg.metrics()
-    assert m.sum("mirrorguard_mirror_refused_total", listener="sec", api="Produce") == 1, m
-    assert m.sum("mirrorguard_mirror_refused_total", listener="sec", api="CreateTopics") == 1, m
+    # spec.bootstrap is the fetcher's listener ("sec-fetcher"): the refusal counts there.
+    assert m.sum("mirrorguard_mirror_refused_total", listener="sec-fetcher", api="Produce") == 1, m
+    assert m.sum("mirrorguard_mirror_refused_total", listener="sec-fetcher", api="CreateTopics") == 1, m
     assert "refused on a mirror listener" in mg.log_text()
     # The legitimate readers: the stand-in fetcher, and librdkafka with assign().
     f = StandInFetcher(topic, version=12).connect(spec.bootstrap)
@@ -211,13 +212,6 @@ def test_mirror_listener_off_loopback_requires_authentication(ksec, kafka1, mirr
     assert "listener_sasl" in str(e.value) and "client_ca" in str(e.value), str(e.value)[-2000:]
 
 
-def fetcher_ports(mg, spec) -> tuple[int, int]:
-    taken = {mg.admin_port, spec.bootstrap_port, *(spec.node_port_of(n) for n in spec.node_ids)}
-    port = harness.free_port(taken)
-    taken.add(port)
-    return port, harness.free_node_port_base(taken, nodes=spec.node_ids)
-
-
 def credentials(path: Path, users: dict[str, str]) -> None:
     lines = []
     for user, pw in users.items():
@@ -241,14 +235,9 @@ def test_only_fetcher_principals_move_a_seal(ksec, kafka1, mirror_factory, tmp_p
         f'listener_sasl = {{ credentials_file = "{creds}", mechanisms = ["SCRAM-SHA-256"] }}',
         new_setting('fetcher_principals = ["User:fetcher"]'),
     ]))
-    mg = mirror_factory(kafka1.bootstrap, [spec], start=False)
-    port, base = fetcher_ports(mg, spec)
-    text = mg.config_path.read_text().replace(
-        'name = "seal"\n', f'name = "seal"\nfetcher_bootstrap = "{HOST}:{port}"\nfetcher_node_port_base = {base}\n', 1)
-    mg.config_path.write_text(text)
-    mg.start()
+    mg = mirror_factory(kafka1.bootstrap, [spec])
     mg.wait_sources_known()
-    fetcher_bootstrap = f"{HOST}:{port}"
+    fetcher_bootstrap = spec.bootstrap  # the harness gives every mirror fetcher ports
     # The fetcher is where the source is; then another user fetches on the same ports.
     fetcher = SaslStandIn(topic, version=12).connect(fetcher_bootstrap)
     fetcher.catch_up(3)
@@ -555,6 +544,7 @@ node_port_base = {harness.free_node_port_base({dest.port, bs}, nodes=ksec.node_i
 source_bootstrap = ["{ksec.bootstrap}"]
 destination_bootstrap = ["{HOST}:{dest.port}"]
 stopped_when = "fetcher_offset"
+fetcher_identity = "any-reader"
 """)
     proc = subprocess.Popen([harness.MIRRORGUARD_BIN, "run", "--config", cfg], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env={**os.environ, "NO_COLOR": "1"})
@@ -616,10 +606,11 @@ def test_listener_sessions_expire_and_clients_reauthenticate(ksec, kafka1, mirro
         pass
     raw.close()
     m = mg.metrics()
-    ok = m.sum("mirrorguard_client_authentications_total", listener="reauth", kind="ok")
+    # spec.bootstrap is the fetcher's listener ("reauth-fetcher").
+    ok = m.sum("mirrorguard_client_authentications_total", listener="reauth-fetcher", kind="ok")
     print(f"librdkafka read 8 records over {elapsed:.1f}s of 3 s sessions; authentications ok {ok}; "
           f"raw client without re-authentication closed: {expired}")
     assert expired, "a session that never expires"
-    assert m.sum("mirrorguard_client_authentications_total", listener="reauth", kind="expired") >= 1
+    assert m.sum("mirrorguard_client_authentications_total", listener="reauth-fetcher", kind="expired") >= 1
     assert ok >= 4, ok  # the raw client, librdkafka's two connections, and re-authentications
     assert "client re-authenticated" in mg.log_text(), "librdkafka reconnected instead"
