@@ -63,8 +63,10 @@ if [ "$quick" = 1 ]; then
   step "cargo test --lib --bins (the Rust unit tests)"
   cargo test --lib --bins
 else
-  step "cargo test"
-  cargo test
+  step "cargo test --lib --bins --doc (the Rust unit and doc tests) and the build of every test target"
+  cargo test --lib --bins
+  cargo test --doc
+  cargo test --no-run
 
   step "cargo check of the fuzz targets (fuzz/; scripts/fuzz.sh runs them)"
   # The fuzz crate is outside the workspace: without this its targets rot unseen.
@@ -72,6 +74,13 @@ else
 fi
 
 wait_deps
+
+if [ "$quick" = 0 ]; then
+  # Some of them start real brokers (tests/kafka_common), so they wait for the install:
+  # on a fresh machine the Kafka download can outlast every build above.
+  step "cargo test --tests (the Rust integration tests in tests/*.rs)"
+  cargo test --test '*'
+fi
 
 if [ "$quick" = 0 ]; then
   step "cargo deny check bans licenses sources (deny.toml; advisories need the RustSec database, not reachable here)"
