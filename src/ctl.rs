@@ -124,6 +124,9 @@ pub enum CtlCommand {
     Pause(Selection),
     /// Continue after a pause.
     Resume(Selection),
+    /// Protect STOPPED partitions again: a new mirroring episode (after a
+    /// failback, or a new mirror from the old source).
+    Protect(Selection),
     /// Abort, on the destination, the open mirrored transactions of stopped
     /// partitions whose destination fetcher is gone (`--topic T[:P]`).
     AbortOpen(Selection),
@@ -199,6 +202,7 @@ fn call(args: &CtlArgs) -> Result<(u16, String), CtlError> {
         CtlCommand::Stop(s) => ("POST", "/v1/partitions/stop".into(), Some(s.body()?)),
         CtlCommand::Pause(s) => ("POST", "/v1/partitions/pause".into(), Some(s.body()?)),
         CtlCommand::Resume(s) => ("POST", "/v1/partitions/resume".into(), Some(s.body()?)),
+        CtlCommand::Protect(s) => ("POST", "/v1/partitions/protect".into(), Some(s.body()?)),
         CtlCommand::AbortOpen(s) => ("POST", "/v1/partitions/abort-open".into(), Some(s.body()?)),
         CtlCommand::Producers { topic, partition } => (
             "GET",

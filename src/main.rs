@@ -19,7 +19,7 @@ enum Command {
     Dump(mirrorguard::dump::DumpArgs),
     /// Map a PID into a region, or decode a mapped PID.
     Map(mirrorguard::pid::MapArgs),
-    /// Call the admin API (partitions, stop, pause, resume, producers, collisions, anomalies).
+    /// Call the admin API (partitions, stop, pause, resume, protect, producers, collisions, anomalies).
     Ctl(mirrorguard::ctl::CtlArgs),
     /// Print a `[[mirror]].listener_sasl` credential-file line (salted
     /// SCRAM credential) for a user whose password is read from stdin.

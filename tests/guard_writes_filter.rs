@@ -42,6 +42,11 @@ fn entry(topic: &str, partition: i32, state: State) -> Entry {
         seal: None,
         restored_open_txns: None,
         destination_hw: None,
+        topic_id: [0; 16],
+        episode: 0,
+        episode_start: None,
+        leader_epoch: None,
+        history: Vec::new(),
     }
 }
 

@@ -463,6 +463,11 @@ async fn chunked_snapshots_carry_closings(bs: &str, topic: &str) {
             seal: None,
             restored_open_txns: None,
             destination_hw: None,
+            topic_id: [0; 16],
+            episode: 0,
+            episode_start: None,
+            leader_epoch: None,
+            history: Vec::new(),
         },
     );
     take_over(

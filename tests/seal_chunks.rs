@@ -141,6 +141,11 @@ async fn a_seal_with_20000_open_transactions_persists_in_chunks_and_is_rebuilt()
         seal: Some(Arc::new(plan.clone())),
         restored_open_txns: None,
         destination_hw: None,
+        topic_id: [0; 16],
+        episode: 0,
+        episode_start: None,
+        leader_epoch: None,
+        history: Vec::new(),
     };
     lifecycle
         .commit(&key, entry)

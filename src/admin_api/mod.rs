@@ -65,6 +65,7 @@ pub fn routes(state: Arc<ApiState>) -> Router {
         .route("/v1/partitions/stop", post(stop))
         .route("/v1/partitions/pause", post(pause))
         .route("/v1/partitions/resume", post(resume))
+        .route("/v1/partitions/protect", post(protect))
         .route("/v1/partitions/abort-open", post(abort_open::abort_open))
         .route(
             "/v1/partitions/{topic}/{partition}/producers",
@@ -122,6 +123,14 @@ struct PartitionView {
     /// reads it.
     #[serde(skip_serializing_if = "Option::is_none")]
     destination_hw: Option<crate::lifecycle::HwWait>,
+    /// The mirroring episode (0: the first).
+    episode: i32,
+    /// Where this episode's fetcher started.
+    episode_start: Option<i64>,
+    /// The leader epoch the seal is stamped with.
+    leader_epoch: Option<i32>,
+    /// Earlier episodes, oldest first.
+    history: Vec<crate::lifecycle::Episode>,
 }
 
 fn view(e: &Entry, producers: usize) -> PartitionView {
@@ -143,6 +152,10 @@ fn view(e: &Entry, producers: usize) -> PartitionView {
         snapshot_offset: None,
         state_offset: None,
         destination_hw: e.destination_hw.clone(),
+        episode: e.episode,
+        episode_start: e.episode_start,
+        leader_epoch: e.leader_epoch,
+        history: e.history.clone(),
     }
 }
 
@@ -180,6 +193,10 @@ async fn list_partitions(State(s): State<Arc<ApiState>>) -> Json<serde_json::Val
                         snapshot_offset: None,
                         state_offset: None,
                         destination_hw: None,
+                        episode: 0,
+                        episode_start: None,
+                        leader_epoch: None,
+                        history: Vec::new(),
                     },
                 );
             }
@@ -312,6 +329,14 @@ async fn pause(
     body: Result<Json<SelectionBody>, JsonRejection>,
 ) -> Response {
     mutate(s, headers, body, Operation::Pause).await
+}
+
+async fn protect(
+    State(s): State<Arc<ApiState>>,
+    headers: HeaderMap,
+    body: Result<Json<SelectionBody>, JsonRejection>,
+) -> Response {
+    mutate(s, headers, body, Operation::Protect).await
 }
 
 async fn resume(
@@ -454,40 +479,56 @@ async fn mutate(
     }
     targets.sort();
     targets.dedup();
-    // Every transition must be allowed before any is made.
+    // Every transition must be allowed before any is made. Protecting a
+    // partition this mirror already mirrors changes nothing.
+    let mut unchanged = Vec::new();
+    let mut to_change = Vec::new();
     for (topic, p) in &targets {
         let key = mirror.key_for(topic, *p);
-        let state = s
-            .lifecycle
-            .get(&key)
-            .map(|e| e.state)
-            .unwrap_or(LState::Mirroring);
-        let allowed = matches!(
-            (state, op),
-            (LState::Mirroring | LState::Paused, Operation::Stop)
-                | (LState::Mirroring, Operation::Pause)
-                | (LState::Paused, Operation::Resume)
-        );
-        if !allowed {
+        let current = s.lifecycle.get(&key);
+        let mirroring_here = current
+            .as_ref()
+            .is_none_or(|e| e.mirror == mirror.name && e.state == LState::Mirroring);
+        if op == Operation::Protect && mirroring_here {
+            unchanged.push(json!({"topic": topic, "partition": p, "state": "MIRRORING"}));
+            continue;
+        }
+        if let Err(e) =
+            crate::lifecycle::Lifecycle::check_transition(&key, current.as_ref(), &mirror.name, op)
+        {
+            let code = match e {
+                crate::lifecycle::TransitionError::OtherMirror { .. } => "other_mirror",
+                _ => "transition_not_allowed",
+            };
             return error(
                 StatusCode::CONFLICT,
-                "transition_not_allowed",
-                format!(
-                    "{topic}-{p} is {}: cannot {op:?} it; nothing was changed",
-                    state.name()
-                ),
+                code,
+                format!("{e}; nothing was changed"),
             );
         }
+        to_change.push((topic.clone(), *p));
     }
     let mut done = Vec::new();
-    for (topic, p) in &targets {
+    for (topic, p) in &to_change {
         let key = mirror.key_for(topic, *p);
         match s
             .lifecycle
             .request(&key, &mirror.name, &source.text, op)
             .await
         {
-            Ok(e) => done.push(view(&e, 0)),
+            Ok(e) => {
+                if let (Operation::Protect, Some(floor)) = (op, e.episode_floor()) {
+                    // The episode before ended with a barrier: nothing of its
+                    // producer state carries over (the next fetch starts the
+                    // new one; its claims are tombstoned by the next
+                    // snapshot round).
+                    mirror
+                        .registry
+                        .partition(&key)
+                        .with(|st| st.start_episode_at(floor));
+                }
+                done.push(view(&e, 0))
+            }
             Err(e) => {
                 let status = match e {
                     crate::lifecycle::TransitionError::NotPersisted { .. } => {
@@ -502,6 +543,13 @@ async fn mutate(
                     .into_response();
             }
         }
+    }
+    if op == Operation::Protect {
+        return (
+            StatusCode::OK,
+            Json(json!({"applied": done, "unchanged": unchanged})),
+        )
+            .into_response();
     }
     (StatusCode::OK, Json(json!({"applied": done}))).into_response()
 }

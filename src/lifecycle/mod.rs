@@ -77,6 +77,36 @@ pub enum Operation {
     Pause,
     /// Continue after a pause.
     Resume,
+    /// Protect a STOPPED partition again: a new mirroring episode.
+    Protect,
+}
+
+/// Earlier episodes kept in an entry (the oldest are dropped first).
+pub const MAX_HISTORY: usize = 16;
+
+/// One earlier mirroring episode of a partition, as it ended (kept for
+/// audit: `GET /v1/partitions`, `mirrorguard dump`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Episode {
+    /// Its number (0: the first).
+    pub episode: i32,
+    /// The mirror that fed it.
+    pub mirror: String,
+    /// Its source cluster.
+    pub source_cluster_id: String,
+    /// How it ended (STOPPED).
+    #[serde(serialize_with = "ser_state")]
+    pub state: State,
+    /// Its cut.
+    pub cut: Option<i64>,
+    /// Its sealing batches.
+    pub seal_batches: Option<i32>,
+    /// The leader epoch its seal was stamped with.
+    pub leader_epoch: Option<i32>,
+    /// Where its fetcher started (`None`: the first episode, or not known).
+    pub start: Option<i64>,
+    /// Wall-clock ms of its last transition (the seal's completion).
+    pub ended_ms: i64,
 }
 
 /// Why a transition was refused.
@@ -162,6 +192,128 @@ pub struct Entry {
     /// high watermark); kept here only, never persisted.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub destination_hw: Option<HwWait>,
+    /// The destination topic id the entry belongs to (all zeros: not known
+    /// yet). A topic deleted and created again has a new id: a new
+    /// partition, to which this entry never applies.
+    #[serde(skip)]
+    pub topic_id: [u8; 16],
+    /// The mirroring episode (0: the first; each `protect` starts the next).
+    pub episode: i32,
+    /// Where this episode's destination fetcher started: its first fetch
+    /// offset after `protect` (`None`: the first episode, or a protected
+    /// partition whose fetcher has not fetched yet).
+    pub episode_start: Option<i64>,
+    /// The leader epoch the seal is stamped with (persisted with the cut,
+    /// so a seal rebuilt after a restart is stamped the same below Fetch
+    /// v12, where requests carry no LastFetchedEpoch).
+    pub leader_epoch: Option<i32>,
+    /// Earlier episodes, oldest first (at most [`MAX_HISTORY`]).
+    pub history: Vec<Episode>,
+}
+
+impl Entry {
+    /// A protected partition whose new episode has not started: its
+    /// fetcher's next fetch starts it (the shadow producer state starts
+    /// empty there).
+    pub fn start_pending(&self) -> bool {
+        self.state == State::Mirroring && self.episode > 0 && self.episode_start.is_none()
+    }
+
+    /// Whether the fetch path must look at this entry (anything but a
+    /// MIRRORING episode under way).
+    pub fn is_controlled(&self) -> bool {
+        self.state != State::Mirroring || self.start_pending()
+    }
+
+    /// The seal's end (cut + sealing batches), once both are known.
+    pub fn seal_end(&self) -> Option<i64> {
+        self.cut
+            .zip(self.seal_batches)
+            .map(|(c, n)| c + i64::from(n))
+    }
+
+    /// The lowest offset the current episode's producer state can be at:
+    /// its start, else the end of the episode before (`None`: the first
+    /// episode). A snapshot below it belongs to an earlier episode.
+    pub fn episode_floor(&self) -> Option<i64> {
+        if self.episode == 0 {
+            return None;
+        }
+        self.episode_start.or_else(|| {
+            self.history
+                .last()
+                .and_then(|h| h.cut.zip(h.seal_batches).map(|(c, n)| c + i64::from(n)))
+        })
+    }
+
+    /// A new entry (MIRRORING, first episode) of `mirror` for a partition.
+    pub fn new(mirror: &str, source_cluster_id: &str, topic: &str, partition: i32) -> Self {
+        Self {
+            mirror: mirror.to_string(),
+            topic: topic.to_string(),
+            partition,
+            state: State::Mirroring,
+            source_cluster_id: source_cluster_id.to_string(),
+            cut: None,
+            seal_batches: None,
+            fetcher_offset: None,
+            last_fetch_ms: None,
+            reason: None,
+            since_ms: now_ms(),
+            seal: None,
+            restored_open_txns: None,
+            destination_hw: None,
+            topic_id: [0; 16],
+            episode: 0,
+            episode_start: None,
+            leader_epoch: None,
+            history: Vec::new(),
+        }
+    }
+
+    /// This entry's episode as it ended, for the history.
+    pub fn as_episode(&self) -> Episode {
+        Episode {
+            episode: self.episode,
+            mirror: self.mirror.clone(),
+            source_cluster_id: self.source_cluster_id.clone(),
+            state: self.state,
+            cut: self.cut,
+            seal_batches: self.seal_batches,
+            leader_epoch: self.leader_epoch,
+            start: self.episode_start,
+            ended_ms: self.since_ms,
+        }
+    }
+
+    /// The next episode of a STOPPED entry: MIRRORING for `mirror` from
+    /// `source_cluster_id`, its start pending, this one in the history.
+    pub fn next_episode(&self, mirror: &str, source_cluster_id: &str) -> Self {
+        let mut history = self.history.clone();
+        history.push(self.as_episode());
+        if history.len() > MAX_HISTORY {
+            history.drain(..history.len() - MAX_HISTORY);
+        }
+        Self {
+            mirror: mirror.to_string(),
+            state: State::Mirroring,
+            source_cluster_id: source_cluster_id.to_string(),
+            reason: Some(
+                "protected again: a new episode starts at the destination fetcher's next fetch"
+                    .into(),
+            ),
+            since_ms: now_ms(),
+            episode: self.episode + 1,
+            history,
+            ..Self::new(mirror, source_cluster_id, &self.topic, self.partition)
+        }
+        .with_topic_id(self.topic_id)
+    }
+
+    fn with_topic_id(mut self, id: [u8; 16]) -> Self {
+        self.topic_id = id;
+        self
+    }
 }
 
 /// A seal waiting for the destination's high watermark to pass its end
@@ -189,14 +341,19 @@ fn ser_state<S: serde::Serializer>(s: &State, ser: S) -> Result<S::Ok, S::Error>
 /// Where transitions are persisted (the `__mirror_state` topic).
 pub trait TransitionStore: Send + Sync {
     /// Persists an entry's state record (type 4) and, when present, the
-    /// open-transaction snapshot of its seal (type 5); resolves once acknowledged.
-    fn persist(&self, entry: Entry) -> crate::BoxFuture<'static, Result<(), crate::PersistError>>;
+    /// open-transaction snapshot of its seal (type 5); resolves once
+    /// acknowledged, with the destination topic id it was keyed by.
+    fn persist(
+        &self,
+        entry: Entry,
+    ) -> crate::BoxFuture<'static, Result<[u8; 16], crate::PersistError>>;
 }
 
 /// All controlled partitions.
 pub struct Lifecycle {
     entries: Mutex<HashMap<PartitionKey, Entry>>,
-    /// Entries not in MIRRORING: zero means the fetch path skips everything.
+    /// Entries the fetch path must look at ([`Entry::is_controlled`]): zero
+    /// means it skips everything.
     controlled: AtomicUsize,
     store: Mutex<Option<Arc<dyn TransitionStore>>>,
     /// Serialises transitions so a persisted record and the in-memory state
@@ -265,10 +422,7 @@ impl Lifecycle {
     }
 
     fn recount(&self, entries: &HashMap<PartitionKey, Entry>) {
-        let n = entries
-            .values()
-            .filter(|e| e.state != State::Mirroring)
-            .count();
+        let n = entries.values().filter(|e| e.is_controlled()).count();
         self.controlled.store(n, Ordering::Relaxed);
         let mut per_state: HashMap<&'static str, i64> = HashMap::new();
         for s in ["MIRRORING", "PAUSED", "STOPPING", "STOPPED", "FAILED"] {
@@ -309,55 +463,28 @@ impl Lifecycle {
             .as_ref()
             .map(|e| e.state)
             .unwrap_or(State::Mirroring);
-        if let Some(e) = &current {
-            if e.mirror != mirror && e.state != State::Mirroring {
-                return Err(TransitionError::OtherMirror {
-                    topic: key.topic.to_string(),
-                    partition: key.partition,
-                    owner: e.mirror.clone(),
-                    mirror: mirror.to_string(),
-                });
-            }
-        }
-        let next = match (state, op) {
-            (State::Mirroring | State::Paused, Operation::Stop) => State::Stopping,
-            (State::Mirroring, Operation::Pause) => State::Paused,
-            (State::Paused, Operation::Resume) => State::Mirroring,
-            (s, op) => {
-                return Err(TransitionError::NotAllowed {
-                    topic: key.topic.to_string(),
-                    partition: key.partition,
-                    op,
-                    state: s.name(),
-                })
-            }
+        Self::check_transition(key, current.as_ref(), mirror, op)?;
+        let mut entry = match (&current, op) {
+            (Some(e), Operation::Protect) => e.next_episode(mirror, source_cluster_id),
+            (Some(e), _) => e.clone(),
+            (None, _) => Entry::new(mirror, source_cluster_id, &key.topic, key.partition),
         };
-        let mut entry = current.unwrap_or_else(|| Entry {
-            mirror: mirror.to_string(),
-            topic: key.topic.to_string(),
-            partition: key.partition,
-            state: State::Mirroring,
-            source_cluster_id: source_cluster_id.to_string(),
-            cut: None,
-            seal_batches: None,
-            fetcher_offset: None,
-            last_fetch_ms: None,
-            reason: None,
-            since_ms: now_ms(),
-            seal: None,
-            restored_open_txns: None,
-            destination_hw: None,
-        });
+        let next = match op {
+            Operation::Stop => State::Stopping,
+            Operation::Pause => State::Paused,
+            Operation::Resume | Operation::Protect => State::Mirroring,
+        };
         entry.mirror = mirror.to_string();
         entry.state = next;
         entry.since_ms = now_ms();
-        entry.reason = match next {
-            State::Stopping => {
+        entry.reason = match (next, op) {
+            (State::Stopping, _) => {
                 Some("waiting for the destination fetcher's next fetch to take the cut".into())
             }
+            (_, Operation::Protect) => entry.reason.take(),
             _ => None,
         };
-        self.persist(&entry).await?;
+        entry.topic_id = self.persist(&entry).await?;
         tracing::info!(mirror, topic = %key.topic, partition = key.partition,
             from = state.name(), to = next.name(), "partition state transition");
         let mut entries = lock(&self.entries);
@@ -366,7 +493,47 @@ impl Lifecycle {
         Ok(entry)
     }
 
-    async fn persist(&self, entry: &Entry) -> Result<(), TransitionError> {
+    /// Whether `op` may be applied to a partition whose entry is `current`
+    /// through `mirror` (nothing is changed).
+    pub fn check_transition(
+        key: &PartitionKey,
+        current: Option<&Entry>,
+        mirror: &str,
+        op: Operation,
+    ) -> Result<(), TransitionError> {
+        let state = current.map(|e| e.state).unwrap_or(State::Mirroring);
+        if let Some(e) = current {
+            // A partition is fed by one mirror at a time: another mirror may
+            // only protect it once its episode is over (STOPPED).
+            let episode_over = e.state == State::Stopped && op == Operation::Protect;
+            if e.mirror != mirror && e.is_controlled() && !episode_over {
+                return Err(TransitionError::OtherMirror {
+                    topic: key.topic.to_string(),
+                    partition: key.partition,
+                    owner: e.mirror.clone(),
+                    mirror: mirror.to_string(),
+                });
+            }
+        }
+        let allowed = matches!(
+            (state, op),
+            (State::Mirroring | State::Paused, Operation::Stop)
+                | (State::Mirroring, Operation::Pause)
+                | (State::Paused, Operation::Resume)
+                | (State::Stopped, Operation::Protect)
+        );
+        if !allowed {
+            return Err(TransitionError::NotAllowed {
+                topic: key.topic.to_string(),
+                partition: key.partition,
+                op,
+                state: state.name(),
+            });
+        }
+        Ok(())
+    }
+
+    async fn persist(&self, entry: &Entry) -> Result<[u8; 16], TransitionError> {
         let store = lock(&self.store).clone();
         match store {
             Some(s) => s
@@ -384,13 +551,22 @@ impl Lifecycle {
 
     /// Records a seal decision or completion made on the fetch path:
     /// persists `entry` then installs it. Used by [`seal`].
-    pub async fn commit(&self, key: &PartitionKey, entry: Entry) -> Result<(), TransitionError> {
+    pub async fn commit(
+        &self,
+        key: &PartitionKey,
+        mut entry: Entry,
+    ) -> Result<(), TransitionError> {
         let _serial = self.transitions.lock().await;
         // Another connection may have committed the same step meanwhile.
         if let Some(cur) = self.get(key) {
+            if cur.episode != entry.episode {
+                // Decided on another episode's entry (a protect meanwhile).
+                return Ok(());
+            }
             if cur.state == entry.state
                 && cur.cut == entry.cut
                 && cur.seal_batches == entry.seal_batches
+                && cur.episode_start == entry.episode_start
             {
                 return Ok(());
             }
@@ -398,7 +574,7 @@ impl Lifecycle {
                 return Ok(());
             }
         }
-        self.persist(&entry).await?;
+        entry.topic_id = self.persist(&entry).await?;
         tracing::info!(mirror = %entry.mirror, topic = %key.topic, partition = key.partition,
             state = entry.state.name(), cut = ?entry.cut, seal_batches = ?entry.seal_batches,
             "partition seal progress persisted");
@@ -406,6 +582,24 @@ impl Lifecycle {
         entries.insert(key.clone(), entry);
         self.recount(&entries);
         Ok(())
+    }
+
+    /// The destination topic `topic` has the id `current` now: entries of
+    /// an earlier topic of that name (deleted, then created again) no
+    /// longer apply to it and are dropped (their records stay in
+    /// `__mirror_state` under the old id, for audit). Returns them.
+    pub fn drop_other_topic_ids(&self, topic: &str, current: [u8; 16]) -> Vec<Entry> {
+        let mut entries = lock(&self.entries);
+        let stale: Vec<PartitionKey> = entries
+            .iter()
+            .filter(|(_, e)| e.topic == topic && e.topic_id != [0; 16] && e.topic_id != current)
+            .map(|(k, _)| k.clone())
+            .collect();
+        let dropped: Vec<Entry> = stale.iter().filter_map(|k| entries.remove(k)).collect();
+        if !dropped.is_empty() {
+            self.recount(&entries);
+        }
+        dropped
     }
 
     /// Sets (or clears) what the partition's seal waits for; nothing is
@@ -434,4 +628,124 @@ impl Lifecycle {
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A store that acknowledges every record, keyed by a fixed topic id.
+    struct Acks;
+
+    impl TransitionStore for Acks {
+        fn persist(
+            &self,
+            _entry: Entry,
+        ) -> crate::BoxFuture<'static, Result<[u8; 16], crate::PersistError>> {
+            Box::pin(async { Ok([7; 16]) })
+        }
+    }
+
+    fn lifecycle() -> Arc<Lifecycle> {
+        let l = Lifecycle::new(crate::metrics::Metrics::new());
+        l.set_store(Arc::new(Acks));
+        l
+    }
+
+    fn stopped(l: &Lifecycle, key: &PartitionKey) {
+        let mut e = l.get(key).unwrap();
+        e.state = State::Stopped;
+        e.cut = Some(10);
+        e.seal_batches = Some(2);
+        e.leader_epoch = Some(3);
+        l.restore(key.clone(), e);
+    }
+
+    #[tokio::test]
+    async fn protect_starts_a_new_episode_only_from_stopped_and_keeps_the_old_one() {
+        let l = lifecycle();
+        let key = PartitionKey::new([0; 16], "t", 0);
+        // Nothing to protect while mirroring.
+        let err = l.request(&key, "m", "A", Operation::Protect).await;
+        assert!(
+            matches!(err, Err(TransitionError::NotAllowed { .. })),
+            "{err:?}"
+        );
+        let e = l.request(&key, "m", "A", Operation::Stop).await.unwrap();
+        assert_eq!(
+            (e.state, e.topic_id, e.episode),
+            (State::Stopping, [7; 16], 0)
+        );
+        let err = l.request(&key, "m", "A", Operation::Protect).await;
+        assert!(
+            matches!(err, Err(TransitionError::NotAllowed { .. })),
+            "{err:?}"
+        );
+        stopped(&l, &key);
+        // STOPPED is not forever: a new episode, the old one in the history.
+        let e = l.request(&key, "m", "A", Operation::Protect).await.unwrap();
+        assert_eq!(
+            (e.state, e.episode, e.episode_start),
+            (State::Mirroring, 1, None)
+        );
+        assert!(e.start_pending() && e.is_controlled() && l.controls());
+        assert_eq!((e.cut, e.seal_batches, e.leader_epoch), (None, None, None));
+        assert_eq!(e.history.len(), 1);
+        let old = &e.history[0];
+        assert_eq!(
+            (old.episode, old.cut, old.seal_batches, old.leader_epoch),
+            (0, Some(10), Some(2), Some(3))
+        );
+        assert_eq!(old.state, State::Stopped);
+        // Below the floor (the old seal's end) nothing of it is this episode's.
+        assert_eq!(e.episode_floor(), Some(12));
+        // Once started it is an ordinary MIRRORING episode, stoppable again.
+        let mut started = e.clone();
+        started.episode_start = Some(15);
+        l.commit(&key, started).await.unwrap();
+        assert!(!l.get(&key).unwrap().is_controlled() && !l.controls());
+        assert_eq!(l.get(&key).unwrap().episode_floor(), Some(15));
+        let e = l.request(&key, "m", "A", Operation::Stop).await.unwrap();
+        assert_eq!(
+            (e.state, e.episode, e.history.len()),
+            (State::Stopping, 1, 1)
+        );
+    }
+
+    #[tokio::test]
+    async fn another_mirror_takes_a_partition_over_only_once_its_episode_ended() {
+        let l = lifecycle();
+        let key = PartitionKey::new([0; 16], "t", 0);
+        l.request(&key, "x", "A", Operation::Pause).await.unwrap();
+        for op in [Operation::Stop, Operation::Protect, Operation::Pause] {
+            let err = l.request(&key, "y", "B", op).await;
+            assert!(
+                matches!(err, Err(TransitionError::OtherMirror { .. })),
+                "{op:?}: {err:?}"
+            );
+        }
+        l.request(&key, "x", "A", Operation::Stop).await.unwrap();
+        let err = l.request(&key, "y", "B", Operation::Protect).await;
+        assert!(
+            matches!(err, Err(TransitionError::OtherMirror { .. })),
+            "{err:?}"
+        );
+        stopped(&l, &key);
+        let e = l.request(&key, "y", "B", Operation::Protect).await.unwrap();
+        assert_eq!(
+            (e.mirror.as_str(), e.source_cluster_id.as_str(), e.episode),
+            ("y", "B", 1)
+        );
+        assert_eq!(e.history[0].mirror, "x");
+    }
+
+    #[tokio::test]
+    async fn entries_of_an_earlier_topic_of_the_same_name_are_dropped() {
+        let l = lifecycle();
+        let key = PartitionKey::new([0; 16], "t", 0);
+        l.request(&key, "m", "A", Operation::Stop).await.unwrap();
+        assert!(l.drop_other_topic_ids("t", [7; 16]).is_empty());
+        assert_eq!(l.drop_other_topic_ids("t", [8; 16]).len(), 1);
+        assert!(l.get(&key).is_none() && !l.controls());
+    }
 }

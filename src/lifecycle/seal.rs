@@ -142,7 +142,15 @@ pub struct LocalPartition {
     pub aborts_served: u32,
     /// Barriers among `records` (0 or 1).
     pub barriers_served: u32,
+    /// The partition's error code (0: none); with an error, no records.
+    pub error_code: i16,
 }
+
+/// Kafka's POLICY_VIOLATION: the partition's fetches are refused by policy
+/// (an ended episode fetched again without `protect`, another mirror's
+/// partition); the fetcher retries after its back-off, and the reason is in
+/// mirrorguard's log and metrics.
+pub const POLICY_VIOLATION: i16 = 44;
 
 /// The decision for one controlled partition at one fetch.
 #[derive(Debug)]
@@ -159,6 +167,16 @@ pub enum Decision {
         answer: LocalPartition,
         /// The seal's end: the high watermark it waits for.
         end: i64,
+    },
+    /// The fetch cannot be served in this episode (a STOPPED partition
+    /// fetched past its seal's end: the destination took local writes and
+    /// mirrors again without `protect`): answer with this error, never
+    /// "caught up", never source data.
+    Refuse {
+        /// The answer (an error, no records).
+        answer: LocalPartition,
+        /// Why, for the log.
+        why: String,
     },
     /// The fetch is past the seal's end and the destination's high
     /// watermark is not known to be: answer with this (no records), never
@@ -217,6 +235,15 @@ impl LocalPartition {
             last_stable_offset: offset,
             aborts_served: 0,
             barriers_served: 0,
+            error_code: 0,
+        }
+    }
+
+    /// An error answer (no records) to a fetch at `offset`.
+    pub fn refused_at(offset: i64, error_code: i16) -> Self {
+        Self {
+            error_code,
+            ..Self::empty_at(offset)
         }
     }
 }
@@ -267,6 +294,32 @@ pub fn decide(
 ) -> Decision {
     match entry.state {
         State::Stopping => {}
+        // A protected partition's new episode starts at this fetch: its
+        // shadow producer state starts empty here (persisted first).
+        State::Mirroring if entry.start_pending() => {
+            let mut next = entry.clone();
+            next.episode_start = Some(fetch_offset);
+            next.reason = None;
+            tracing::info!(mirror = %entry.mirror, partition = %key, episode = entry.episode,
+                start = fetch_offset, "episode starts at the destination fetcher's offset");
+            return Decision::Persist(Box::new(next));
+        }
+        // Past the end of a completed seal: the destination wrote locally
+        // since and mirrors again, a new episode that was never protected.
+        // "Caught up" would leave it without the source's records for good.
+        State::Stopped if entry.seal_end().is_some_and(|end| fetch_offset > end) => {
+            return Decision::Refuse {
+                answer: LocalPartition::refused_at(fetch_offset, POLICY_VIOLATION),
+                why: format!(
+                    "the partition is STOPPED (episode {} sealed up to {}) and its destination \
+                     fetcher fetches at {fetch_offset}, past the seal: the destination took local \
+                     writes and mirrors again; `POST /v1/partitions/protect` (ctl protect) starts \
+                     a new episode",
+                    entry.episode,
+                    entry.seal_end().unwrap_or(-1)
+                ),
+            };
+        }
         // PAUSED holds data; STOPPED and FAILED are answered locally: no byte
         // of the source beyond the fetcher's position is ever served.
         _ => return Decision::Answer(LocalPartition::empty_at(fetch_offset)),
@@ -283,6 +336,7 @@ pub fn decide(
         let mut next = entry.clone();
         next.cut = Some(fetch_offset);
         next.seal_batches = Some(plan.len());
+        next.leader_epoch = Some(epoch);
         next.reason = Some(format!(
             "sealing: {} abort marker(s) and the barrier at offsets {}..{}",
             plan.open_txns.len(),
@@ -298,10 +352,11 @@ pub fn decide(
         Some(p) => p.clone(),
         None => {
             // Restored after a restart: rebuild from the persisted open
-            // transactions; the epoch is the one of the batches already
-            // appended, which the fetcher reports as its last fetched epoch.
+            // transactions, stamped with the leader epoch persisted with the
+            // cut (the bytes served before the restart), else the one the
+            // fetcher reports as its last fetched epoch.
             let open = entry_open_txns(entry);
-            let plan = plan_for(entry, cut, epoch, open);
+            let plan = plan_for(entry, cut, entry.leader_epoch.unwrap_or(epoch), open);
             // The seal as persisted had `seal_batches` batches, some of which
             // the destination may hold already: a rebuilt seal of another
             // length (its open transactions lost) must never be served.
@@ -368,6 +423,7 @@ pub fn decide(
         let mut next = entry.clone();
         next.cut = Some(fetch_offset);
         next.seal_batches = Some(plan.len());
+        next.leader_epoch = Some(epoch);
         next.reason = Some(format!(
             "sealing again below the old cut {cut} (the destination leader's log ends at \
              {fetch_offset}): {} abort marker(s) and the barrier at offsets {}..{}",
@@ -394,6 +450,7 @@ pub fn decide(
         last_stable_offset: plan.end(),
         aborts_served,
         barriers_served,
+        error_code: 0,
     })
 }
 
@@ -441,6 +498,7 @@ pub fn serve_reader(entry: &Entry, fetch_offset: i64) -> LocalPartition {
         last_stable_offset: plan.end(),
         aborts_served: 0,
         barriers_served: 0,
+        error_code: 0,
     }
 }
 
@@ -476,6 +534,11 @@ mod tests {
             seal: None,
             restored_open_txns: open,
             destination_hw: None,
+            topic_id: [0; 16],
+            episode: 0,
+            episode_start: None,
+            leader_epoch: None,
+            history: Vec::new(),
         }
     }
 
@@ -711,5 +774,39 @@ mod tests {
             2,
             "the open transactions are read at the new cut"
         );
+    }
+
+    #[test]
+    fn an_ended_episode_is_never_caught_up_and_a_protected_one_starts_at_the_fetch() {
+        let key = PartitionKey::new([0; 16], "t", 0);
+        let mut e = built();
+        e.state = State::Stopped; // sealed 10..12
+        for at in [12, 11] {
+            match decide(&key, &e, at, 3, 3, &Vec::new, StopRule::FetcherOffset) {
+                Decision::Answer(a) => assert_eq!((a.error_code, a.high_watermark), (0, at)),
+                other => panic!("{other:?}"),
+            }
+        }
+        // Past the seal: the destination wrote locally and mirrors again
+        // without `protect`: refused, never "caught up".
+        match decide(&key, &e, 20, 3, 3, &Vec::new, StopRule::FetcherOffset) {
+            Decision::Refuse { answer, why } => {
+                assert_eq!(answer.error_code, POLICY_VIOLATION);
+                assert!(answer.records.is_empty());
+                assert!(why.contains("protect"), "{why}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let next = e.next_episode("m", "AAAAAAAAAAAAAAAAAAAAAQ");
+        match decide(&key, &next, 20, 3, 3, &Vec::new, StopRule::FetcherOffset) {
+            Decision::Persist(started) => {
+                assert_eq!(
+                    (started.state, started.episode, started.episode_start),
+                    (State::Mirroring, 1, Some(20))
+                );
+                assert!(!started.is_controlled());
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }

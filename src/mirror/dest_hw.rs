@@ -420,7 +420,8 @@ async fn complete(mirror: &Arc<MirrorContext>, key: &PartitionKey, end: i64, hw:
         // is only needed for its open transactions, which the entry holds.
         let cut = entry.cut?;
         let open = entry.restored_open_txns.clone().unwrap_or_default();
-        let plan = crate::lifecycle::seal::plan_for(&entry, cut, 0, open);
+        let plan =
+            crate::lifecycle::seal::plan_for(&entry, cut, entry.leader_epoch.unwrap_or(0), open);
         (Some(plan.len()) == entry.seal_batches).then(|| Arc::new(plan))
     }) else {
         return false;
@@ -647,6 +648,11 @@ mod tests {
                 seal: None,
                 restored_open_txns: Some(Vec::new()),
                 destination_hw: None,
+                topic_id: [0; 16],
+                episode: 0,
+                episode_start: None,
+                leader_epoch: None,
+                history: Vec::new(),
             },
         );
         (mirror, key)

@@ -380,6 +380,13 @@ struct SealMetrics {
     fetches_past_end: Counter,
     /// Seals FAILED because the destination holds records past their end.
     failed_past_end: Counter,
+    /// Protected partitions whose new episode started.
+    episodes_started: Counter,
+    /// Fetches of controlled partitions answered with an error (an ended
+    /// episode fetched again without `protect`, another mirror's partition).
+    fetches_refused: Counter,
+    /// Partitions already warned about for `fetches_refused`.
+    refused_warned: std::sync::Mutex<std::collections::HashSet<PartitionKey>>,
     /// Streamed responses cut off because a partition in them became
     /// controlled (read from `__mirror_state` by a take-over) midway.
     stream_controlled_midway: Counter,
@@ -416,6 +423,9 @@ impl SealMetrics {
             fetches_past_end: m("fetch_past_seal_end"),
             failed_past_end: m("seal_failed_past_end"),
             stream_controlled_midway: m("stream_cut_for_a_controlled_partition"),
+            episodes_started: m("episode_started"),
+            fetches_refused: m("fetch_refused"),
+            refused_warned: Default::default(),
             hw_reads: m("destination_hw_read"),
             hw_read_errors: m("destination_hw_read_error"),
             hw_waiting: metrics

@@ -55,7 +55,10 @@ impl SaltStore for NoopStore {
 }
 
 impl TransitionStore for NoopStore {
-    fn persist(&self, _entry: Entry) -> Done {
-        Box::pin(async { Ok(()) })
+    fn persist(
+        &self,
+        _entry: Entry,
+    ) -> crate::BoxFuture<'static, Result<[u8; 16], crate::PersistError>> {
+        Box::pin(async { Ok([0; 16]) })
     }
 }

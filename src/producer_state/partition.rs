@@ -459,6 +459,21 @@ impl PartitionState {
         self.closed.iter()
     }
 
+    /// Starts a new mirroring episode at `offset` (the destination
+    /// fetcher's first fetch after `protect`): no producer, no closing,
+    /// nothing below `offset` to replay (the episode before ended with a
+    /// barrier, which expired the destination's producer state). Salts stay:
+    /// a mapping never changes.
+    pub fn start_episode_at(&mut self, offset: i64) {
+        self.producers = HashMap::default();
+        self.closed = VecDeque::new();
+        self.next_offset = offset;
+        self.fetcher_position = offset;
+        self.closed_known_from = offset;
+        self.last_leader_epoch = -1;
+        self.account_closings();
+    }
+
     /// Forgets the closings (the partition is sealed: nothing past its cut
     /// will ever be appended).
     pub fn forget_closed(&mut self) {

@@ -14,6 +14,7 @@ import re
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -546,17 +547,29 @@ RDKAFKA_LOG = logging.getLogger("rdkafka")
 _clients: list = []
 
 
-def close_clients() -> None:
+def _close_client(c) -> None:
+    try:
+        if isinstance(c, Producer):
+            c.purge()
+            c.close()
+        elif isinstance(c, Consumer):
+            c.close()
+    except Exception:  # noqa: BLE001 - already closed, or broker gone
+        pass
+
+
+def close_clients(wait_s: float = 15.0) -> None:
+    """Closes every client, each in a thread of its own waited for at most `wait_s`: a
+    transactional producer's close() aborts its open transaction without a timeout, which
+    never returns once its cluster is dead (failover tests kill it on purpose)."""
     while _clients:
         c = _clients.pop()
-        try:
-            if isinstance(c, Producer):
-                c.purge()
-                c.close()
-            elif isinstance(c, Consumer):
-                c.close()
-        except Exception:  # noqa: BLE001 - already closed, or broker gone
-            pass
+        closer = threading.Thread(target=_close_client, args=(c,), daemon=True, name="close-client")
+        closer.start()
+        closer.join(wait_s)
+        if closer.is_alive():
+            RDKAFKA_LOG.warning("a client did not close within %.0fs (its cluster is gone?); left to "
+                                "its daemon thread", wait_s)
 
 
 def new_producer(bootstrap: str, **conf) -> Producer:

@@ -26,6 +26,7 @@ from mirror_harness import (  # noqa: F401 - mirror_factory is a fixture
     send,
     transactional_producer,
 )
+from kafka_dest import kafka_dest_factory  # noqa: F401 - fixture
 from session_fetcher import SessionFetcher
 
 MIRROR = "src-to-dst"
@@ -194,3 +195,99 @@ def test_session_error_from_the_source_passes_without_local_partitions(kafka1, m
     follow(f, lambda: (mg.partition(topic, 0) or {}).get("state") == "STOPPED", "p0 STOPPED")
     assert [b.kind for b in f.logs[0].batches][-1] == "barrier"
     assert data_batches(f.logs[0], stop_at) == []
+
+
+def _session_resets(mg) -> float:
+    return mg.metrics().sum("mirrorguard_seal_events_total", mirror=MIRROR, kind="fetch_session_reset")
+
+
+def _run_requests(f, n: int, what: str) -> dict:
+    """Lets fetcher `f` (the Kafka-engine stand-in's, running on its own) send `n` more requests."""
+    start = f.report()["requests"]
+    f.follow(lambda: f.report()["requests"] >= start + n, 30, what)
+    return f.report()
+
+
+def test_session_resets_only_for_sessions_that_may_hold_the_partition(
+        kafka1, mirror_factory, kafka_dest_factory):  # noqa: F811
+    """Issue 29 item 4. Two fetcher sessions of the Kafka-engine destination (Kafka's
+    FetchSessionHandler): f0 holds p0, f1 holds p1, both begun while nothing was controlled,
+    so mirrorguard did not watch them start. A stop of p3, which nobody fetches, resets each
+    of them once (they may hold p3), and never again: their new sessions are seen from their
+    start. p0 is then stopped while nobody fetches it (f0's destination leader went away), so
+    it waits for its cut: f1's session, which never held p0, is never reset, however long the
+    wait; neither after a restart of mirrorguard (the fetcher's new session starts with a full
+    request). Before: every incremental request of every fetcher session got
+    FETCH_SESSION_ID_NOT_FOUND until someone took the cut."""
+    topic = harness.topic_name("sess-two")
+    harness.create_topics(kafka1.bootstrap, [topic], partitions=5)
+    mg = start_mirror(kafka1, mirror_factory, topic)
+    spec_bootstrap = mg.mirrors[MIRROR].bootstrap
+    prod = idempotent_producer(kafka1.bootstrap)
+    for p in range(5):
+        send(prod, topic, [b"a-%d" % p], partition=p)
+    dest = kafka_dest_factory("B")
+    f0 = dest.mirror("f0", spec_bootstrap, [(topic, 0)])
+    f1 = dest.mirror("f1", spec_bootstrap, [(topic, 1)])
+    f0.catch_up(topic, high_watermark(kafka1.bootstrap, topic, 0), partition=0)
+    f1.catch_up(topic, high_watermark(kafka1.bootstrap, topic, 1), partition=1)
+    _run_requests(f1, 3, "incremental requests")
+
+    # Sessions mirrorguard did not see start: each is reset once.
+    resets_before = _session_resets(mg)
+    errors_before = [f.report()["session_errors"] for f in (f0, f1)]
+    status, body = mg.post("stop", MIRROR, topic, [3])
+    assert status == 200, body
+    _run_requests(f0, 20, "f0: 20 requests while p3 waits for its cut")
+    _run_requests(f1, 20, "f1: 20 requests while p3 waits for its cut")
+    errors = [f.report()["session_errors"] - before for f, before in zip((f0, f1), errors_before)]
+    resets = _session_resets(mg) - resets_before
+    print(f"p3 waiting for its cut, sessions begun unseen: session errors f0/f1 {errors}, "
+          f"mirrorguard session resets {resets}")
+    assert errors == [1, 1] and resets == 2, (errors, resets)
+    assert (mg.partition(topic, 3) or {}).get("state") == "STOPPING"
+    f0.stop()  # p0's destination leader is gone: nobody fetches p0
+
+    resets_before = _session_resets(mg)
+    errors_before = f1.report()["session_errors"]
+    status, body = mg.post("stop", MIRROR, topic, [0])
+    assert status == 200, body
+    for i in range(5):
+        send(prod, topic, [b"b-%d" % i], partition=1)
+    f1.catch_up(topic, high_watermark(kafka1.bootstrap, topic, 1), partition=1)
+    report = _run_requests(f1, 40, "40 requests while p0 waits for its cut")
+    resets = _session_resets(mg) - resets_before
+    print(f"p0 waiting for its cut: f1 sent 40 more requests, session errors "
+          f"{report['session_errors'] - errors_before}, mirrorguard session resets {resets}")
+    assert report["session_errors"] == errors_before, report
+    assert resets == 0
+    view = mg.partition(topic, 0)
+    assert (view["state"], view["cut"]) == ("STOPPING", None), view
+
+    # p0's fetcher comes back (a new leader on the destination): its full request carries
+    # the position, the cut is taken and the seal served.
+    f0b = dest.mirror("f0b", spec_bootstrap, [(topic, 0)])
+    harness.wait_until(lambda: (mg.partition(topic, 0) or {}).get("state") == "STOPPED", 30, interval=0.1,
+                       what="p0 STOPPED")
+    f0b.stop()
+
+    # A restart forgets every session, but f1's next session starts with a full request
+    # (the connection ended), so a stop of p4, which nobody fetches, does not reset it.
+    mg.restart()
+    mg.wait_sources_known()
+    _run_requests(f1, 3, "f1 fetching through the restarted mirrorguard")
+    errors_before = f1.report()["session_errors"]
+    resets_before = _session_resets(mg)
+    status, body = mg.post("stop", MIRROR, topic, [4])
+    assert status == 200, body
+    report = _run_requests(f1, 40, "40 requests while p4 waits for its cut")
+    resets = _session_resets(mg) - resets_before
+    print(f"after a restart, p4 waiting for its cut: f1 session errors "
+          f"{report['session_errors'] - errors_before}, mirrorguard session resets {resets}")
+    assert report["session_errors"] == errors_before, report
+    assert resets == 0
+    assert (mg.partition(topic, 4) or {}).get("state") == "STOPPING"
+    hw1 = high_watermark(kafka1.bootstrap, topic, 1)
+    send(prod, topic, [b"c"], partition=1)
+    f1.catch_up(topic, hw1 + 1, partition=1)
+    f1.stop()

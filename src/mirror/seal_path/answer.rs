@@ -10,6 +10,7 @@ pub(super) fn partition_response(
     log_start: i64,
 ) -> FetchPartitionResponse<'static> {
     let mut r = FetchPartitionResponse::new(c.partition);
+    r.error_code = a.error_code;
     r.high_watermark = a.high_watermark;
     r.last_stable_offset = a.last_stable_offset;
     r.log_start_offset = log_start;

@@ -111,6 +111,9 @@ pub struct FetchPlan {
     /// session (dropped from the request, or added to its forgotten topics):
     /// remembered once the upstream accepted the request.
     out_of_session: Vec<PartitionKey>,
+    /// Every partition a fetcher's full session request listed: what the
+    /// session it creates holds (see [`SessionMemory::may_hold`]).
+    listed: Option<Vec<PartitionKey>>,
     /// Whether the request came in on the destination fetcher's listener.
     fetcher: bool,
     /// The request's MaxWaitMs: a local answer with no records is held this

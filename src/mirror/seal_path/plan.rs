@@ -22,6 +22,7 @@ pub fn plan_fetch(
     fetcher: bool,
 ) -> Result<Option<RequestAction>, RewriteError> {
     if !mirror.lifecycle.controls() && !mirror.sessions.any() {
+        mirror.sessions.forget_holds();
         return Ok(None);
     }
     let hv = handlers::request_header_version(h.api_key, h.api_version)
@@ -37,14 +38,43 @@ pub fn plan_fetch(
     // A listed partition whose seal is (about to be) served: the upstream
     // must not hold the answer for MaxWaitMs.
     let mut serving = false;
+    // The fetcher's session request: what its session holds from now on
+    // (a full request) or holds as well (an incremental one).
+    let session_listing = fetcher && h.api_version >= 7 && req.session_epoch >= 0;
+    let mut listed: Vec<PartitionKey> = Vec::new();
     for t in &req.topics {
         for p in &t.partitions {
             total += 1;
             let key = mirror.partition_key(&t.topic, p.partition);
+            if session_listing {
+                listed.push(key.clone());
+            }
             let Some(entry) = mirror.lifecycle.get(&key) else {
                 continue;
             };
-            if entry.state == State::Mirroring {
+            // Another mirror's partition is refused (a partition is fed by
+            // one mirror at a time); a protected partition's episode starts at
+            // the fetcher's fetch; otherwise MIRRORING is forwarded.
+            let other_mirror = entry.mirror != mirror.name;
+            if !other_mirror
+                && entry.state == State::Mirroring
+                && !(fetcher && entry.start_pending())
+            {
+                continue;
+            }
+            if other_mirror || entry.start_pending() {
+                serving = true;
+                controlled.push(Controlled {
+                    topic: match t.topic {
+                        FetchTopic::Name(n) => TopicRef::Name(n.to_string()),
+                        FetchTopic::Id(id) => TopicRef::Id(id),
+                    },
+                    partition: p.partition,
+                    key,
+                    fetch_offset: p.fetch_offset,
+                    last_fetched_epoch: p.last_fetched_epoch,
+                    current_leader_epoch: p.current_leader_epoch,
+                });
                 continue;
             }
             // A reader below the cut of a sealed (or sealing) partition reads
@@ -111,6 +141,7 @@ pub fn plan_fetch(
     // fetcher: it may then hold nothing to wait on.
     let mut session_has_out = false;
     if incremental {
+        mirror.sessions.add_held(req.session_id, &listed);
         let (known_out, evicted) = mirror.sessions.out_of(req.session_id);
         session_has_out = !known_out.is_empty();
         // A session whose memory was evicted may hold partitions it was told
@@ -129,9 +160,15 @@ pub fn plan_fetch(
             let key = mirror.key_for(&e.topic, e.partition);
             // A STOPPING partition without a cut needs the fetcher's
             // position, which an incremental request that leaves it out does
-            // not carry: make the fetcher send a full fetch (one session
-            // error per seal).
-            if fetcher && e.state == State::Stopping && e.cut.is_none() && !is_listed(&key) {
+            // not carry: make the fetcher send a full fetch, if its session
+            // may hold the partition (one session error per session; the
+            // full request that follows says what the new one holds).
+            if fetcher
+                && e.state == State::Stopping
+                && e.cut.is_none()
+                && !is_listed(&key)
+                && mirror.sessions.may_hold(req.session_id, &key)
+            {
                 force_full_fetch = true;
             }
             // Listed or not, it leaves the upstream session: a listed one is
@@ -155,7 +192,7 @@ pub fn plan_fetch(
         }
     }
     if force_full_fetch {
-        mirror.sessions.forget_session(req.session_id);
+        mirror.sessions.reset_session(req.session_id);
         mirror.seal_metrics.session_resets.inc();
         let plan = RequestState::Seal(FetchPlan {
             controlled,
@@ -165,6 +202,7 @@ pub fn plan_fetch(
             session_id: req.session_id,
             session_epoch: req.session_epoch,
             out_of_session: Vec::new(),
+            listed: None,
             fetcher,
             max_wait_ms: req.max_wait_ms,
             waited: false,
@@ -172,7 +210,15 @@ pub fn plan_fetch(
         });
         return Ok(Some(RequestAction::Answer(plan)));
     }
-    if controlled.is_empty() && forget.is_empty() && below_cut.is_empty() && !session_has_out {
+    // A fetcher's new session is planned anyway: its response names the
+    // session, which then holds what the request listed.
+    let new_session = session_listing && req.session_epoch == 0 && mirror.lifecycle.controls();
+    if controlled.is_empty()
+        && forget.is_empty()
+        && below_cut.is_empty()
+        && !session_has_out
+        && !new_session
+    {
         return Ok(None);
     }
     let hold_until = (!serving && req.max_wait_ms > 0 && req.min_bytes > 0).then(|| {
@@ -190,6 +236,7 @@ pub fn plan_fetch(
         session_id: req.session_id,
         session_epoch: req.session_epoch,
         out_of_session,
+        listed: (session_listing && req.session_epoch == 0).then_some(listed),
         fetcher,
         max_wait_ms: req.max_wait_ms,
         waited: false,
@@ -246,6 +293,27 @@ pub(super) fn decide_all(
             answers.push(LocalPartition::empty_at(c.fetch_offset));
             continue;
         };
+        if entry.mirror != mirror.name {
+            refuse(
+                mirror,
+                &c.key,
+                format!(
+                    "the partition belongs to mirror '{}' ({}, episode {}), not to '{}': a \
+                     partition is fed by one mirror at a time; once STOPPED, \
+                     `POST /v1/partitions/protect` naming '{}' hands it over",
+                    entry.mirror,
+                    entry.state.name(),
+                    entry.episode,
+                    mirror.name,
+                    mirror.name
+                ),
+            );
+            answers.push(LocalPartition::refused_at(
+                c.fetch_offset,
+                crate::lifecycle::seal::POLICY_VIOLATION,
+            ));
+            continue;
+        }
         if !plan.fetcher {
             answers.push(serve_reader(&entry, c.fetch_offset));
             continue;
@@ -414,6 +482,10 @@ pub(super) fn decide_all(
                 }
                 answers.push(answer)
             }
+            Decision::Refuse { answer, why } => {
+                refuse(mirror, &c.key, why);
+                answers.push(answer)
+            }
             Decision::PastEnd { answer, end } => {
                 mirror.seal_metrics.fetches_past_end.inc();
                 tracing::info!(mirror = %mirror.name, partition = %c.key, end,
@@ -444,6 +516,7 @@ pub(super) fn decide_all(
                 // FAILED only from an up-to-date view: another instance may
                 // have completed the seal (and the partition taken local
                 // writes since) in records this one has not read yet.
+                let starts_episode = entry.start_pending() && next.episode_start.is_some();
                 let fails = next.state == State::Failed;
                 let fails_past_end = fails
                     && entry
@@ -458,6 +531,7 @@ pub(super) fn decide_all(
                 {
                     mirror.seal_metrics.replanned_below_cut.inc();
                 }
+                let next_start = next.clone();
                 let mirror = mirror.clone();
                 return Err(Rewritten::Blocked {
                     frame: None,
@@ -483,6 +557,9 @@ pub(super) fn decide_all(
                             .commit(&key, *next)
                             .await
                             .map_err(|e| err(version, e.to_string()))?;
+                        if starts_episode {
+                            start_episode(&mirror, &key, &next_start);
+                        }
                         if fails_past_end {
                             mirror.seal_metrics.failed_past_end.inc();
                             tracing::error!(partition = %key,
@@ -511,6 +588,41 @@ pub(crate) fn seal_needs_take_over(
     shared: bool,
 ) -> bool {
     entry.state == State::Stopping && !owned && shared
+}
+
+/// What follows a persisted episode start: the partition's shadow
+/// producer state starts empty at the fetcher's offset (nothing below it
+/// is this episode's: the barrier ended the one before), and nothing is
+/// replayed; this instance serves it.
+fn start_episode(mirror: &MirrorContext, key: &PartitionKey, entry: &crate::lifecycle::Entry) {
+    let Some(start) = entry.episode_start else {
+        return;
+    };
+    mirror
+        .registry
+        .partition(key)
+        .with(|s| s.start_episode_at(start));
+    mirror.mark_warm(key);
+    mirror.seal_metrics.episodes_started.inc();
+    tracing::info!(mirror = %mirror.name, partition = %key, episode = entry.episode, start,
+        "new mirroring episode started: the shadow producer state starts empty at the fetcher's offset");
+}
+
+/// Counts a refused fetch of a controlled partition and says why, once per
+/// partition (the fetcher retries after its back-off).
+fn refuse(mirror: &MirrorContext, key: &PartitionKey, why: String) {
+    mirror.seal_metrics.fetches_refused.inc();
+    let first = mirror
+        .seal_metrics
+        .refused_warned
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(key.clone());
+    if first {
+        tracing::warn!(mirror = %mirror.name, partition = %key, "fetch refused: {why}");
+    } else {
+        tracing::debug!(mirror = %mirror.name, partition = %key, "fetch refused: {why}");
+    }
 }
 
 /// What follows a persisted STOPPED: the destination appended the ABORT

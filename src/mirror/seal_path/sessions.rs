@@ -27,6 +27,8 @@ pub struct SessionMemory {
     /// Sessions remembered plus sessions evicted (the fetch path's fast
     /// check: zero means no request needs the memory).
     pub(super) tracked: std::sync::atomic::AtomicUsize,
+    /// Sessions whose held partitions are known.
+    pub(super) held: std::sync::atomic::AtomicUsize,
 }
 
 /// What [`SessionMemory`] holds under its lock.
@@ -35,12 +37,24 @@ pub(super) struct Sessions {
     out: HashMap<i32, Remembered>,
     /// Sessions forgotten while they had partitions out, and when.
     evicted: HashMap<i32, Instant>,
+    /// What the fetcher holds in each of its sessions that mirrorguard saw
+    /// start while it tracked sessions (see [`SessionMemory::may_hold`]).
+    holds: HashMap<i32, Holds>,
     /// When idle sessions were last looked for.
     swept: Option<Instant>,
 }
 
 struct Remembered {
     out: HashSet<PartitionKey>,
+    used: Instant,
+}
+
+/// The partitions a fetcher's session holds: listed in the full request that
+/// created it, or added since by listing them. Forgotten ones are not
+/// removed (the request's forgotten topics are not decoded): a session that
+/// forgot a partition may still be reset for it, once.
+struct Holds {
+    keys: HashSet<PartitionKey>,
     used: Instant,
 }
 
@@ -96,6 +110,8 @@ impl Sessions {
         for id in idle {
             self.evict(id, now);
         }
+        self.holds
+            .retain(|_, h| now.duration_since(h.used) < SESSION_IDLE_FORGET);
         self.evicted
             .retain(|_, t| now.duration_since(*t) < EVICTED_KEEP);
     }
@@ -111,6 +127,8 @@ impl SessionMemory {
             m.out.len() + m.evicted.len(),
             std::sync::atomic::Ordering::Relaxed,
         );
+        self.held
+            .store(m.holds.len(), std::sync::atomic::Ordering::Relaxed);
     }
 
     pub(super) fn any(&self) -> bool {
@@ -164,10 +182,85 @@ impl SessionMemory {
         self.recount(&m);
     }
 
-    pub(super) fn forget_session(&self, session_id: i32) {
+    /// A session the fetcher created with a full request listing `listed`:
+    /// what it holds is known from now on.
+    pub(super) fn note_holds(&self, session_id: i32, listed: &[PartitionKey]) {
+        let now = Instant::now();
+        let mut m = self.lock();
+        if m.holds.len() >= MAX_SESSIONS && !m.holds.contains_key(&session_id) {
+            // The least recently used one becomes unknown (it may be reset
+            // once, as any session mirrorguard did not see start).
+            if let Some(lru) = m
+                .holds
+                .iter()
+                .min_by_key(|(_, h)| h.used)
+                .map(|(id, _)| *id)
+            {
+                m.holds.remove(&lru);
+            }
+        }
+        m.holds.insert(
+            session_id,
+            Holds {
+                keys: listed.iter().cloned().collect(),
+                used: now,
+            },
+        );
+        self.recount(&m);
+    }
+
+    /// Partitions an incremental request of `session_id` listed: they are in
+    /// the session now (a fetcher adds a partition by listing it).
+    pub(super) fn add_held(&self, session_id: i32, listed: &[PartitionKey]) {
+        if self.held.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut m = self.lock();
+        if let Some(h) = m.holds.get_mut(&session_id) {
+            h.used = Instant::now();
+            for k in listed {
+                if !h.keys.contains(k) {
+                    h.keys.insert(k.clone());
+                }
+            }
+        }
+    }
+
+    /// Whether the fetcher may hold `key` in `session_id` without listing
+    /// it: known for a session mirrorguard saw start while it tracked
+    /// sessions (some partition controlled), any other may.
+    pub(super) fn may_hold(&self, session_id: i32, key: &PartitionKey) -> bool {
+        self.lock()
+            .holds
+            .get(&session_id)
+            .is_none_or(|h| h.keys.contains(key))
+    }
+
+    /// `session_id` was answered with a session error: the fetcher starts a
+    /// new session (whose full request says what it holds), and this one,
+    /// should a request still name it, holds nothing to be reset for again.
+    pub(super) fn reset_session(&self, session_id: i32) {
         let mut m = self.lock();
         m.out.remove(&session_id);
         m.evicted.remove(&session_id);
+        m.holds.insert(
+            session_id,
+            Holds {
+                keys: HashSet::new(),
+                used: Instant::now(),
+            },
+        );
+        self.recount(&m);
+    }
+
+    /// Forgets what sessions hold, once nothing is controlled: requests then
+    /// go unplanned, so additions would be missed.
+    pub(super) fn forget_holds(&self) {
+        if self.held.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+            return;
+        }
+        let mut m = self.lock();
+        m.holds.clear();
         self.recount(&m);
     }
 
@@ -200,8 +293,11 @@ pub(super) fn note_session(
     }
     if plan.session_epoch == 0 {
         // A new session: it holds none of the partitions dropped from the
-        // full request.
+        // full request; the fetcher's holds what it listed.
         mirror.sessions.note(id, &plan.out_of_session, true);
+        if let Some(listed) = &plan.listed {
+            mirror.sessions.note_holds(id, listed);
+        }
     } else if id == plan.session_id {
         mirror.sessions.note(id, &plan.out_of_session, false);
     }
@@ -322,8 +418,37 @@ mod tests {
     fn a_forgotten_session_is_not_told_to_start_over() {
         let mem = SessionMemory::default();
         mem.note(9, &[key(0)], true);
-        mem.forget_session(9);
+        mem.reset_session(9);
         assert_eq!(mem.out_of(9), (HashSet::new(), false));
         assert!(!mem.any());
+    }
+
+    #[test]
+    fn a_session_seen_from_its_start_may_hold_only_what_it_listed_or_added() {
+        let mem = SessionMemory::default();
+        // Unknown sessions may hold anything.
+        assert!(mem.may_hold(5, &key(0)));
+        mem.note_holds(5, &[key(1)]);
+        assert!(!mem.may_hold(5, &key(0)));
+        assert!(mem.may_hold(5, &key(1)));
+        // An incremental request that lists p0 adds it.
+        mem.add_held(5, &[key(0)]);
+        assert!(mem.may_hold(5, &key(0)));
+        // Nothing controlled any more: what sessions hold is forgotten.
+        mem.note_holds(6, &[]);
+        mem.forget_holds();
+        assert!(mem.may_hold(6, &key(0)));
+        mem.add_held(6, &[key(1)]);
+        assert!(mem.may_hold(6, &key(2)), "an unknown session stays unknown");
+    }
+
+    #[test]
+    fn a_reset_session_is_not_reset_again() {
+        let mem = SessionMemory::default();
+        mem.note(9, &[key(0)], true);
+        assert!(mem.may_hold(9, &key(3)));
+        mem.reset_session(9);
+        assert!(!mem.may_hold(9, &key(3)));
+        assert_eq!(mem.out_of(9), (HashSet::new(), false));
     }
 }

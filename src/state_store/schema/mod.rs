@@ -127,10 +127,12 @@
 //! upgrade that adds a record type never stops an older instance's load.
 
 mod closings;
+mod episodes;
 mod records;
 pub mod serving;
 
 pub use closings::*;
+pub use episodes::*;
 pub use records::*;
 
 use crate::wire::{Reader, WireError};

@@ -5,6 +5,7 @@
 
 use super::*;
 use crate::state_store::schema::serving::PARTITION_SERVING_TYPE;
+use crate::state_store::schema::EpisodeFields;
 
 impl StateSync {
     /// Reads the whole topic and applies it; returns the records applied.
@@ -304,15 +305,44 @@ impl StateSync {
         let Some(lifecycle) = self.lifecycle.get() else {
             return;
         };
-        let topic = self
-            .destination_topic_name(&key.topic_id)
-            .unwrap_or(v.topic_name.clone());
+        let topic = match self.destination_topic_name(&key.topic_id) {
+            Some(t) => t,
+            None => {
+                // A topic of that name with another id is a new topic (the
+                // record's was deleted and the name created again): the
+                // record never applies to it, and stays for audit. A name the
+                // listing does not know (not read yet: a destination down at
+                // start-up) is applied by name and checked once it is read.
+                if self
+                    .destination_topic_id(&v.topic_name)
+                    .is_some_and(|id| id != key.topic_id)
+                {
+                    self.count("partition_state_of_deleted_topic");
+                    tracing::info!(offset, topic = %v.topic_name, partition = key.partition,
+                        "life-cycle record of an earlier topic of that name (deleted and created \
+                         again, a new topic id): not applied to the current topic");
+                    return;
+                }
+                v.topic_name.clone()
+            }
+        };
         let pk = PartitionKey::new([0; 16], topic.clone(), key.partition);
+        let fields = match EpisodeFields::from_tags(&v.unknown_tagged_fields) {
+            Ok(f) => f,
+            Err(e) => {
+                self.count("undecodable_episode_fields");
+                tracing::warn!(offset, topic = %topic, partition = key.partition, error = %e,
+                    "life-cycle record with undecodable episode fields: read as the first episode");
+                EpisodeFields::default()
+            }
+        };
         // Our own records come back through the tail: keep the live entry
         // (it has the built seal) when it already says the same thing.
         if let Some(cur) = lifecycle.get(&pk) {
             if cur.state == LifecycleState::from(v.state)
                 && cur.cut == (v.cut_offset >= 0).then_some(v.cut_offset)
+                && cur.episode == fields.episode
+                && cur.episode_start == fields.start
             {
                 return;
             }
@@ -356,25 +386,67 @@ impl StateSync {
             }
         }
         tracing::info!(offset, topic = %topic, partition = key.partition, state = v.state.name(),
-            cut = v.cut_offset, seal_batches = v.seal_batches, "partition state restored from __mirror_state");
-        lifecycle.restore(
-            pk,
-            Entry {
-                mirror: v.mirror,
-                topic,
-                partition: key.partition,
-                state: v.state.into(),
-                source_cluster_id: v.source_cluster_id,
-                cut: (v.cut_offset >= 0).then_some(v.cut_offset),
-                seal_batches: (v.seal_batches >= 0).then_some(v.seal_batches),
-                fetcher_offset: None,
-                last_fetch_ms: None,
-                reason: v.reason,
-                since_ms: v.timestamp_ms,
-                seal: None,
-                restored_open_txns,
-                destination_hw: None,
-            },
-        );
+            cut = v.cut_offset, seal_batches = v.seal_batches, episode = fields.episode,
+            episode_start = ?fields.start, "partition state restored from __mirror_state");
+        let entry = Entry {
+            mirror: v.mirror,
+            topic,
+            partition: key.partition,
+            state: v.state.into(),
+            source_cluster_id: v.source_cluster_id,
+            cut: (v.cut_offset >= 0).then_some(v.cut_offset),
+            seal_batches: (v.seal_batches >= 0).then_some(v.seal_batches),
+            fetcher_offset: None,
+            last_fetch_ms: None,
+            reason: v.reason,
+            since_ms: v.timestamp_ms,
+            seal: None,
+            restored_open_txns,
+            destination_hw: None,
+            topic_id: key.topic_id,
+            episode: fields.episode,
+            episode_start: fields.start,
+            leader_epoch: fields.leader_epoch,
+            history: fields
+                .history
+                .into_iter()
+                .map(|h| crate::lifecycle::Episode {
+                    episode: h.episode,
+                    mirror: h.mirror,
+                    source_cluster_id: h.source_cluster_id,
+                    state: h.state.into(),
+                    cut: (h.cut_offset >= 0).then_some(h.cut_offset),
+                    seal_batches: (h.seal_batches >= 0).then_some(h.seal_batches),
+                    leader_epoch: (h.leader_epoch >= 0).then_some(h.leader_epoch),
+                    start: (h.start_offset >= 0).then_some(h.start_offset),
+                    ended_ms: h.ended_ms,
+                })
+                .collect(),
+        };
+        // A later episode: producer state restored from an earlier one (a
+        // snapshot below the episode's floor, applied before this record) is
+        // not this episode's; it starts empty where the episode starts.
+        if let (LifecycleState::Mirroring, Some(floor)) = (entry.state, entry.episode_floor()) {
+            let handle = self.registry.partition(&pk);
+            let stale = handle.with(|s| {
+                s.next_offset() < floor || (entry.start_pending() && s.producer_count() > 0)
+            });
+            if stale {
+                handle.with(|s| s.start_episode_at(floor));
+                tracing::info!(partition = %pk, episode = entry.episode, floor,
+                    "producer state of an earlier episode dropped: this episode starts empty");
+            }
+        }
+        lifecycle.restore(pk, entry);
+    }
+
+    /// The lowest offset a snapshot of `pk`'s current episode can be at
+    /// (`None`: the first episode): a snapshot below it belongs to an
+    /// earlier episode and is not restored.
+    pub(super) fn episode_floor(&self, pk: &PartitionKey) -> Option<i64> {
+        self.lifecycle
+            .get()
+            .and_then(|l| l.get(pk))
+            .and_then(|e| e.episode_floor())
     }
 }

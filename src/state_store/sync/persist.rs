@@ -147,7 +147,10 @@ impl StateSync {
         Ok(gone.len())
     }
 
-    pub(super) async fn persist_entry(self: Arc<Self>, entry: Entry) -> Result<(), SyncError> {
+    pub(super) async fn persist_entry(
+        self: Arc<Self>,
+        entry: Entry,
+    ) -> Result<[u8; 16], SyncError> {
         let topic_id = self.topic_id_for(&entry.topic).await?;
         // The open transactions of a seal go first: a STOPPING record with a
         // cut is only ever read back with its snapshot present. Too many for
@@ -229,7 +232,7 @@ impl StateSync {
             seal_batches: entry.seal_batches.unwrap_or(-1),
             reason: entry.reason.clone(),
             timestamp_ms: entry.since_ms,
-            unknown_tagged_fields: Vec::new(),
+            unknown_tagged_fields: episode_fields(&entry).encode_tags()?,
         };
         let v = value.encode()?;
         let k = key.encode();
@@ -246,7 +249,7 @@ impl StateSync {
                     "older producer-state chunks not tombstoned after the seal");
             }
         }
-        Ok(())
+        Ok(topic_id)
     }
 
     pub(super) async fn persist_all(
@@ -426,7 +429,7 @@ impl SaltStore for StateSync {
 }
 
 impl TransitionStore for StateSync {
-    fn persist(&self, entry: Entry) -> crate::BoxFuture<'static, Result<(), PersistError>> {
+    fn persist(&self, entry: Entry) -> crate::BoxFuture<'static, Result<[u8; 16], PersistError>> {
         let me = self.me.upgrade();
         Box::pin(async move {
             match me {
@@ -434,5 +437,29 @@ impl TransitionStore for StateSync {
                 None => Err(SyncError::ShuttingDown.into()),
             }
         })
+    }
+}
+
+/// The episode fields of `entry`'s life-cycle record.
+pub(super) fn episode_fields(entry: &Entry) -> crate::state_store::schema::EpisodeFields {
+    crate::state_store::schema::EpisodeFields {
+        episode: entry.episode,
+        start: entry.episode_start,
+        leader_epoch: entry.leader_epoch,
+        history: entry
+            .history
+            .iter()
+            .map(|h| crate::state_store::schema::EpisodeRecord {
+                episode: h.episode,
+                mirror: h.mirror.clone(),
+                source_cluster_id: h.source_cluster_id.clone(),
+                state: h.state.into(),
+                cut_offset: h.cut.unwrap_or(-1),
+                seal_batches: h.seal_batches.unwrap_or(-1),
+                leader_epoch: h.leader_epoch.unwrap_or(-1),
+                start_offset: h.start.unwrap_or(-1),
+                ended_ms: h.ended_ms,
+            })
+            .collect(),
     }
 }

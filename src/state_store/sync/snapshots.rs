@@ -158,6 +158,15 @@ impl StateSync {
         pk: &PartitionKey,
         value: &MirrorProducerSnapshotValue,
     ) -> bool {
+        if let Some(floor) = self
+            .episode_floor(pk)
+            .filter(|f| value.snapshot_offset < *f)
+        {
+            // An earlier episode's state: this episode started empty.
+            tracing::debug!(partition = %pk, snapshot_offset = value.snapshot_offset, floor,
+                "producer-state snapshot of an earlier episode not restored");
+            return false;
+        }
         let now = crate::lifecycle::now_ms();
         let handle = self.registry.partition(pk);
         let salts: Vec<SaltRecord> = handle.with(|s| s.salts().records().collect());

@@ -52,6 +52,28 @@ impl StateSync {
                 t.by_name.insert(name, id);
             }
         }
+        // Life-cycle entries of an earlier topic of a listed name (deleted
+        // and created again: a new partition) no longer apply to it.
+        if let Some(lifecycle) = self.lifecycle.get() {
+            let listed: Vec<(String, [u8; 16])> = {
+                let t = self.dest_topics.read().unwrap_or_else(|p| p.into_inner());
+                t.by_name.iter().map(|(n, id)| (n.clone(), *id)).collect()
+            };
+            for (name, id) in listed {
+                let dropped = lifecycle.drop_other_topic_ids(&name, id);
+                if dropped.is_empty() {
+                    continue;
+                }
+                self.count("partition_state_of_deleted_topic");
+                tracing::info!(topic = %name, entries = dropped.len(),
+                    "life-cycle entries of an earlier topic of this name (deleted and created again) \
+                     dropped: the new topic's partitions start MIRRORING (the old records stay in \
+                     __mirror_state)");
+                if !gone.iter().any(|(n, _)| *n == name) {
+                    gone.push((name, "its topic id changed"));
+                }
+            }
+        }
         for (name, why) in gone {
             self.forget_destination_topic(&name, why);
         }
