@@ -367,6 +367,10 @@ struct SealMetrics {
     /// Seals whose open transactions may be incomplete (closings past the
     /// fetcher's position dropped at their bound).
     open_at_cut_incomplete: Counter,
+    /// ABORT markers for producers that may have begun a transaction in a
+    /// range below the cut the shadow state never saw (a restart whose
+    /// replay could not reach the source).
+    unseen_range_aborts: Counter,
     /// Reader fetches below a cut answered with no records because the
     /// source's batch at the reader's offset crosses the cut (the reader
     /// cannot move on; see `seal_path::below_cut_straddles`).
@@ -417,6 +421,7 @@ impl SealMetrics {
             strays: m("stray_partition_dropped"),
             closed_past_cut: m("txn_closed_past_cut_aborted"),
             open_at_cut_incomplete: m("open_at_cut_incomplete"),
+            unseen_range_aborts: m("unseen_range_abort"),
             below_cut_straddles: m("below_cut_batch_straddles_cut"),
             below_cut_straddle_warned: Default::default(),
             replanned_below_cut: m("seal_replanned_below_cut"),

@@ -54,7 +54,7 @@ pub use partition::{
     OpenAtCut, OpenTransaction, PartitionSnapshot, PartitionState, ProducerEntry,
     ProducerSnapshotEntry, SnapshotError, TransactionAtCut, DEFAULT_CLOSINGS_RETAINED_MAX,
     DEFAULT_CLOSINGS_RETAINED_OFFSETS, DEFAULT_CLOSINGS_RETAINED_TOTAL_MAX,
-    MAX_CLOSED_TRANSACTIONS, PARTITION_SNAPSHOT_VERSION,
+    MAX_CLOSED_TRANSACTIONS, MAX_UNSEEN_RANGE_ABORTS, PARTITION_SNAPSHOT_VERSION,
 };
 pub use registry::{
     PartitionHandle, ProducerStateRegistry, RegistryConfig, DEFAULT_MAX_PARTITIONS,

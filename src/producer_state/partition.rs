@@ -130,7 +130,20 @@ pub struct OpenAtCut {
     /// before the position moved back below them. Transactions they closed are missing from
     /// `transactions`.
     pub incomplete: bool,
+    /// Producers that may have begun a transaction in a range below the cut
+    /// the state has not seen (a restart without the source): each gets an
+    /// ABORT marker, up to [`MAX_UNSEEN_RANGE_ABORTS`].
+    pub unseen_range_candidates: usize,
+    /// More than [`MAX_UNSEEN_RANGE_ABORTS`] of them: the rest get no
+    /// marker, and `incomplete` is set.
+    pub unseen_range_truncated: bool,
 }
+
+/// At most this many ABORT markers for producers that may have begun a
+/// transaction in a range the state has not seen (about 80 bytes each: the
+/// seal stays one fetch response under Kafka's default 1 MiB
+/// `replica.fetch.max.bytes`).
+pub const MAX_UNSEEN_RANGE_ABORTS: usize = 4096;
 
 /// Most closings remembered per partition (see [`ClosedTransaction`]). They
 /// are pruned as the fetcher moves ([`ClosingsRetention`]); past the bound
@@ -512,9 +525,50 @@ impl PartitionState {
                 });
             }
         }
+        // The state has not seen [next_offset, cut) (a restart whose replay
+        // could not reach the source): any producer that can have begun a
+        // transaction there may hold one open at the cut. Those are the
+        // transactional producers it knows (a marker seen) and the producers
+        // claimed since its snapshot (a claim is durable before the first
+        // batch of a new producer is forwarded; never observed here). An
+        // idempotent producer known here cannot: its PID never takes part in
+        // a transaction. An ABORT marker for a PID with nothing open is
+        // harmless on the replication path but takes an offset, so it is not
+        // sent for every producer; at most MAX_UNSEEN_RANGE_ABORTS are.
+        let mut unseen: Vec<(i64, ProducerEntry)> = Vec::new();
+        if self.next_offset < cut {
+            unseen = self
+                .producers
+                .iter()
+                .filter(|(pid, e)| {
+                    !pids.contains(pid)
+                        && e.txn_first_offset == NO_TXN
+                        && (e.coordinator_epoch >= 0 || e.last_offset < 0)
+                })
+                .map(|(pid, e)| (*pid, *e))
+                .collect();
+            unseen.sort_unstable_by_key(|(pid, _)| *pid);
+            out.unseen_range_candidates = unseen.len();
+            out.unseen_range_truncated = unseen.len() > MAX_UNSEEN_RANGE_ABORTS;
+            unseen.truncate(MAX_UNSEEN_RANGE_ABORTS);
+        }
+        for (pid, e) in unseen {
+            out.transactions.push(TransactionAtCut {
+                txn: OpenTransaction {
+                    mapped_pid: pid,
+                    // Unknown for a claim: the replication path accepts a
+                    // marker of a lower epoch (it logs a WARN).
+                    epoch: e.epoch.max(0),
+                    // Begun at the earliest where the state lost sight.
+                    first_offset: self.next_offset,
+                    origin: e.origin,
+                },
+                coordinator_epoch: e.coordinator_epoch,
+            });
+        }
         out.transactions
             .sort_unstable_by_key(|t| (t.txn.first_offset, t.txn.mapped_pid));
-        out.incomplete = cut < self.closed_known_from;
+        out.incomplete = cut < self.closed_known_from || out.unseen_range_truncated;
         out
     }
 
@@ -1274,6 +1328,72 @@ mod tests {
             sink[0].detail,
             AnomalyDetail::SequenceOverlap { .. }
         ));
+    }
+
+    #[test]
+    fn a_cut_past_what_the_state_saw_aborts_every_producer_that_may_have_begun_a_transaction() {
+        let mut s = PartitionState::new(key());
+        let o = origin(1);
+        // pid 20: idempotent; pid 21: a committed transaction (transactional,
+        // nothing open); pid 22: a transaction open at 4. The state saw up to 6.
+        see(&mut s, &o, BatchObservation::data(20, 0, 0, 0, 1, false));
+        see(&mut s, &o, BatchObservation::data(21, 1, 1, 0, 1, true));
+        see(&mut s, &o, BatchObservation::marker(21, 1, 2, true, 5));
+        see(&mut s, &o, BatchObservation::data(20, 0, 3, 1, 1, false));
+        see(&mut s, &o, BatchObservation::data(22, 0, 4, 0, 1, true));
+        see(&mut s, &o, BatchObservation::data(20, 0, 5, 2, 1, false));
+        assert_eq!(s.next_offset(), 6);
+        // pid 23: claimed since (a new producer; its batches never observed).
+        assert!(s.claim(23, origin(23), 0));
+
+        // Up to what it saw: only the open transaction.
+        let at = s.open_at(6);
+        let pids: Vec<i64> = at.transactions.iter().map(|t| t.txn.mapped_pid).collect();
+        assert_eq!(pids, vec![22]);
+        assert_eq!((at.unseen_range_candidates, at.incomplete), (0, false));
+
+        // A cut at 9 (offsets 6..9 never seen): the open one, then the
+        // transactional producer and the claimed one from where the state
+        // lost sight; never the idempotent producer.
+        let at = s.open_at(9);
+        let got: Vec<(i64, i16, i64, i32)> = at
+            .transactions
+            .iter()
+            .map(|t| {
+                (
+                    t.txn.mapped_pid,
+                    t.txn.epoch,
+                    t.txn.first_offset,
+                    t.coordinator_epoch,
+                )
+            })
+            .collect();
+        assert_eq!(got, vec![(22, 0, 4, -1), (21, 1, 6, 5), (23, 0, 6, -1)]);
+        assert_eq!(
+            (
+                at.unseen_range_candidates,
+                at.unseen_range_truncated,
+                at.incomplete
+            ),
+            (2, false, false)
+        );
+    }
+
+    #[test]
+    fn unseen_range_aborts_are_bounded_and_the_rest_reported_incomplete() {
+        let mut s = PartitionState::new(key());
+        let o = origin(1);
+        see(&mut s, &o, BatchObservation::data(1, 0, 0, 0, 1, false));
+        for pid in 0..(MAX_UNSEEN_RANGE_ABORTS as i64 + 3) {
+            s.claim(1000 + pid, origin(pid), 0);
+        }
+        let at = s.open_at(50);
+        assert_eq!(at.transactions.len(), MAX_UNSEEN_RANGE_ABORTS);
+        assert_eq!(at.unseen_range_candidates, MAX_UNSEEN_RANGE_ABORTS + 3);
+        assert!(at.unseen_range_truncated && at.incomplete);
+        // The same ones every time (a rebuilt plan is the same plan).
+        assert_eq!(at.transactions, s.open_at(50).transactions);
+        assert_eq!(at.transactions[0].txn.mapped_pid, 1000);
     }
 
     #[test]

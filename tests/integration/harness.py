@@ -558,6 +558,14 @@ def _close_client(c) -> None:
         pass
 
 
+def abandon_client(c) -> None:
+    """For a client whose cluster the test kills: closed in a daemon thread nobody waits for
+    (a transactional producer's close() aborts its open transaction and never returns once
+    its cluster is gone)."""
+    _clients.remove(c)
+    threading.Thread(target=_close_client, args=(c,), daemon=True, name="abandoned-client").start()
+
+
 def close_clients(wait_s: float = 15.0) -> None:
     """Closes every client, each in a thread of its own waited for at most `wait_s`: a
     transactional producer's close() aborts its open transaction without a timeout, which

@@ -140,6 +140,7 @@ def test_protect_again_after_failback_then_a_second_failover_with_the_source_dea
 
     # Second failover, the source dead, mirrorguard restarted too: the seal aborts episode 1's
     # open transaction (mapped PID) and nothing of episode 0 (closed by its own seal).
+    harness.abandon_client(tp2)  # its cluster dies now: its close would block
     a.stop(graceful=False)
     mg.kill9()
     mg.restart()

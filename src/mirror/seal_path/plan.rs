@@ -387,8 +387,8 @@ pub(super) fn decide_all(
                             if let Some(why) = failed {
                                 tracing::warn!(partition = %key, error = %why,
                                     "source unreachable: sealing from the persisted producer state \
-                                     (transactions begun after the last snapshot get no ABORT \
-                                     marker; `ctl abort-open` closes them after promotion)");
+                                     (every producer that may have begun a transaction since its \
+                                     snapshot gets an ABORT marker)");
                                 mirror.mark_warm(&key);
                             }
                             Ok(())
@@ -403,6 +403,7 @@ pub(super) fn decide_all(
         let cut = c.fetch_offset;
         let closed_past_cut = mirror.seal_metrics.closed_past_cut.clone();
         let incomplete = mirror.seal_metrics.open_at_cut_incomplete.clone();
+        let unseen_range_aborts = mirror.seal_metrics.unseen_range_aborts.clone();
         let retention = mirror.closings_retention;
         // The transactions open AT THE CUT: the shadow state may be ahead of
         // it (a response the fetcher lost was walked), so a transaction
@@ -424,7 +425,27 @@ pub(super) fn decide_all(
                                  open transactions are taken as they are at the cut");
                         }
                         closed_past_cut.inc_by(at.closed_past_cut as u64);
-                        if at.incomplete {
+                        if at.unseen_range_candidates > 0 {
+                            let sent = at
+                                .unseen_range_candidates
+                                .min(crate::producer_state::MAX_UNSEEN_RANGE_ABORTS);
+                            unseen_range_aborts.inc_by(sent as u64);
+                            tracing::warn!(partition = %key, cut, state_offset = s.next_offset(),
+                                producers = at.unseen_range_candidates, aborted = sent,
+                                "the producer state never saw the offsets below the cut from its \
+                                 snapshot on (the source could not be replayed): every producer \
+                                 that may have begun a transaction there (the transactional \
+                                 producers it knows, those claimed since) gets an ABORT marker");
+                        }
+                        if at.unseen_range_truncated {
+                            incomplete.inc();
+                            tracing::warn!(partition = %key, cut,
+                                bound = crate::producer_state::MAX_UNSEEN_RANGE_ABORTS,
+                                producers = at.unseen_range_candidates,
+                                "more producers may have begun a transaction in the unseen range \
+                                 than one seal aborts: those past the bound get no ABORT marker \
+                                 (`ctl abort-open` closes them after promotion)");
+                        } else if at.incomplete {
                             incomplete.inc();
                             tracing::warn!(partition = %key, cut,
                                 bound = crate::producer_state::MAX_CLOSED_TRANSACTIONS,

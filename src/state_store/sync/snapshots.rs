@@ -249,10 +249,12 @@ impl StateSync {
                 continue;
             }
             if let Some(lc) = self.lifecycle.get() {
-                // A sealing or sealed partition keeps the seal's snapshot.
+                // A partition with a seal keeps the seal's snapshot. A PAUSED
+                // one, or one STOPPING and waiting for its cut, is written:
+                // a seal after a restart without the source plans from it.
                 if lc
                     .get(&key)
-                    .is_some_and(|e| e.state != LifecycleState::Mirroring)
+                    .is_some_and(|e| keeps_seal_snapshot(e.state, e.cut))
                 {
                     continue;
                 }
@@ -431,9 +433,40 @@ impl StateSync {
     }
 }
 
+/// Whether a partition's snapshot record is its seal's (written with the
+/// STOPPING record that took the cut): periodic and shutdown snapshots never
+/// overwrite it.
+fn keeps_seal_snapshot(state: LifecycleState, cut: Option<i64>) -> bool {
+    match state {
+        LifecycleState::Mirroring | LifecycleState::Paused => false,
+        LifecycleState::Stopping => cut.is_some(),
+        // A state of a newer version: leave its records alone.
+        LifecycleState::Stopped | LifecycleState::Failed | LifecycleState::Other(_) => true,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Periodic and shutdown snapshots cover every partition without a seal
+    /// (a seal after a restart without the source plans from them) and never
+    /// overwrite a seal's.
+    #[test]
+    fn partitions_without_a_seal_are_snapshotted_and_a_seals_snapshot_is_kept() {
+        use LifecycleState::*;
+        for (state, cut, kept) in [
+            (Mirroring, None, false),
+            (Paused, None, false),
+            (Stopping, None, false),
+            (Stopping, Some(7), true),
+            (Stopped, Some(7), true),
+            (Failed, None, true),
+            (Other(9), None, true),
+        ] {
+            assert_eq!(keeps_seal_snapshot(state, cut), kept, "{state:?} {cut:?}");
+        }
+    }
 
     /// A partition's closings go out with its type-5 snapshot and come back
     /// on restore; too large a record goes without them.
