@@ -115,7 +115,14 @@ def test_three_brokers_every_address_is_a_proxy_port(kafka3, proxy_factory):
     topic = topic_name("routing")
     create_topics(proxy.bootstrap, [topic], partitions=6, replication_factor=3)
 
-    md = harness.admin(proxy.bootstrap).list_topics(timeout=10)
+    # The broker that answers may learn of the new topic a moment after the controller.
+    admin = harness.admin(proxy.bootstrap)
+    def known():
+        t = admin.list_topics(timeout=10).topics.get(topic)
+        return t is not None and len(t.partitions) == 6 and all(p.leader >= 0 for p in t.partitions.values())
+
+    harness.wait_until(known, 30, interval=0.2, what="the new topic's leaders in the metadata")
+    md = admin.list_topics(timeout=10)
     assert {b.id: (b.host, b.port) for b in md.brokers.values()} == expected
     leaders = {p.leader for p in md.topics[topic].partitions.values()}
     assert leaders <= set(kafka3.node_ids) and len(leaders) >= 2, leaders  # spread over nodes
