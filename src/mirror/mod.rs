@@ -341,6 +341,14 @@ pub(crate) enum TopicRef {
 }
 
 impl TopicRef {
+    /// The owned form of a request's topic reference.
+    pub(crate) fn of(topic: &crate::handlers::FetchTopic<'_>) -> Self {
+        match *topic {
+            crate::handlers::FetchTopic::Name(n) => TopicRef::Name(n.to_string()),
+            crate::handlers::FetchTopic::Id(id) => TopicRef::Id(id),
+        }
+    }
+
     pub(crate) fn as_fetch_topic(&self) -> crate::handlers::FetchTopic<'_> {
         match self {
             TopicRef::Name(n) => crate::handlers::FetchTopic::Name(n),

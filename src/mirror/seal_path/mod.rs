@@ -76,6 +76,24 @@ struct Controlled {
     current_leader_epoch: i32,
 }
 
+impl Controlled {
+    /// A partition of the request that mirrorguard answers itself.
+    fn listed(
+        topic: &FetchTopic<'_>,
+        p: &crate::handlers::FetchRequestPartition,
+        key: PartitionKey,
+    ) -> Self {
+        Self {
+            topic: TopicRef::of(topic),
+            partition: p.partition,
+            key,
+            fetch_offset: p.fetch_offset,
+            last_fetched_epoch: p.last_fetched_epoch,
+            current_leader_epoch: p.current_leader_epoch,
+        }
+    }
+}
+
 /// A sealed partition a reader (not the destination fetcher) reads below
 /// its cut: forwarded to the source, and the answer cut there.
 #[derive(Debug, Clone)]

@@ -64,17 +64,7 @@ pub fn plan_fetch(
             }
             if other_mirror || entry.start_pending() {
                 serving = true;
-                controlled.push(Controlled {
-                    topic: match t.topic {
-                        FetchTopic::Name(n) => TopicRef::Name(n.to_string()),
-                        FetchTopic::Id(id) => TopicRef::Id(id),
-                    },
-                    partition: p.partition,
-                    key,
-                    fetch_offset: p.fetch_offset,
-                    last_fetched_epoch: p.last_fetched_epoch,
-                    current_leader_epoch: p.current_leader_epoch,
-                });
+                controlled.push(Controlled::listed(&t.topic, p, key));
                 continue;
             }
             // A reader below the cut of a sealed (or sealing) partition reads
@@ -85,10 +75,7 @@ pub fn plan_fetch(
             {
                 if p.fetch_offset < cut {
                     below_cut.push(BelowCut {
-                        topic: match t.topic {
-                            FetchTopic::Name(n) => TopicRef::Name(n.to_string()),
-                            FetchTopic::Id(id) => TopicRef::Id(id),
-                        },
+                        topic: TopicRef::of(&t.topic),
                         partition: p.partition,
                         key: key.clone(),
                         cut,
@@ -116,17 +103,7 @@ pub fn plan_fetch(
             if fetcher {
                 mirror.lifecycle.note_fetch(&key, p.fetch_offset);
             }
-            controlled.push(Controlled {
-                topic: match t.topic {
-                    FetchTopic::Name(n) => TopicRef::Name(n.to_string()),
-                    FetchTopic::Id(id) => TopicRef::Id(id),
-                },
-                partition: p.partition,
-                key,
-                fetch_offset: p.fetch_offset,
-                last_fetched_epoch: p.last_fetched_epoch,
-                current_leader_epoch: p.current_leader_epoch,
-            });
+            controlled.push(Controlled::listed(&t.topic, p, key));
         }
     }
     let has_session = h.api_version >= 7 && req.session_epoch >= 0;
