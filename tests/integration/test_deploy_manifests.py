@@ -235,6 +235,9 @@ tests:
         values: '0x20 1x40'
       - series: 'mirrorguard_seal_events_total{{job="mirrorguard",instance="mg-a",mirror="m",kind="seal_completed"}}'
         values: '0 1x59'
+      # mg-b refused the fetch of an ended episode 3 times at minute 30.
+      - series: 'mirrorguard_seal_events_total{{job="mirrorguard",instance="mg-b",mirror="n",kind="fetch_refused"}}'
+        values: '0x30 3x30'
     alert_rule_test:
       - eval_time: 5m
         alertname: MirrorguardSealAwaitingDestinationHw
@@ -255,7 +258,21 @@ tests:
           - exp_labels: {{severity: warning, job: mirrorguard, instance: mg-b, mirror: n, kind: open_at_cut_incomplete}}
             exp_annotations:
               summary: "A seal of mirror n was planned without knowing every transaction open at its cut"
-              description: "Transaction closings past the cut were no longer known (see the WARN line naming the partition), so a transaction may be left open on the destination. After promotion run `mirrorguard ctl abort-open` for that partition."
+              description: "Transaction closings past the cut were no longer known, or more than 4,096 producers may have begun a transaction in offsets a restart without the source could not replay (see the WARN line naming the partition), so a transaction may be left open on the destination. After promotion run `mirrorguard ctl abort-open` for that partition."
+      # The fetch of an ended episode refused (minute 30): fires; a seal completing never does.
+      - eval_time: 20m
+        alertname: MirrorguardFetchRefused
+        exp_alerts: []
+      - eval_time: 35m
+        alertname: MirrorguardFetchRefused
+        exp_alerts:
+          - exp_labels: {{severity: warning, job: mirrorguard, instance: mg-b, mirror: n, kind: fetch_refused}}
+            exp_annotations:
+              summary: "Mirror n refuses its destination fetcher a partition (POLICY_VIOLATION)"
+              description: "A STOPPED partition is fetched past its seal (the destination mirrors it again after a failback) or another mirror holds it; the WARN line names the partition. To mirror it again run `mirrorguard ctl protect` (POST /v1/partitions/protect): a new episode starts at the fetcher's next fetch."
+      - eval_time: 55m
+        alertname: MirrorguardFetchRefused
+        exp_alerts: []
 """
 
 
@@ -266,9 +283,10 @@ def test_seal_alerts_fire_on_a_stuck_or_incomplete_seal_only(tmp_path):
 
 
 def test_a_seal_alert_on_the_wrong_event_fails_its_rule_test(tmp_path):
-    bad = broken(tmp_path, ALERTS, 'kind="open_at_cut_incomplete"', 'kind="seal_completed"')
-    r = rule_test(tmp_path, SEAL_RULE_TESTS, bad)
-    assert r.returncode != 0, explain(r)
+    for kind in ("open_at_cut_incomplete", "fetch_refused"):
+        bad = broken(tmp_path, ALERTS, f'kind="{kind}"', 'kind="seal_completed"')
+        r = rule_test(tmp_path, SEAL_RULE_TESTS, bad)
+        assert r.returncode != 0, (kind, explain(r))
 
 
 def dashboard_rules(dashboard: Path, work: Path) -> Path:
