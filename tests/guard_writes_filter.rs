@@ -28,25 +28,9 @@ const OPERATION_NOT_ATTEMPTED: i16 = 55;
 
 fn entry(topic: &str, partition: i32, state: State) -> Entry {
     Entry {
-        mirror: "a-to-b".into(),
-        topic: topic.into(),
-        partition,
         state,
-        source_cluster_id: "src".into(),
-        cut: None,
-        seal_batches: None,
-        fetcher_offset: None,
-        last_fetch_ms: None,
-        reason: None,
         since_ms: 1,
-        seal: None,
-        restored_open_txns: None,
-        destination_hw: None,
-        topic_id: [0; 16],
-        episode: 0,
-        episode_start: None,
-        leader_epoch: None,
-        history: Vec::new(),
+        ..Entry::new("a-to-b", "src", topic, partition)
     }
 }
 

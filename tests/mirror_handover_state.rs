@@ -449,25 +449,11 @@ async fn chunked_snapshots_carry_closings(bs: &str, topic: &str) {
     b.lifecycle.restore(
         key(topic),
         mirrorguard::lifecycle::Entry {
-            mirror: "m".into(),
-            topic: topic.into(),
-            partition: 0,
             state: mirrorguard::lifecycle::State::Stopping,
-            source_cluster_id: SOURCE.into(),
             cut: Some(10),
             seal_batches: Some(1),
-            fetcher_offset: None,
-            last_fetch_ms: None,
-            reason: None,
             since_ms: 1,
-            seal: None,
-            restored_open_txns: None,
-            destination_hw: None,
-            topic_id: [0; 16],
-            episode: 0,
-            episode_start: None,
-            leader_epoch: None,
-            history: Vec::new(),
+            ..mirrorguard::lifecycle::Entry::new("m", SOURCE, topic, 0)
         },
     );
     take_over(

@@ -127,25 +127,12 @@ async fn a_seal_with_20000_open_transactions_persists_in_chunks_and_is_rebuilt()
     let plan = SealPlan::build(CUT, 4, SOURCE, open_txns(), 1_700_000_000_000);
     assert_eq!(plan.len() as usize, OPEN + 1);
     let entry = Entry {
-        mirror: "m".into(),
-        topic: TOPIC.into(),
-        partition: 0,
         state: mirrorguard::lifecycle::State::Stopping,
-        source_cluster_id: SOURCE.into(),
         cut: Some(CUT),
         seal_batches: Some(plan.len()),
-        fetcher_offset: None,
-        last_fetch_ms: None,
-        reason: None,
         since_ms: 1,
         seal: Some(Arc::new(plan.clone())),
-        restored_open_txns: None,
-        destination_hw: None,
-        topic_id: [0; 16],
-        episode: 0,
-        episode_start: None,
-        leader_epoch: None,
-        history: Vec::new(),
+        ..Entry::new("m", SOURCE, TOPIC, 0)
     };
     lifecycle
         .commit(&key, entry)

@@ -1250,6 +1250,22 @@ mod tests {
         }
     }
 
+    /// (mapped PID, epoch, first offset, coordinator epoch) of each
+    /// transaction a seal at the cut aborts.
+    fn aborts_at(at: &OpenAtCut) -> Vec<(i64, i16, i64, i32)> {
+        at.transactions
+            .iter()
+            .map(|t| {
+                (
+                    t.txn.mapped_pid,
+                    t.txn.epoch,
+                    t.txn.first_offset,
+                    t.coordinator_epoch,
+                )
+            })
+            .collect()
+    }
+
     /// Observes one batch at time 0, its anomalies discarded.
     fn see(s: &mut PartitionState, o: &Origin, b: BatchObservation) {
         s.observe(o, &b, 0, &mut Vec::new());
@@ -1356,18 +1372,7 @@ mod tests {
         // transactional producer and the claimed one from where the state
         // lost sight; never the idempotent producer.
         let at = s.open_at(9);
-        let got: Vec<(i64, i16, i64, i32)> = at
-            .transactions
-            .iter()
-            .map(|t| {
-                (
-                    t.txn.mapped_pid,
-                    t.txn.epoch,
-                    t.txn.first_offset,
-                    t.coordinator_epoch,
-                )
-            })
-            .collect();
+        let got = aborts_at(&at);
         assert_eq!(got, vec![(22, 0, 4, -1), (21, 1, 6, 5), (23, 0, 6, -1)]);
         assert_eq!(
             (
@@ -1453,18 +1458,7 @@ mod tests {
             vec![12]
         );
         let at = s.open_at(10);
-        let got: Vec<(i64, i16, i64, i32)> = at
-            .transactions
-            .iter()
-            .map(|t| {
-                (
-                    t.txn.mapped_pid,
-                    t.txn.epoch,
-                    t.txn.first_offset,
-                    t.coordinator_epoch,
-                )
-            })
-            .collect();
+        let got = aborts_at(&at);
         // pid 9 with the epoch and coordinator epoch of before its marker.
         assert_eq!(got, vec![(9, 2, 0, -1), (6, 0, 3, -1)]);
         assert_eq!((at.closed_past_cut, at.incomplete), (1, false));
