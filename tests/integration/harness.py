@@ -159,6 +159,24 @@ def wait_until(pred, timeout: float, interval: float = 0.05, what: str = "condit
         time.sleep(interval)
 
 
+def wait_stopped(pid: int, timeout: float = 10.0) -> None:
+    """Waits until every thread of process `pid` is stopped (state T in /proc) after a
+    SIGSTOP: the signal is queued at once but each thread stops only when it next enters
+    the kernel, and a JVM thread answering a request in that window could still reply."""
+
+    def stopped():
+        tasks = os.listdir(f"/proc/{pid}/task")
+        for tid in tasks:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                # the state follows the parenthesised command name, which may hold spaces
+                state = f.read().rsplit(")", 1)[1].split()[0]
+            if state not in ("T", "t"):
+                return False
+        return True
+
+    wait_until(stopped, timeout, interval=0.01, what=f"every thread of process {pid} stopped")
+
+
 # --------------------------------------------------------------------------
 # processes
 
@@ -258,6 +276,7 @@ class TansuBroker:
     def pause(self) -> None:
         """SIGSTOP: the broker hangs with its sockets open."""
         os.kill(self.proc.pid, signal.SIGSTOP)
+        wait_stopped(self.proc.pid)
 
     def resume(self) -> None:
         os.kill(self.proc.pid, signal.SIGCONT)

@@ -349,6 +349,7 @@ class KafkaNode:
         if self.alive():
             os.killpg(self.proc.pid, signal.SIGSTOP)
             self.paused = True
+            harness.wait_stopped(self.proc.pid)
 
     def resume(self) -> None:
         if self.proc is not None and self.paused:
