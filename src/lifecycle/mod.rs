@@ -23,7 +23,7 @@
 pub mod seal;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -355,11 +355,26 @@ pub struct Lifecycle {
     /// Entries the fetch path must look at ([`Entry::is_controlled`]): zero
     /// means it skips everything.
     controlled: AtomicUsize,
+    /// Bumped (under the `entries` lock) by every change that can add,
+    /// remove or move an entry between states.
+    generation: AtomicU64,
+    /// [`Lifecycle::controlled_of`]'s lists, built at the first read after a
+    /// change: an incremental fetch clones an `Arc` instead of scanning
+    /// every entry under the lock (110 us at 10,000 entries).
+    controlled_lists: Mutex<ControlledLists>,
     store: Mutex<Option<Arc<dyn TransitionStore>>>,
     /// Serialises transitions so a persisted record and the in-memory state
     /// never disagree (held across the persistence await: admin path only).
     transitions: tokio::sync::Mutex<()>,
     metrics: Arc<crate::metrics::Metrics>,
+}
+
+/// The controlled partitions of each mirror as of one `generation`.
+#[derive(Default)]
+struct ControlledLists {
+    generation: Option<u64>,
+    by_mirror: HashMap<String, Arc<[ControlledRef]>>,
+    none: Arc<[ControlledRef]>,
 }
 
 /// Wall-clock milliseconds.
@@ -376,6 +391,8 @@ impl Lifecycle {
         Arc::new(Self {
             entries: Mutex::new(HashMap::new()),
             controlled: AtomicUsize::new(0),
+            generation: AtomicU64::new(0),
+            controlled_lists: Mutex::new(ControlledLists::default()),
             store: Mutex::new(None),
             transitions: tokio::sync::Mutex::new(()),
             metrics,
@@ -406,22 +423,38 @@ impl Lifecycle {
 
     /// The controlled (not MIRRORING) partitions of `mirror`: topic,
     /// partition, state and cut, in no particular order. For the fetch
-    /// path, which asks on every incremental fetch: nothing but these is
-    /// copied, nothing sorted.
-    pub fn controlled_of(&self, mirror: &str) -> Vec<ControlledRef> {
-        lock(&self.entries)
-            .values()
-            .filter(|e| e.mirror == mirror && e.state != State::Mirroring)
-            .map(|e| ControlledRef {
-                topic: e.topic.clone(),
-                partition: e.partition,
-                state: e.state,
-                cut: e.cut,
-            })
-            .collect()
+    /// path, which asks on every incremental fetch: a shared list, rebuilt
+    /// only after the life cycle changed (benches/lifecycle.rs).
+    pub fn controlled_of(&self, mirror: &str) -> Arc<[ControlledRef]> {
+        {
+            let lists = lock(&self.controlled_lists);
+            if lists.generation == Some(self.generation.load(Ordering::Acquire)) {
+                return lists.by_mirror.get(mirror).unwrap_or(&lists.none).clone();
+            }
+        }
+        // Lock order: `entries`, then `controlled_lists` (never the reverse).
+        let entries = lock(&self.entries);
+        let generation = self.generation.load(Ordering::Acquire);
+        let mut by_mirror: HashMap<String, Vec<ControlledRef>> = HashMap::new();
+        for e in entries.values().filter(|e| e.state != State::Mirroring) {
+            by_mirror
+                .entry(e.mirror.clone())
+                .or_default()
+                .push(ControlledRef {
+                    topic: e.topic.clone(),
+                    partition: e.partition,
+                    state: e.state,
+                    cut: e.cut,
+                });
+        }
+        let mut lists = lock(&self.controlled_lists);
+        lists.generation = Some(generation);
+        lists.by_mirror = by_mirror.into_iter().map(|(m, v)| (m, v.into())).collect();
+        lists.by_mirror.get(mirror).unwrap_or(&lists.none).clone()
     }
 
     fn recount(&self, entries: &HashMap<PartitionKey, Entry>) {
+        self.generation.fetch_add(1, Ordering::AcqRel);
         let n = entries.values().filter(|e| e.is_controlled()).count();
         self.controlled.store(n, Ordering::Relaxed);
         let mut per_state: HashMap<&'static str, i64> = HashMap::new();
@@ -747,5 +780,39 @@ mod tests {
         assert!(l.drop_other_topic_ids("t", [7; 16]).is_empty());
         assert_eq!(l.drop_other_topic_ids("t", [8; 16]).len(), 1);
         assert!(l.get(&key).is_none() && !l.controls());
+    }
+
+    #[test]
+    fn the_fetch_paths_list_follows_every_change() {
+        let l = Lifecycle::new(crate::metrics::Metrics::new());
+        let key = |p: i32| PartitionKey::new([7; 16], "t", p);
+        let stopping = |mirror: &str, p: i32| Entry {
+            state: State::Stopping,
+            cut: Some(5),
+            ..Entry::new(mirror, "c", "t", p)
+        };
+        assert!(l.controlled_of("m").is_empty());
+        l.restore(key(0), stopping("m", 0));
+        l.restore(key(1), stopping("other", 1));
+        let first = l.controlled_of("m");
+        assert_eq!(first.len(), 1);
+        assert_eq!((first[0].partition, first[0].cut), (0, Some(5)));
+        // Unchanged: the same list, not a copy.
+        assert!(Arc::ptr_eq(&first, &l.controlled_of("m")));
+        l.restore(
+            key(2),
+            Entry {
+                cut: Some(9),
+                ..stopping("m", 2)
+            },
+        );
+        let mut parts: Vec<i32> = l.controlled_of("m").iter().map(|c| c.partition).collect();
+        parts.sort();
+        assert_eq!(parts, [0, 2]);
+        l.restore(key(0), Entry::new("m", "c", "t", 0));
+        assert_eq!(l.controlled_of("m").len(), 1);
+        assert_eq!(l.controlled_of("other").len(), 1);
+        l.restore(key(2), Entry::new("m", "c", "t", 2));
+        assert!(l.controlled_of("m").is_empty());
     }
 }

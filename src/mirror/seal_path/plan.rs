@@ -133,7 +133,7 @@ pub fn plan_fetch(
                 .get(k)
                 .is_none_or(|e| e.state == State::Mirroring)
         });
-        for e in mirror.lifecycle.controlled_of(&mirror.name) {
+        for e in mirror.lifecycle.controlled_of(&mirror.name).iter() {
             let key = mirror.key_for(&e.topic, e.partition);
             // A STOPPING partition without a cut needs the fetcher's
             // position, which an incremental request that leaves it out does
