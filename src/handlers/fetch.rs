@@ -108,6 +108,28 @@ pub struct FetchPartition<'a> {
     pub span: Range<usize>,
 }
 
+impl FetchPartition<'_> {
+    /// The DivergingEpoch (v12+, tag 0) of the partition: the leader's
+    /// `(epoch, end_offset)` where its log diverges from the fetcher's.
+    pub fn diverging_epoch(&self) -> Option<(i32, i64)> {
+        self.tagged_fields.as_ref().and_then(diverging_epoch)
+    }
+}
+
+/// The DivergingEpoch field (tag 0: `epoch: i32, end_offset: i64, tags`) of
+/// a FetchResponse partition's tagged section, if present and well formed.
+pub fn diverging_epoch(tags: &TaggedSection<'_>) -> Option<(i32, i64)> {
+    let field = tags.find(0)?;
+    let mut r = Reader::new(field.data);
+    let epoch = r
+        .read_i32("FetchResponse.partitions.diverging_epoch.epoch")
+        .ok()?;
+    let end = r
+        .read_i64("FetchResponse.partitions.diverging_epoch.end_offset")
+        .ok()?;
+    Some((epoch, end))
+}
+
 /// Top-level facts of a FetchResponse learned by [`walk_fetch_response`].
 #[derive(Debug, Clone, Copy)]
 pub struct FetchResponseInfo<'a> {

@@ -39,7 +39,9 @@ mod topic_entries;
 pub use crate::codec::api::{request_header_version, response_header_version};
 pub use api_versions::{clamp_api_versions_response, set_api_versions, MaxVersion};
 pub use describe_cluster::rewrite_describe_cluster_response;
-pub use fetch::{walk_fetch_response, AbortedTxn, FetchPartition, FetchResponseInfo, FetchTopic};
+pub use fetch::{
+    diverging_epoch, walk_fetch_response, AbortedTxn, FetchPartition, FetchResponseInfo, FetchTopic,
+};
 pub use fetch_build::{
     build_fetch_response, splice_fetch_response, splice_fetch_response_dropping,
     AbortedTransaction, FetchPartitionResponse, FetchTopicRef,

@@ -52,6 +52,7 @@ pub mod handover;
 pub mod offline;
 pub mod replay;
 pub mod seal_path;
+mod source_truncation;
 pub mod topic_lookup;
 
 mod adapters;
@@ -223,6 +224,9 @@ pub struct MirrorMetrics {
     stale_dropped: Counter,
     /// Fetch responses relayed as they arrived ([`stream`]).
     streamed: Counter,
+    /// Partitions whose state started over after the source truncated its
+    /// log below it ([`source_truncation`]).
+    source_truncations: Counter,
     /// Partitions owned here (`mirrorguard_partitions_served`).
     served: Gauge,
     anomalies: Family<MirrorKindLabels, Counter>,
@@ -256,6 +260,7 @@ impl MirrorMetrics {
             take_overs: m("take_over"),
             stale_dropped: m("stale_dropped"),
             streamed: m("response_streamed"),
+            source_truncations: m("source_truncated"),
             served: metrics
                 .partitions_served
                 .get_or_create(&crate::metrics::MirrorLabels {

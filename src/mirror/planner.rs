@@ -119,6 +119,11 @@ pub fn rewrite_fetch_body_holding(
         if p.error_code != 0 || skip(&p.topic, p.partition_index) {
             return; // error partitions are left alone; controlled ones are replaced
         }
+        if fetcher {
+            if let Some((epoch, end_offset)) = p.diverging_epoch() {
+                mirror.source_truncated(&p.topic, p.partition_index, epoch, end_offset);
+            }
+        }
         let aborted: Vec<usize> = match &p.aborted_transactions {
             Some(a) if !a.is_empty() => a.iter().map(|t| t.producer_id_offset).collect(),
             _ => Vec::new(),

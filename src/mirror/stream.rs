@@ -199,6 +199,9 @@ pub struct FetchStream {
     /// Claims the current partition's batches made in this response (what
     /// the held path's scan remembers; cleared per partition).
     claimed: std::collections::HashMap<i64, Origin>,
+    /// The partition whose tagged fields come next, when a DivergingEpoch
+    /// there would matter (the fetcher's answer, no error, v12+).
+    tail_of: Option<i32>,
 }
 
 impl FetchStream {
@@ -234,6 +237,7 @@ impl FetchStream {
             sink: Vec::new(),
             waits: 0,
             claimed: std::collections::HashMap::new(),
+            tail_of: None,
             mirror,
         })
     }
@@ -399,12 +403,24 @@ impl FetchStream {
                 }
                 Stage::PartitionTail => {
                     let flex = self.flexible;
-                    let Some(((), used)) = self.parse(buf, |r| {
-                        r.skip_tagged_fields_v(flex, "FetchResponse.partitions._tagged_fields")
+                    let Some((diverging, used)) = self.parse(buf, |r| {
+                        if !flex {
+                            return Ok(None);
+                        }
+                        let tags =
+                            r.read_tagged_fields("FetchResponse.partitions._tagged_fields")?;
+                        Ok(handlers::diverging_epoch(&tags))
                     })?
                     else {
                         return Ok(more(avail));
                     };
+                    if let (Some(index), Some((epoch, end_offset))) =
+                        (self.tail_of.take(), diverging)
+                    {
+                        let topic = self.topic.as_fetch_topic();
+                        self.mirror
+                            .source_truncated(&topic, index, epoch, end_offset);
+                    }
                     self.cur += used;
                     self.parts_left -= 1;
                     self.stage = if self.parts_left == 0 {
@@ -552,6 +568,7 @@ impl FetchStream {
         }
         self.cur = start + used;
         self.claimed.clear();
+        self.tail_of = (self.fetcher && error == 0 && flex).then_some(index);
         self.part = Some(Part {
             ended: handle.is_none(),
             handle,

@@ -543,3 +543,94 @@ proptest! {
         })?;
     }
 }
+
+/// `body` (one topic, one partition, flexible) with a DivergingEpoch
+/// `(epoch, end_offset)` in the partition's tagged fields.
+fn with_diverging_epoch(mut body: Vec<u8>, epoch: i32, end_offset: i64) -> Vec<u8> {
+    // Partition, topic and top-level tagged sections: three empty ones.
+    assert!(body.ends_with(&[0, 0, 0]));
+    let at = body.len() - 3;
+    let mut field = vec![1u8, 0, 13];
+    field.extend(epoch.to_be_bytes());
+    field.extend(end_offset.to_be_bytes());
+    field.push(0);
+    body.splice(at..at + 1, field);
+    body
+}
+
+fn next_offset_and_open(m: &MirrorContext) -> (i64, usize) {
+    let s = state(m);
+    let open = s[0]
+        .producers
+        .iter()
+        .filter(|e| e.transaction_first_offset.is_some())
+        .count();
+    (s[0].next_offset, open)
+}
+
+/// The source truncated its log below what the state observed: the
+/// fetcher's answer carries a DivergingEpoch, on the held and the streamed
+/// path alike the partition's state starts over (claims kept) and the
+/// mirror counts it; a reader's answer changes nothing.
+#[tokio::test]
+async fn a_diverging_epoch_below_the_state_starts_the_partition_over() {
+    let seen = PartSpec {
+        error: false,
+        items: vec![
+            Item::Data {
+                pid: 6,
+                txn: true,
+                records: 3,
+            },
+            Item::Data {
+                pid: 7,
+                txn: false,
+                records: 2,
+            },
+        ],
+        truncate: None,
+        aborted: Vec::new(),
+    };
+    let empty = PartSpec {
+        items: Vec::new(),
+        ..seen.clone()
+    };
+    let diverged = |end| with_diverging_epoch(response(12, &[vec![empty.clone()]]), 0, end);
+    for (path, fetcher) in [("held", true), ("streamed", true), ("reader", false)] {
+        let (m, metrics) = mirror(true);
+        held(&m, 12, &response(12, &[vec![seen.clone()]]))
+            .await
+            .unwrap();
+        assert_eq!(next_offset_and_open(&m), (5, 1), "{path}");
+        let producers = state(&m)[0].producers.len();
+        // At or past what the state saw: no truncation of what it observed.
+        held(&m, 12, &diverged(5)).await.unwrap();
+        assert_eq!(next_offset_and_open(&m), (5, 1), "{path}");
+        match path {
+            "streamed" => {
+                let frame = frame(12, &diverged(2));
+                streamed(&m, 12, frame, vec![9, 31]).await.unwrap();
+            }
+            _ => {
+                held_as(&m, 12, &diverged(2), fetcher).await.unwrap();
+            }
+        }
+        let truncations = metrics
+            .mirror_events
+            .get_or_create(&MirrorKindLabels {
+                mirror: "m".into(),
+                kind: "source_truncated",
+            })
+            .get();
+        if fetcher {
+            assert_eq!(next_offset_and_open(&m), (0, 0), "{path}");
+            let after = &state(&m)[0].producers;
+            assert_eq!(after.len(), producers, "{path}: claims kept");
+            assert!(after.iter().all(|e| e.last_offset == -1), "{path}");
+            assert_eq!(truncations, 1, "{path}");
+        } else {
+            assert_eq!(next_offset_and_open(&m), (5, 1), "{path}");
+            assert_eq!(truncations, 0, "{path}");
+        }
+    }
+}

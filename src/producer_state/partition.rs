@@ -973,6 +973,32 @@ impl PartitionState {
         self.producers = HashMap::default();
     }
 
+    /// The source's log was truncated at `end_offset`, below what this state
+    /// observed (an unclean leader election, a lost unflushed tail): new
+    /// records take those offsets. Kafka reloads its producer state from the
+    /// log after a truncation (`ProducerStateManager.truncateAndReload`); a
+    /// state cannot undo the batches it observed past `end_offset`, so it
+    /// starts over empty and the caller replays the source from its start.
+    /// Kept: salts and claims (durable mapping decisions; a claim becomes
+    /// claim-only again), the leader epoch of the last batch forwarded. The
+    /// destination fetcher truncates its own log to `end_offset` too.
+    pub fn start_over_after_truncation(&mut self, end_offset: i64, now_ms: i64) {
+        let claims: Vec<(i64, Origin)> = self
+            .producers
+            .iter()
+            .map(|(pid, e)| (*pid, e.origin))
+            .collect();
+        self.producers = HashMap::default();
+        for (pid, origin) in claims {
+            self.claim(pid, origin, now_ms);
+        }
+        self.next_offset = 0;
+        self.closed = VecDeque::new();
+        self.closed_known_from = 0;
+        self.fetcher_position = self.fetcher_position.min(end_offset.max(0));
+        self.account_closings();
+    }
+
     /// Drops producers with no open transaction whose last batch is at
     /// least `max_idle_ms` old (Kafka's `removeExpiredProducers`, on
     /// wall-clock time). Returns the number removed. O(producers): run it
@@ -1282,6 +1308,36 @@ mod tests {
                 BatchObservation::marker(100 + i, 0, 2 * i + 1, true, 0),
             );
         }
+    }
+
+    #[test]
+    fn a_source_truncation_starts_over_with_the_claims_kept() {
+        let mut s = PartitionState::new(key());
+        let o = origin(1);
+        close_transactions(&mut s, &o, 0..2); // pids 100, 101 at 0..4
+        see(&mut s, &o, BatchObservation::data(7, 0, 4, 0, 1, true)); // open at 4
+        see(&mut s, &o, BatchObservation::data(8, 0, 5, 0, 1, false));
+        s.note_fetcher_position(6, NONE);
+        assert_eq!((s.next_offset(), s.open_transactions().count()), (6, 1));
+
+        s.start_over_after_truncation(4, 0);
+        assert_eq!(s.next_offset(), 0);
+        assert_eq!(s.open_transactions().count(), 0);
+        assert_eq!(s.producer_count(), 4);
+        assert!(s
+            .producers()
+            .all(|(_, e)| e.last_offset == -1 && e.origin == o));
+        // The replay observes the source's log again from its start, and the
+        // new records at the truncated offsets are observed, not replays.
+        close_transactions(&mut s, &o, 0..2);
+        let new = BatchObservation::data(9, 0, 4, 0, 1, true);
+        assert!(!matches!(
+            s.observe(&o, &new, 0, &mut Vec::new()),
+            ObserveOutcome::Replayed
+        ));
+        let open: Vec<i64> = s.open_transactions().map(|t| t.mapped_pid).collect();
+        assert_eq!(open, [9]);
+        assert_eq!(aborts_at(&s.open_at(5)).len(), 1);
     }
 
     #[test]

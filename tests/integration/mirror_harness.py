@@ -477,6 +477,9 @@ class FetchResult:
     aborted_transactions: list[tuple[int, int]] | None
     records: bytes | None
     top_error: int = 0
+    # (epoch, end offset) of a DivergingEpoch (Fetch v12+, partition tag 0): the
+    # source's log diverges from the fetcher's at that offset.
+    diverging: tuple[int, int] | None = None
 
 
 def fetch_request(conn: rawkafka.Connection, version: int, topic: str, topic_id: bytes | None, partition: int,
@@ -530,9 +533,13 @@ def fetch_request(conn: rawkafka.Connection, version: int, topic: str, topic_id:
                     r.tagged_fields()
             r.i32()  # preferred read replica
             recs = r.compact_bytes()
-            r.tagged_fields()
+            tags = r.tagged_fields()
+            diverging = None
+            if 0 in tags:
+                d = Reader(tags[0])
+                diverging = (d.i32(), d.i64())
             if t == (topic_id if by_id else topic) and idx == partition:
-                found = FetchResult(perr, hw, lso, aborted, recs, top_err)
+                found = FetchResult(perr, hw, lso, aborted, recs, top_err, diverging)
         r.tagged_fields()
     r.tagged_fields()
     if r.remaining():
@@ -651,6 +658,7 @@ class StandInFetcher:
         self.topic_id: bytes | None = None
         self.source_offset: int | None = None  # rebase mode: the upstream position
         self.responses: list[FetchResult] = []
+        self.truncations: list[tuple[int, int]] = []  # DivergingEpoch answers followed
 
     def connect(self, bootstrap: str, rebase: bool = False, source_offset: int = 0) -> "StandInFetcher":
         """Bootstraps at a mirror listener (Metadata) and connects to the partition leader
@@ -683,6 +691,15 @@ class StandInFetcher:
         self.responses.append(res)
         if res.top_error or res.error_code:
             raise HarnessError(f"fetch error top={res.top_error} partition={res.error_code}")
+        if res.diverging is not None and self.source_offset is None:
+            # Kafka's fetcher truncates its log to the leader's end offset for
+            # its last fetched epoch and fetches from there.
+            end = res.diverging[1]
+            self.log = [b for b in self.log if b.base_offset < end]
+            self.leo = min(self.leo, end)
+            self.last_fetched_epoch = self.log[-1].leader_epoch if self.log else -1
+            self.truncations.append(res.diverging)
+            return res, []
         appended = []
         for raw in split_batches(res.records):
             b = check_batch(raw)

@@ -238,6 +238,11 @@ tests:
       # mg-b refused the fetch of an ended episode 3 times at minute 30.
       - series: 'mirrorguard_seal_events_total{{job="mirrorguard",instance="mg-b",mirror="n",kind="fetch_refused"}}'
         values: '0x30 3x30'
+      # mg-a saw its source truncate a partition at minute 40; its streamed responses never alert.
+      - series: 'mirrorguard_mirror_events_total{{job="mirrorguard",instance="mg-a",mirror="m",kind="source_truncated"}}'
+        values: '0x40 1x20'
+      - series: 'mirrorguard_mirror_events_total{{job="mirrorguard",instance="mg-a",mirror="m",kind="response_streamed"}}'
+        values: '0+5x60'
     alert_rule_test:
       - eval_time: 5m
         alertname: MirrorguardSealAwaitingDestinationHw
@@ -273,6 +278,16 @@ tests:
       - eval_time: 55m
         alertname: MirrorguardFetchRefused
         exp_alerts: []
+      - eval_time: 35m
+        alertname: MirrorguardSourceTruncated
+        exp_alerts: []
+      - eval_time: 45m
+        alertname: MirrorguardSourceTruncated
+        exp_alerts:
+          - exp_labels: {{severity: warning, job: mirrorguard, instance: mg-a, mirror: m, kind: source_truncated}}
+            exp_annotations:
+              summary: "The source of mirror m truncated a partition's log below what was mirrored"
+              description: "An unclean leader election or a lost tail on the source: records the destination fetcher had appended are gone from the source and new records took their offsets (the WARN line names the partition). mirrorguard's state for it started over and is replayed from the source; the destination fetcher truncated its log too. Check the source's unclean.leader.election.enable and the records lost there."
 """
 
 
@@ -283,8 +298,9 @@ def test_seal_alerts_fire_on_a_stuck_or_incomplete_seal_only(tmp_path):
 
 
 def test_a_seal_alert_on_the_wrong_event_fails_its_rule_test(tmp_path):
-    for kind in ("open_at_cut_incomplete", "fetch_refused"):
-        bad = broken(tmp_path, ALERTS, f'kind="{kind}"', 'kind="seal_completed"')
+    for kind in ("open_at_cut_incomplete", "fetch_refused", "source_truncated"):
+        bad = broken(tmp_path, ALERTS, f'kind="{kind}"', 'kind="response_streamed"'
+                     if kind == "source_truncated" else 'kind="seal_completed"')
         r = rule_test(tmp_path, SEAL_RULE_TESTS, bad)
         assert r.returncode != 0, (kind, explain(r))
 

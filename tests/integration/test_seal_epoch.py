@@ -42,19 +42,8 @@ def test_seal_without_last_fetched_epoch_and_state_after_stop(kafka_factory, mir
     k = kafka_factory(nodes=1)
     topic = harness.topic_name("epoch")
     harness.create_topics(k.bootstrap, [topic])
-    send(idempotent_producer(k.bootstrap), topic, [b"e0-%d" % i for i in range(2)])
     # A leader change on the source: the next batches carry a higher leader epoch.
-    k.nodes[0].restart()
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            idem = idempotent_producer(k.bootstrap)
-            send(idem, topic, [b"e1-%d" % i for i in range(2)])
-            break
-        except Exception:  # noqa: BLE001 - the broker is still electing leaders
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
+    _write_across_a_leader_change(k, topic)
     tp = transactional_producer(k.bootstrap, f"txn-{topic}")
     tp.begin_transaction()
     tp.produce(topic, value=b"open", partition=0)
