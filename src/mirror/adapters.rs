@@ -271,7 +271,7 @@ pub(crate) async fn run_replays(
         .ok_or(MirrorError::SourceNotIdentified)?;
     for job in jobs {
         tracing::info!(mirror = %mirror.name, partition = %job.key, from = job.from, upto = job.upto,
-            "replaying the source range the producer state has not seen (first fetch here since start-up or since a take-over, or a gap)");
+            "replaying the source range the producer state has not seen (first fetch here since start-up or since a take-over, a gap, or a source truncation)");
         let key = job.key.clone();
         replay::replay(
             mirror.clone(),
