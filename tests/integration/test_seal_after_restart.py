@@ -1,6 +1,6 @@
 """A disaster seal after a restart, the source gone (SPEC 3; issue 29 item 5).
 
-"Pause, restart, source dies, stop": the transaction opened before the pause must still get
+"Pause, restart, source dies (killed, or hung: SIGSTOP), stop": the transaction opened before the pause must still get
 its ABORT marker, though mirrorguard cannot replay the source to learn what its destination
 fetcher appended since the last snapshot. A graceful restart writes the PAUSED partition's
 snapshot on the way out (periodic and shutdown snapshots skipped PAUSED partitions before);
@@ -33,15 +33,18 @@ from mirror_harness import (  # noqa: F401 - mirror_factory is a fixture
 MIRROR = "a-to-b"
 
 
-@pytest.mark.parametrize("restart", ["graceful", "kill9"])
+@pytest.mark.parametrize("restart,source_end", [("graceful", "killed"), ("kill9", "killed"), ("kill9", "hung")])
 def test_pause_restart_source_dies_stop_aborts_the_transaction_open_since_before_the_pause(
-        restart, kafka1, kafka_factory, mirror_factory, kafka_dest_factory):  # noqa: F811
-    T = harness.topic_name(f"unseen-{restart}")
+        restart, source_end, kafka1, kafka_factory, mirror_factory, kafka_dest_factory):  # noqa: F811
+    T = harness.topic_name(f"unseen-{restart}-{source_end}")
     a = kafka_factory(name="A")
     harness.create_topics(a.bootstrap, [T])
     harness.create_topics(kafka1.bootstrap, [T])  # the destination's topic id is listed there
     dest = kafka_dest_factory("B")
-    spec = MirrorSpec.of(MIRROR, a, destination_hw=dest_hw_bootstrap(dest))
+    # A hung source answers nothing: the replay before the cut gives up after the mirror's
+    # upstream request timeout (30 s by default), then the seal is planned without it.
+    spec = MirrorSpec.of(MIRROR, a, destination_hw=dest_hw_bootstrap(dest),
+                         extra="upstream_request_timeout_ms = 3000" if source_end == "hung" else "")
     # No periodic snapshot within the test: only a shutdown snapshot or the claims remain.
     mg = mirror_factory(kafka1.bootstrap, [spec], snapshot_interval_ms=600000)
     mg.wait_sources_known()
@@ -67,7 +70,10 @@ def test_pause_restart_source_dies_stop_aborts_the_transaction_open_since_before
         mg.start()
     # The transactional producer's cluster is about to die: its close would block.
     harness.abandon_client(tp)
-    a.stop(graceful=False)
+    if source_end == "hung":
+        a.pause()
+    else:
+        a.stop(graceful=False)
 
     status, body = mg.post("stop", MIRROR, T, [0])
     assert status == 200, body
@@ -79,7 +85,7 @@ def test_pause_restart_source_dies_stop_aborts_the_transaction_open_since_before
     aborted = [pid for _, kind, pid in tail if kind == "ABORT"]
     unseen = mg.metrics().sum("mirrorguard_seal_events_total", mirror=MIRROR, kind="unseen_range_abort")
     incomplete = mg.metrics().sum("mirrorguard_seal_events_total", mirror=MIRROR, kind="open_at_cut_incomplete")
-    print(f"{restart}: cut {view['cut']}, seal {[k for _, k, _ in tail]}, aborted {aborted}, "
+    print(f"{restart}, source {source_end}: cut {view['cut']}, seal {[k for _, k, _ in tail]}, aborted {aborted}, "
           f"open transaction's producer {open_batch['producer_id']}, unseen-range aborts {unseen}, "
           f"destination LSO {st['last_stable_offset']} LEO {st['log_end_offset']}")
     assert view["cut"] == hw, view
