@@ -226,18 +226,22 @@ def test_take_over_restores_a_chunked_snapshot_with_the_source_killed(kafka1, ka
     source = kafka_factory(name="src")
     bed = Bed(source, kafka1.bootstrap, kafka_dest_factory, mirror_factory, "fo-chunks")
     T = bed.topic
-    # Broker 1's fetcher starts once the source holds everything, so one snapshot of the
-    # instance covers the whole partition (a chunked snapshot is not rewritten for a few
-    # producers more).
+    # Broker 1's fetcher starts once the source holds everything. A chunked snapshot is
+    # written again only when the claims it supersedes are a tenth of the producers or the
+    # open transactions changed (state_store/sync/chunks.rs): a snapshot round that runs
+    # while the fetcher is in the last tenth of the idempotent producers would otherwise
+    # leave the chunks short of the cut for good. The transactions begin last, so the
+    # partition's final batch changes its open transactions and the snapshot at the cut is
+    # always due.
     bed.fetcher[1].stop()
     tps = [transactional_producer(source.bootstrap, f"txn{i}-{T}", **{"transaction.timeout.ms": 600000})
            for i in range(N_OPEN)]
+    produce_synthetic(source.bootstrap, T, N_PRODUCERS)
+    send(idempotent_producer(source.bootstrap), T, [b"tail-%d" % i for i in range(2)])
     for i, tp in enumerate(tps):
         tp.begin_transaction()
         tp.produce(T, value=b"open-%d" % i, partition=0)
         assert tp.flush(20) == 0
-    produce_synthetic(source.bootstrap, T, N_PRODUCERS)
-    send(idempotent_producer(source.bootstrap), T, [b"tail-%d" % i for i in range(2)])
     cut = high_watermark(source.bootstrap, T)
     assert cut == N_OPEN + N_PRODUCERS + 2
     bed.fetcher[1] = bed.dest.mirror("b1-all", bed.mg[1].mirrors[MIRROR].bootstrap, [(T, 0)], broker=1)
