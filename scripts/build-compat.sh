@@ -36,7 +36,11 @@ text = open(path).read()
 new, n = re.subn(r'(\[\[bin\]\]\s*\nname\s*=\s*)"mirrorguard"', r'\1"%s"' % name, text, count=1)
 if n != 1:
     sys.exit("build-compat: no [[bin]] named mirrorguard in the release's Cargo.toml")
-open(path, "w").write(new)
+# This checkout's dev profile, so the compiled dependencies are the same artifacts.
+profiles = re.findall(r'^\[profile\.dev[\].][^\n]*\n(?:[^\[\n][^\n]*\n|\n)*', open("Cargo.toml").read(), re.M)
+if "[profile.dev" in new:
+    sys.exit("build-compat: the release's Cargo.toml has a dev profile of its own")
+open(path, "w").write(new + "\n" + "".join(profiles))
 PY
 # Non-incremental (a one-off build: no incremental cache left behind); the JSON messages
 # name the release's own artifacts, deleted once the binary is installed (its compiled
