@@ -159,6 +159,19 @@ def wait_until(pred, timeout: float, interval: float = 0.05, what: str = "condit
         time.sleep(interval)
 
 
+def retry(fn, timeout: float = 60.0, interval: float = 0.5):
+    """`fn()`'s result, calling it again while it raises (a restarted broker still electing
+    its leaders, say) until `timeout`; then its last error."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return fn()
+        except Exception:  # noqa: BLE001 - raised again at the deadline
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(interval)
+
+
 def wait_stopped(pid: int, timeout: float = 10.0) -> None:
     """Waits until every thread of process `pid` is stopped (state T in /proc) after a
     SIGSTOP: the signal is queued at once but each thread stops only when it next enters

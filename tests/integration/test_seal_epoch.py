@@ -81,15 +81,7 @@ def _write_across_a_leader_change(source, topic: str) -> None:
     """Two records, a restart of the source's only node (its leader epoch moves), two more."""
     send(idempotent_producer(source.bootstrap), topic, [b"e0-%d" % i for i in range(2)])
     source.nodes[0].restart()
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            send(idempotent_producer(source.bootstrap), topic, [b"e1-%d" % i for i in range(2)])
-            return
-        except Exception:  # noqa: BLE001 - the broker is still electing leaders
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
+    harness.retry(lambda: send(idempotent_producer(source.bootstrap), topic, [b"e1-%d" % i for i in range(2)]))
 
 
 @pytest.mark.parametrize("restart", ["graceful", "kill9"])

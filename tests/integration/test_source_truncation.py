@@ -20,7 +20,6 @@ the state cluster is the session's `kafka1`.
 from __future__ import annotations
 
 import struct
-import time
 
 import harness
 from mirror_harness import (  # noqa: F401 - mirror_factory is a fixture
@@ -57,17 +56,6 @@ def _cut_log_at(node, topic: str, offset: int) -> int:
     return len(data) - pos
 
 
-def _retry(fn, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            return fn()
-        except Exception:  # noqa: BLE001 - the restarted broker is still electing leaders
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.5)
-
-
 def test_a_transaction_begun_in_offsets_the_source_truncated_is_sealed(kafka1, kafka_factory, mirror_factory):
     topic = harness.topic_name("trunc")
     a = kafka_factory(name="A")
@@ -92,7 +80,7 @@ def test_a_transaction_begun_in_offsets_the_source_truncated_is_sealed(kafka1, k
     a.nodes[0].restart()
     harness.wait_until(lambda: high_watermark(a.bootstrap, topic) == lost_from, 60, interval=0.5,
                        what=f"the restarted source's log ending at {lost_from}")
-    tp = _retry(lambda: transactional_producer(a.bootstrap, f"t-{topic}", **{"transaction.timeout.ms": 600000}))
+    tp = harness.retry(lambda: transactional_producer(a.bootstrap, f"t-{topic}", **{"transaction.timeout.ms": 600000}))
     tp.begin_transaction()
     tp.produce(topic, value=b"new-open", partition=0)
     assert tp.flush(20) == 0
