@@ -508,41 +508,43 @@ async fn mutate(
         }
         to_change.push((topic.clone(), *p));
     }
-    let mut done = Vec::new();
-    for (topic, p) in &to_change {
-        let key = mirror.key_for(topic, *p);
-        match s
-            .lifecycle
-            .request(&key, &mirror.name, &source.text, op)
-            .await
-        {
-            Ok(e) => {
-                if let (Operation::Protect, Some(floor)) = (op, e.episode_floor()) {
-                    // The episode before ended with a barrier: nothing of its
-                    // producer state carries over (the next fetch starts the
-                    // new one; its claims are tombstoned by the next
-                    // snapshot round).
-                    mirror
-                        .registry
-                        .partition(&key)
-                        .with(|st| st.start_episode_at(floor));
-                }
-                done.push(view(&e, 0))
-            }
-            Err(e) => {
-                let status = match e {
-                    crate::lifecycle::TransitionError::NotPersisted { .. } => {
-                        StatusCode::SERVICE_UNAVAILABLE
-                    }
-                    _ => StatusCode::CONFLICT,
-                };
-                return (
-                    status,
-                    Json(json!({"error": "transition_failed", "message": e.to_string(), "applied": done})),
-                )
-                    .into_response();
-            }
+    // Persisted in batches (one append per few hundred partitions): a
+    // disaster `stop --all` of thousands of partitions is one round trip
+    // per batch, not one per partition.
+    let keys: Vec<_> = to_change
+        .iter()
+        .map(|(topic, p)| mirror.key_for(topic, *p))
+        .collect();
+    let (changed, failed) = s
+        .lifecycle
+        .request_many(&keys, &mirror.name, &source.text, op)
+        .await;
+    let mut done = Vec::with_capacity(changed.len());
+    for (key, e) in keys.iter().zip(&changed) {
+        if let (Operation::Protect, Some(floor)) = (op, e.episode_floor()) {
+            // The episode before ended with a barrier: nothing of its
+            // producer state carries over (the next fetch starts the
+            // new one; its claims are tombstoned by the next
+            // snapshot round).
+            mirror
+                .registry
+                .partition(key)
+                .with(|st| st.start_episode_at(floor));
         }
+        done.push(view(e, 0));
+    }
+    if let Some(e) = failed {
+        let status = match e {
+            crate::lifecycle::TransitionError::NotPersisted { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
+            _ => StatusCode::CONFLICT,
+        };
+        return (
+            status,
+            Json(json!({"error": "transition_failed", "message": e.to_string(), "applied": done})),
+        )
+            .into_response();
     }
     if op == Operation::Protect {
         return (

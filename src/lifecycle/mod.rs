@@ -340,14 +340,21 @@ fn ser_state<S: serde::Serializer>(s: &State, ser: S) -> Result<S::Ok, S::Error>
 
 /// Where transitions are persisted (the `__mirror_state` topic).
 pub trait TransitionStore: Send + Sync {
-    /// Persists an entry's state record (type 4) and, when present, the
-    /// open-transaction snapshot of its seal (type 5); resolves once
-    /// acknowledged, with the destination topic id it was keyed by.
-    fn persist(
+    /// Persists the state records (type 4) of many entries and, for a seal's
+    /// STOPPING record with its cut, the open-transaction snapshot first
+    /// (type 5, or type-7 chunks), in as few appends as fit; resolves once
+    /// all are acknowledged, with each entry's destination topic id in order.
+    fn persist_many(
         &self,
-        entry: Entry,
-    ) -> crate::BoxFuture<'static, Result<[u8; 16], crate::PersistError>>;
+        entries: Vec<Entry>,
+    ) -> crate::BoxFuture<'static, Result<Vec<[u8; 16]>, crate::PersistError>>;
 }
+
+/// Entries [`Lifecycle::request_many`] persists per batch. A life-cycle
+/// record is a few hundred bytes, up to ~1.5 KiB with a full episode
+/// history: 128 of them stay within one Produce request (the state store's
+/// 256 KiB bound), so a batch is acknowledged, or not, as a whole.
+const REQUEST_BATCH: usize = 128;
 
 /// All controlled partitions.
 pub struct Lifecycle {
@@ -490,14 +497,76 @@ impl Lifecycle {
         source_cluster_id: &str,
         op: Operation,
     ) -> Result<Entry, TransitionError> {
+        let (mut done, failed) = self
+            .request_many(std::slice::from_ref(key), mirror, source_cluster_id, op)
+            .await;
+        match (failed, done.pop()) {
+            (Some(e), _) => Err(e),
+            (None, Some(entry)) => Ok(entry),
+            (None, None) => Err(TransitionError::NotPersisted {
+                message: "nothing was persisted".into(),
+            }),
+        }
+    }
+
+    /// Applies an operator request to many partitions (`stop --all`): each
+    /// transition is checked in order and persisted in batches of
+    /// [`REQUEST_BATCH`] (one append each, where one record each took a
+    /// round trip to the state cluster), and made effective once its batch
+    /// is acknowledged. Returns the entries made effective and, if one
+    /// failed (its check, or its batch not persisted), why: the partitions
+    /// before it are changed, it and those after it are not.
+    pub async fn request_many(
+        &self,
+        keys: &[PartitionKey],
+        mirror: &str,
+        source_cluster_id: &str,
+        op: Operation,
+    ) -> (Vec<Entry>, Option<TransitionError>) {
         let _serial = self.transitions.lock().await;
-        let current = self.get(key);
-        let state = current
-            .as_ref()
-            .map(|e| e.state)
-            .unwrap_or(State::Mirroring);
-        Self::check_transition(key, current.as_ref(), mirror, op)?;
-        let mut entry = match (&current, op) {
+        let mut done = Vec::with_capacity(keys.len());
+        for batch in keys.chunks(REQUEST_BATCH) {
+            let mut next = Vec::with_capacity(batch.len());
+            let mut failed = None;
+            for key in batch {
+                match Self::next_entry(self.get(key).as_ref(), key, mirror, source_cluster_id, op) {
+                    Ok(entry) => next.push(entry),
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            }
+            let keys = batch.iter().take(next.len());
+            match self
+                .persist_and_install(keys.zip(next).collect(), |key, before, entry| {
+                    tracing::info!(mirror, topic = %key.topic, partition = key.partition,
+                        from = before.map_or(State::Mirroring, |e| e.state).name(),
+                        to = entry.state.name(), "partition state transition");
+                })
+                .await
+            {
+                Ok(installed) => done.extend(installed),
+                Err(e) => return (done, Some(e)),
+            }
+            if failed.is_some() {
+                return (done, failed);
+            }
+        }
+        (done, None)
+    }
+
+    /// The entry `op` makes of a partition whose entry is `current`, if the
+    /// transition is allowed (nothing is changed).
+    fn next_entry(
+        current: Option<&Entry>,
+        key: &PartitionKey,
+        mirror: &str,
+        source_cluster_id: &str,
+        op: Operation,
+    ) -> Result<Entry, TransitionError> {
+        Self::check_transition(key, current, mirror, op)?;
+        let mut entry = match (current, op) {
             (Some(e), Operation::Protect) => e.next_episode(mirror, source_cluster_id),
             (Some(e), _) => e.clone(),
             (None, _) => Entry::new(mirror, source_cluster_id, &key.topic, key.partition),
@@ -517,12 +586,6 @@ impl Lifecycle {
             (_, Operation::Protect) => entry.reason.take(),
             _ => None,
         };
-        entry.topic_id = self.persist(&entry).await?;
-        tracing::info!(mirror, topic = %key.topic, partition = key.partition,
-            from = state.name(), to = next.name(), "partition state transition");
-        let mut entries = lock(&self.entries);
-        entries.insert(key.clone(), entry.clone());
-        self.recount(&entries);
         Ok(entry)
     }
 
@@ -566,55 +629,103 @@ impl Lifecycle {
         Ok(())
     }
 
-    async fn persist(&self, entry: &Entry) -> Result<[u8; 16], TransitionError> {
-        let store = lock(&self.store).clone();
-        match store {
-            Some(s) => s
-                .persist(entry.clone())
-                .await
-                .map_err(|e| TransitionError::NotPersisted {
-                    message: e.to_string(),
-                }),
-            None => Err(TransitionError::NotPersisted {
+    /// Persists a batch of entries in one [`TransitionStore::persist_many`]
+    /// and installs them once acknowledged (nothing is installed if it
+    /// fails); `log` says what changed, given the entry it replaced.
+    /// Returns the entries installed.
+    async fn persist_and_install(
+        &self,
+        batch: Vec<(&PartitionKey, Entry)>,
+        log: impl Fn(&PartitionKey, Option<&Entry>, &Entry),
+    ) -> Result<Vec<Entry>, TransitionError> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        let store = lock(&self.store)
+            .clone()
+            .ok_or_else(|| TransitionError::NotPersisted {
                 message: "no [state] cluster is configured; transitions cannot be made durable"
                     .into(),
-            }),
+            })?;
+        let ids = store
+            .persist_many(batch.iter().map(|(_, e)| e.clone()).collect())
+            .await
+            .map_err(|e| TransitionError::NotPersisted {
+                message: e.to_string(),
+            })?;
+        let mut entries = lock(&self.entries);
+        let mut installed = Vec::with_capacity(batch.len());
+        for ((key, mut entry), id) in batch.into_iter().zip(ids) {
+            entry.topic_id = id;
+            log(key, entries.get(key), &entry);
+            entries.insert(key.clone(), entry.clone());
+            installed.push(entry);
         }
+        self.recount(&entries);
+        Ok(installed)
+    }
+
+    /// [`commit`](Self::commit) for many partitions (the seal decisions of
+    /// one fetch, the completions of one high-watermark round): each is
+    /// checked as `commit` checks it, the rest persisted [`REQUEST_BATCH`]
+    /// per append and installed once acknowledged. Returns, for the items
+    /// handled, whether each was persisted (false: the step was there
+    /// already, or the entry moved on), and why the rest were not, if a
+    /// batch failed (those before it are in effect).
+    pub async fn commit_many(
+        &self,
+        items: Vec<(PartitionKey, Entry)>,
+    ) -> (Vec<bool>, Option<TransitionError>) {
+        let _serial = self.transitions.lock().await;
+        let mut applied = Vec::with_capacity(items.len());
+        for batch in items.chunks(REQUEST_BATCH) {
+            let needed: Vec<bool> = batch
+                .iter()
+                .map(|(key, entry)| Self::commit_needed(self.get(key).as_ref(), entry))
+                .collect();
+            let to_persist = batch
+                .iter()
+                .zip(&needed)
+                .filter(|(_, needed)| **needed)
+                .map(|((key, entry), _)| (key, entry.clone()))
+                .collect();
+            let persisted = self
+                .persist_and_install(to_persist, |key, _, entry| {
+                    tracing::info!(mirror = %entry.mirror, topic = %key.topic,
+                        partition = key.partition, state = entry.state.name(),
+                        cut = ?entry.cut, seal_batches = ?entry.seal_batches,
+                        "partition seal progress persisted");
+                })
+                .await;
+            if let Err(e) = persisted {
+                return (applied, Some(e));
+            }
+            applied.extend(needed);
+        }
+        (applied, None)
+    }
+
+    /// Whether `entry` is a step to persist over `current`: not when it was
+    /// decided on another episode's entry (a protect meanwhile), when the
+    /// same step is there already (another connection committed it), or
+    /// once the partition is STOPPED.
+    fn commit_needed(current: Option<&Entry>, entry: &Entry) -> bool {
+        let Some(cur) = current else {
+            return true;
+        };
+        let same_step = cur.state == entry.state
+            && cur.cut == entry.cut
+            && cur.seal_batches == entry.seal_batches
+            && cur.episode_start == entry.episode_start;
+        cur.episode == entry.episode && !same_step && cur.state != State::Stopped
     }
 
     /// Records a seal decision or completion made on the fetch path:
-    /// persists `entry` then installs it. Used by [`seal`].
-    pub async fn commit(
-        &self,
-        key: &PartitionKey,
-        mut entry: Entry,
-    ) -> Result<(), TransitionError> {
-        let _serial = self.transitions.lock().await;
-        // Another connection may have committed the same step meanwhile.
-        if let Some(cur) = self.get(key) {
-            if cur.episode != entry.episode {
-                // Decided on another episode's entry (a protect meanwhile).
-                return Ok(());
-            }
-            if cur.state == entry.state
-                && cur.cut == entry.cut
-                && cur.seal_batches == entry.seal_batches
-                && cur.episode_start == entry.episode_start
-            {
-                return Ok(());
-            }
-            if cur.state == State::Stopped {
-                return Ok(());
-            }
-        }
-        entry.topic_id = self.persist(&entry).await?;
-        tracing::info!(mirror = %entry.mirror, topic = %key.topic, partition = key.partition,
-            state = entry.state.name(), cut = ?entry.cut, seal_batches = ?entry.seal_batches,
-            "partition seal progress persisted");
-        let mut entries = lock(&self.entries);
-        entries.insert(key.clone(), entry);
-        self.recount(&entries);
-        Ok(())
+    /// persists `entry` then installs it, unless another connection
+    /// committed the same step meanwhile (see [`commit_many`](Self::commit_many)).
+    pub async fn commit(&self, key: &PartitionKey, entry: Entry) -> Result<(), TransitionError> {
+        let (_, failed) = self.commit_many(vec![(key.clone(), entry)]).await;
+        failed.map_or(Ok(()), Err)
     }
 
     /// The destination topic `topic` has the id `current` now: entries of
@@ -667,21 +778,12 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 mod tests {
     use super::*;
 
-    /// A store that acknowledges every record, keyed by a fixed topic id.
-    struct Acks;
-
-    impl TransitionStore for Acks {
-        fn persist(
-            &self,
-            _entry: Entry,
-        ) -> crate::BoxFuture<'static, Result<[u8; 16], crate::PersistError>> {
-            Box::pin(async { Ok([7; 16]) })
-        }
-    }
-
     fn lifecycle() -> Arc<Lifecycle> {
         let l = Lifecycle::new(crate::metrics::Metrics::new());
-        l.set_store(Arc::new(Acks));
+        l.set_store(Arc::new(Batches {
+            sizes: Default::default(),
+            fail_batch: None,
+        }));
         l
     }
 
@@ -814,5 +916,130 @@ mod tests {
         assert_eq!(l.controlled_of("other").len(), 1);
         l.restore(key(2), Entry::new("m", "c", "t", 2));
         assert!(l.controlled_of("m").is_empty());
+    }
+
+    /// A store that acknowledges every record (keyed by a fixed topic id),
+    /// records the size of each batch it is given and refuses the batch
+    /// numbered `fail_batch` (from 0).
+    struct Batches {
+        sizes: Arc<Mutex<Vec<usize>>>,
+        fail_batch: Option<usize>,
+    }
+
+    impl TransitionStore for Batches {
+        fn persist_many(
+            &self,
+            entries: Vec<Entry>,
+        ) -> crate::BoxFuture<'static, Result<Vec<[u8; 16]>, crate::PersistError>> {
+            let mut sizes = lock(&self.sizes);
+            let fails = self.fail_batch == Some(sizes.len());
+            sizes.push(entries.len());
+            Box::pin(async move {
+                if fails {
+                    return Err("state cluster unreachable".into());
+                }
+                Ok(vec![[7; 16]; entries.len()])
+            })
+        }
+    }
+
+    #[tokio::test]
+    async fn a_request_for_many_partitions_is_persisted_in_batches_and_stops_at_the_first_failure()
+    {
+        let keys: Vec<PartitionKey> = (0..1_200)
+            .map(|p| PartitionKey::new([0; 16], "t", p))
+            .collect();
+        let with = |fail_batch| {
+            let sizes = Arc::new(Mutex::new(Vec::new()));
+            let l = Lifecycle::new(crate::metrics::Metrics::new());
+            l.set_store(Arc::new(Batches {
+                sizes: sizes.clone(),
+                fail_batch,
+            }));
+            (l, sizes)
+        };
+        // 1,200 partitions: ten appends, not 1,200.
+        let (l, sizes) = with(None);
+        let (done, failed) = l.request_many(&keys, "m", "A", Operation::Stop).await;
+        assert!(failed.is_none());
+        assert_eq!(done.len(), 1_200);
+        assert_eq!(lock(&sizes).len(), 10);
+        assert_eq!(lock(&sizes)[9], 1_200 - 9 * REQUEST_BATCH);
+        assert!(keys
+            .iter()
+            .all(|k| l.get(k).unwrap().state == State::Stopping));
+        // The second batch not persisted: the first is in effect, nothing after.
+        let (l, sizes) = with(Some(1));
+        let (done, failed) = l.request_many(&keys, "m", "A", Operation::Stop).await;
+        assert!(matches!(failed, Some(TransitionError::NotPersisted { .. })));
+        assert_eq!((done.len(), lock(&sizes).len()), (REQUEST_BATCH, 2));
+        assert_eq!(
+            l.get(&keys[REQUEST_BATCH - 1]).unwrap().state,
+            State::Stopping
+        );
+        assert!(l.get(&keys[REQUEST_BATCH]).is_none());
+        // A transition not allowed in the middle: those before it persisted
+        // and in effect (as one by one), it and those after untouched.
+        let (l, sizes) = with(None);
+        l.restore(keys[700].clone(), Entry::new("other", "B", "t", 700));
+        let mut e = l.get(&keys[700]).unwrap();
+        e.state = State::Paused;
+        l.restore(keys[700].clone(), e);
+        let (done, failed) = l.request_many(&keys, "m", "A", Operation::Stop).await;
+        assert!(matches!(failed, Some(TransitionError::OtherMirror { .. })));
+        // 700 = 5 full batches and 60 of the sixth.
+        assert_eq!((done.len(), lock(&sizes).len()), (700, 6));
+        assert_eq!(lock(&sizes)[5], 700 - 5 * REQUEST_BATCH);
+        assert_eq!(l.get(&keys[699]).unwrap().state, State::Stopping);
+        assert_eq!(l.get(&keys[700]).unwrap().state, State::Paused);
+        assert!(l.get(&keys[701]).is_none());
+    }
+
+    #[tokio::test]
+    async fn commits_of_many_partitions_skip_the_steps_already_there_and_go_in_batches() {
+        let sizes = Arc::new(Mutex::new(Vec::new()));
+        let l = Lifecycle::new(crate::metrics::Metrics::new());
+        l.set_store(Arc::new(Batches {
+            sizes: sizes.clone(),
+            fail_batch: None,
+        }));
+        let keys: Vec<PartitionKey> = (0..300)
+            .map(|p| PartitionKey::new([0; 16], "t", p))
+            .collect();
+        for k in &keys {
+            let mut e = Entry::new("m", "A", "t", k.partition);
+            e.state = State::Stopping;
+            l.restore(k.clone(), e);
+        }
+        let with_cut = |k: &PartitionKey| {
+            let mut e = l.get(k).unwrap();
+            e.cut = Some(5);
+            e.seal_batches = Some(2);
+            e
+        };
+        // Partition 0 has its cut already (another connection committed it),
+        // partition 1 is STOPPED, partition 2's entry was decided on an
+        // episode that ended: those three are not written again.
+        l.restore(keys[0].clone(), with_cut(&keys[0]));
+        let items: Vec<(PartitionKey, Entry)> =
+            keys.iter().map(|k| (k.clone(), with_cut(k))).collect();
+        let mut stopped = l.get(&keys[1]).unwrap();
+        stopped.state = State::Stopped;
+        l.restore(keys[1].clone(), stopped);
+        let mut next_episode = l.get(&keys[2]).unwrap();
+        next_episode.episode = 1;
+        l.restore(keys[2].clone(), next_episode);
+        let (applied, failed) = l.commit_many(items).await;
+        assert!(failed.is_none());
+        assert_eq!(&applied[..4], &[false, false, false, true]);
+        assert_eq!(applied.iter().filter(|a| **a).count(), 297);
+        // 300 items in batches of REQUEST_BATCH, the three skipped left out.
+        assert_eq!(
+            *lock(&sizes),
+            vec![REQUEST_BATCH - 3, REQUEST_BATCH, 300 - 2 * REQUEST_BATCH]
+        );
+        assert_eq!(l.get(&keys[299]).unwrap().cut, Some(5));
+        assert_eq!(l.get(&keys[1]).unwrap().state, State::Stopped);
+        assert_eq!(l.get(&keys[2]).unwrap().cut, None);
     }
 }

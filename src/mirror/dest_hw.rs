@@ -341,9 +341,30 @@ async fn round(gate: &Arc<DestinationHw>, mirror: &Arc<MirrorContext>) -> Result
             "cannot read __mirror_state before completing seals (they stay STOPPING): {e}"
         ));
     }
+    // One batched commit for every seal the round completes (a disaster
+    // stop completes thousands in the same round).
+    let mut items = Vec::new();
+    let mut completed = Vec::new();
     for (key, end, hw) in passed {
-        complete(mirror, &key, end, hw).await;
+        if let Some(next) = completion(mirror, &key, end, hw) {
+            items.push((key.clone(), next));
+            completed.push((key.clone(), end, hw));
+        }
         gate.lock().remove(&key);
+    }
+    if items.is_empty() {
+        return done;
+    }
+    let (applied, failed) = mirror.lifecycle.commit_many(items).await;
+    for ((key, end, hw), _) in completed.iter().zip(&applied).filter(|(_, ok)| **ok) {
+        super::seal_path::after_stopped(mirror, key);
+        tracing::info!(mirror = %mirror.name, partition = %key, seal_end = end, high_watermark = hw,
+            "seal complete: the destination's high watermark passed the seal's end; partition STOPPED");
+    }
+    if let Some(e) = failed {
+        // The fetcher's next fetch of each serves its seal again and watches it.
+        tracing::warn!(mirror = %mirror.name, partitions = completed.len() - applied.len(), error = %e,
+            "seals complete on the destination but STOPPED not persisted: retried at the fetcher's next fetch");
     }
     done
 }
@@ -389,33 +410,36 @@ async fn fail(
     }
 }
 
-/// Persists STOPPED for `key` if its current seal still ends at `end` and,
-/// when instances share `__mirror_state`, this instance serves the
+/// STOPPED for `key`, to persist, if its current seal still ends at `end`
+/// and, when instances share `__mirror_state`, this instance serves the
 /// partition: after a leadership move the new leader's instance took it
 /// over before serving its fetcher (its serving record is read above, so
 /// this one no longer owns it) and completes the seal itself; two instances
 /// that both held the whole seal never both persist STOPPED. An instance
 /// whose fetcher comes back takes the partition over again at its next
-/// fetch and watches the seal again. True when STOPPED was persisted.
-async fn complete(mirror: &Arc<MirrorContext>, key: &PartitionKey, end: i64, hw: i64) -> bool {
+/// fetch and watches the seal again.
+fn completion(
+    mirror: &Arc<MirrorContext>,
+    key: &PartitionKey,
+    end: i64,
+    hw: i64,
+) -> Option<crate::lifecycle::Entry> {
     if mirror.salts.shared() && !mirror.is_owned(key) {
         mirror.lifecycle.note_hw_wait(key, None);
         tracing::info!(mirror = %mirror.name, partition = %key, seal_end = end, high_watermark = hw,
             "the destination's high watermark passed the seal's end, but another instance serves the \
              partition now: it completes the seal");
-        return false;
+        return None;
     }
-    let Some(entry) = mirror.lifecycle.get(key) else {
-        return false;
-    };
+    let entry = mirror.lifecycle.get(key)?;
     let current_end = entry
         .cut
         .zip(entry.seal_batches)
         .map(|(c, n)| c + i64::from(n));
     if entry.state != State::Stopping || current_end != Some(end) {
-        return false;
+        return None;
     }
-    let Some(plan) = entry.seal.clone().or_else(|| {
+    let plan = entry.seal.clone().or_else(|| {
         // Restored from __mirror_state and not served here since: the plan
         // is only needed for its open transactions, which the entry holds.
         let cut = entry.cut?;
@@ -423,23 +447,8 @@ async fn complete(mirror: &Arc<MirrorContext>, key: &PartitionKey, end: i64, hw:
         let plan =
             crate::lifecycle::seal::plan_for(&entry, cut, entry.leader_epoch.unwrap_or(0), open);
         (Some(plan.len()) == entry.seal_batches).then(|| Arc::new(plan))
-    }) else {
-        return false;
-    };
-    let next = crate::lifecycle::seal::stopped(&entry, plan);
-    match mirror.lifecycle.commit(key, next).await {
-        Ok(()) => {
-            super::seal_path::after_stopped(mirror, key);
-            tracing::info!(mirror = %mirror.name, partition = %key, seal_end = end, high_watermark = hw,
-                "seal complete: the destination's high watermark passed the seal's end; partition STOPPED");
-            true
-        }
-        Err(e) => {
-            tracing::warn!(mirror = %mirror.name, partition = %key, error = %e,
-                "seal complete on the destination but STOPPED not persisted: retried at the next round");
-            false
-        }
-    }
+    })?;
+    Some(crate::lifecycle::seal::stopped(&entry, plan))
 }
 
 /// (topic, partition) → (high watermark, leader address) or why not.
@@ -660,6 +669,19 @@ mod tests {
 
     fn state(mirror: &MirrorContext, key: &PartitionKey) -> State {
         mirror.lifecycle.get(key).unwrap().state
+    }
+
+    /// What a round does for one partition whose high watermark passed
+    /// `end`: true when STOPPED was persisted.
+    async fn complete(mirror: &Arc<MirrorContext>, key: &PartitionKey, end: i64, hw: i64) -> bool {
+        let Some(next) = completion(mirror, key, end, hw) else {
+            return false;
+        };
+        let (applied, failed) = mirror
+            .lifecycle
+            .commit_many(vec![(key.clone(), next)])
+            .await;
+        failed.is_none() && applied == [true]
     }
 
     #[tokio::test]

@@ -207,6 +207,10 @@ impl UpstreamHealth {
 }
 
 /// How many times one response may block before the connection gives up.
+/// Each round does all of one step of the work a response needs (a seal's
+/// take-overs, replays and persists for every partition of a fetch go in one
+/// round each: `mirror::seal_path::jobs`), so a response that makes progress
+/// needs a handful, whatever the number of partitions it carries.
 const MAX_REWRITE_ROUNDS: usize = 16;
 
 /// What a connection needs from its listener.

@@ -243,7 +243,19 @@ impl StateStore {
     /// sent again, so only a single record larger than the broker's limit
     /// fails, with [`StateStoreError::is_too_large`] true.
     pub async fn append_many(&self, records: Vec<KeyValue>) -> Result<i64> {
-        let mut last = -1;
+        Ok(self
+            .append_many_at(records)
+            .await?
+            .last()
+            .copied()
+            .unwrap_or(-1))
+    }
+
+    /// [`append_many`](Self::append_many), returning the offset of each
+    /// record in order (a batch's records take consecutive offsets ending at
+    /// the one the broker acknowledges).
+    pub async fn append_many_at(&self, records: Vec<KeyValue>) -> Result<Vec<i64>> {
+        let mut offsets = Vec::with_capacity(records.len());
         let mut queue: std::collections::VecDeque<Vec<KeyValue>> =
             chunk_records(records, MAX_APPEND_BYTES).into();
         while let Some(chunk) = queue.pop_front() {
@@ -259,7 +271,7 @@ impl StateStore {
                 .await
                 .map_err(|_| StateStoreError::Closed)?;
             match rx.await.map_err(|_| StateStoreError::Closed)? {
-                Ok(off) => last = last.max(off),
+                Ok(last) => offsets.extend((0..n as i64).map(|i| last - (n as i64 - 1) + i)),
                 Err(e) if e.is_too_large() && copy.is_some() => {
                     let mut first = copy.unwrap_or_default();
                     let second = first.split_off(n / 2);
@@ -272,7 +284,7 @@ impl StateStore {
                 Err(e) => return Err(e),
             }
         }
-        Ok(last)
+        Ok(offsets)
     }
 
     /// Reads every record from offset 0 up to the high watermark. A read

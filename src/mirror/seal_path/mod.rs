@@ -17,8 +17,9 @@
 //!
 //! The files: `plan` (what a request needs and the durable decisions first),
 //! `answer` (local answers and the splice into forwarded responses),
-//! `below_cut` (readers below the cut) and `sessions` (incremental fetch
-//! sessions and stray partitions).
+//! `jobs` (the durable work of one fetch, run together), `below_cut`
+//! (readers below the cut) and `sessions` (incremental fetch sessions and
+//! stray partitions).
 
 use std::borrow::Cow;
 use std::sync::Arc;
@@ -40,6 +41,7 @@ use super::MirrorContext;
 
 mod answer;
 mod below_cut;
+mod jobs;
 mod plan;
 mod sessions;
 

@@ -2,6 +2,7 @@
 //! partitions are answered locally, which are forwarded, and the durable
 //! decisions (taking the cut, completing the seal) that must come first.
 
+use super::jobs::{Effect, PersistJob, SealJobs};
 use super::*;
 
 /// Decides what to do with a Fetch request; `None` when nothing is controlled.
@@ -256,25 +257,45 @@ pub fn plan_fetch(
 }
 
 /// Runs the decisions of every controlled partition; returns the answers, or
-/// a wait for the first decision that must be persisted (`version`, the
-/// request's Fetch version, is named in its errors).
+/// one wait for all the durable work they need first (take-overs, replays,
+/// persists: see [`jobs`](super::jobs)), after which the fetch is decided
+/// again (`version`, the request's Fetch version, is named in its errors).
 pub(super) fn decide_all(
     mirror: &Arc<MirrorContext>,
     plan: &FetchPlan,
     version: i16,
 ) -> Result<Vec<LocalPartition>, Rewritten> {
+    // Take-overs go in a round of their own: they read `__mirror_state` to
+    // its end, and what they read (another instance's newer step) is what
+    // the other partitions' decisions must be made on.
+    let take_overs = take_overs_needed(mirror, plan);
+    if !take_overs.is_empty() {
+        let jobs = SealJobs {
+            take_overs,
+            ..SealJobs::default()
+        };
+        return Err(jobs.into_wait(mirror.clone(), version));
+    }
     let mut answers = Vec::with_capacity(plan.controlled.len());
+    let mut effects = Vec::new();
+    let mut jobs = SealJobs::default();
+    // One job per partition per round (Kafka never lists a partition twice
+    // in a Fetch; a request that does gets its repeats decided next round).
+    let mut with_job = std::collections::HashSet::new();
     for c in &plan.controlled {
+        if with_job.contains(&c.key) {
+            answers.push(LocalPartition::empty_at(c.fetch_offset));
+            continue;
+        }
         let Some(entry) = mirror.lifecycle.get(&c.key) else {
             // Resumed meanwhile: serve nothing this time.
             answers.push(LocalPartition::empty_at(c.fetch_offset));
             continue;
         };
         if entry.mirror != mirror.name {
-            refuse(
-                mirror,
-                &c.key,
-                format!(
+            effects.push(Effect::Refuse {
+                key: c.key.clone(),
+                why: format!(
                     "the partition belongs to mirror '{}' ({}, episode {}), not to '{}': a \
                      partition is fed by one mirror at a time; once STOPPED, \
                      `POST /v1/partitions/protect` naming '{}' hands it over",
@@ -284,7 +305,7 @@ pub(super) fn decide_all(
                     mirror.name,
                     mirror.name
                 ),
-            );
+            });
             answers.push(LocalPartition::refused_at(
                 c.fetch_offset,
                 crate::lifecycle::seal::POLICY_VIOLATION,
@@ -309,23 +330,14 @@ pub(super) fn decide_all(
         if (takes_cut || gated)
             && seal_needs_take_over(&entry, mirror.is_owned(&c.key), mirror.salts.shared())
         {
-            let job = crate::mirror::handover::TakeOver {
+            // Taken over since `take_overs_needed` looked (another instance's
+            // serving record read meanwhile): next round.
+            with_job.insert(c.key.clone());
+            jobs.take_overs.push(crate::mirror::handover::TakeOver {
                 key: c.key.clone(),
                 from_offset: c.fetch_offset,
-            };
-            let mirror = mirror.clone();
-            return Err(Rewritten::Blocked {
-                frame: None,
-                wait: Box::pin(async move {
-                    crate::mirror::handover::take_over(mirror, vec![job])
-                        .await
-                        .map_err(|e| RewriteError {
-                            api: "Fetch",
-                            version,
-                            message: format!("partition not taken over for its seal: {e}"),
-                        })
-                }),
             });
+            continue;
         }
         // Taking the cut needs the open transactions: after a restart the
         // producer state may lag the fetcher; replay the source first.
@@ -333,44 +345,15 @@ pub(super) fn decide_all(
             let next = mirror.registry.partition(&c.key).with(|s| s.next_offset());
             match mirror.source_topic(&c.key.topic) {
                 Some(source_topic) if next < c.fetch_offset => {
-                    let job = crate::mirror::replay::ReplayJob {
+                    with_job.insert(c.key.clone());
+                    jobs.replays.push(crate::mirror::replay::ReplayJob {
                         key: c.key.clone(),
                         source_topic,
                         partition: c.partition,
                         from: next,
                         upto: c.fetch_offset,
-                    };
-                    let (mirror, servers) = (mirror.clone(), mirror.replay_servers());
-                    let max_frame = crate::config::DEFAULT_MAX_FRAME_BYTES as usize;
-                    let key = c.key.clone();
-                    return Err(Rewritten::Blocked {
-                        frame: None,
-                        wait: Box::pin(async move {
-                            // The seal never needs the source (SPEC 3.1): when
-                            // the replay cannot run, the cut is taken from the
-                            // persisted producer state alone.
-                            let limit = mirror.request_timeout;
-                            let replay = crate::mirror::run_replays(
-                                mirror.clone(),
-                                servers,
-                                vec![job],
-                                max_frame,
-                            );
-                            let failed = match tokio::time::timeout(limit, replay).await {
-                                Ok(Ok(())) => None,
-                                Ok(Err(m)) => Some(m.to_string()),
-                                Err(_) => Some(format!("no answer within {limit:?}")),
-                            };
-                            if let Some(why) = failed {
-                                tracing::warn!(partition = %key, error = %why,
-                                    "source unreachable: sealing from the persisted producer state \
-                                     (every producer that may have begun a transaction since its \
-                                     snapshot gets an ABORT marker)");
-                                mirror.mark_warm(&key);
-                            }
-                            Ok(())
-                        }),
                     });
+                    continue;
                 }
                 _ => mirror.mark_warm(&c.key),
             }
@@ -475,45 +458,35 @@ pub(super) fn decide_all(
             rule,
         ) {
             Decision::AwaitHw { answer, end } => {
-                if let Some(gate) = mirror.destination_hw() {
-                    gate.watch(mirror, &c.key, end);
-                }
+                effects.push(Effect::Watch {
+                    key: c.key.clone(),
+                    end,
+                });
                 answers.push(answer)
             }
             Decision::Refuse { answer, why } => {
-                refuse(mirror, &c.key, why);
+                effects.push(Effect::Refuse {
+                    key: c.key.clone(),
+                    why,
+                });
                 answers.push(answer)
             }
             Decision::PastEnd { answer, end } => {
-                mirror.seal_metrics.fetches_past_end.inc();
-                tracing::info!(mirror = %mirror.name, partition = %c.key, end,
-                    fetch_offset = c.fetch_offset,
-                    "seal: the destination fetcher fetches past the seal's end: the destination's \
-                     high watermark is read (past the end: FAILED; otherwise a replica about to \
-                     be truncated asked, and the seal waits for a fetch at its end)");
-                if let Some(gate) = mirror.destination_hw() {
-                    gate.check_past_end(mirror, &c.key, end, c.fetch_offset);
-                }
+                effects.push(Effect::PastEnd {
+                    key: c.key.clone(),
+                    end,
+                    fetch_offset: c.fetch_offset,
+                });
                 answers.push(answer)
             }
             Decision::Answer(a) => {
-                mirror
-                    .seal_metrics
-                    .aborts
-                    .inc_by(u64::from(a.aborts_served));
-                mirror
-                    .seal_metrics
-                    .barriers
-                    .inc_by(u64::from(a.barriers_served));
+                effects.push(Effect::Served {
+                    aborts: a.aborts_served,
+                    barriers: a.barriers_served,
+                });
                 answers.push(a)
             }
             Decision::Persist(next) => {
-                let lifecycle = mirror.lifecycle.clone();
-                let key = c.key.clone();
-                let becomes_stopped = next.state == State::Stopped;
-                // FAILED only from an up-to-date view: another instance may
-                // have completed the seal (and the partition taken local
-                // writes since) in records this one has not read yet.
                 let starts_episode = entry.start_pending() && next.episode_start.is_some();
                 let fails = next.state == State::Failed;
                 let fails_past_end = fails
@@ -529,51 +502,56 @@ pub(super) fn decide_all(
                 {
                     mirror.seal_metrics.replanned_below_cut.inc();
                 }
-                let next_start = next.clone();
-                let mirror = mirror.clone();
-                return Err(Rewritten::Blocked {
-                    frame: None,
-                    wait: Box::pin(async move {
-                        if fails {
-                            mirror
-                                .salts
-                                .read_state()
-                                .await
-                                .map_err(|e| err(version, e.to_string()))?;
-                            let unchanged = lifecycle.get(&key).is_some_and(|cur| {
-                                cur.state == entry.state
-                                    && cur.cut == entry.cut
-                                    && cur.seal_batches == entry.seal_batches
-                            });
-                            if !unchanged {
-                                tracing::info!(partition = %key,
-                                    "seal: not failed: __mirror_state holds a newer step of it; decided again");
-                                return Ok(());
-                            }
-                        }
-                        lifecycle
-                            .commit(&key, *next)
-                            .await
-                            .map_err(|e| err(version, e.to_string()))?;
-                        if starts_episode {
-                            start_episode(&mirror, &key, &next_start);
-                        }
-                        if fails_past_end {
-                            mirror.seal_metrics.failed_past_end.inc();
-                            tracing::error!(partition = %key,
-                                "seal FAILED: the destination fetcher fetched past the seal's end");
-                        }
-                        if becomes_stopped {
-                            after_stopped(&mirror, &key);
-                            tracing::info!(partition = %key, "seal complete: partition STOPPED; its fetches are answered locally from now on");
-                        }
-                        Ok(())
-                    }),
+                with_job.insert(c.key.clone());
+                jobs.persists.push(PersistJob {
+                    key: c.key.clone(),
+                    entry,
+                    next,
+                    starts_episode,
+                    fails,
+                    fails_past_end,
                 });
             }
         }
     }
+    if !jobs.is_empty() {
+        return Err(jobs.into_wait(mirror.clone(), version));
+    }
+    for effect in effects {
+        effect.apply(mirror);
+    }
     Ok(answers)
+}
+
+/// The partitions of a fetcher's request that must be taken over before
+/// they are decided (the same test as in [`decide_all`]).
+fn take_overs_needed(
+    mirror: &MirrorContext,
+    plan: &FetchPlan,
+) -> Vec<crate::mirror::handover::TakeOver> {
+    if !plan.fetcher || !mirror.salts.shared() {
+        return Vec::new();
+    }
+    let gated = mirror.destination_hw().is_some();
+    let mut seen = std::collections::HashSet::new();
+    let mut out = Vec::new();
+    for c in &plan.controlled {
+        let Some(entry) = mirror.lifecycle.get(&c.key) else {
+            continue;
+        };
+        if entry.mirror != mirror.name || !seen.insert(c.key.clone()) {
+            continue;
+        }
+        let takes_cut =
+            entry.state == State::Stopping && entry.cut.is_none_or(|cut| c.fetch_offset < cut);
+        if (takes_cut || gated) && seal_needs_take_over(&entry, mirror.is_owned(&c.key), true) {
+            out.push(crate::mirror::handover::TakeOver {
+                key: c.key.clone(),
+                from_offset: c.fetch_offset,
+            });
+        }
+    }
+    out
 }
 
 /// Whether the destination fetcher's fetch of a controlled partition must
@@ -592,7 +570,11 @@ pub(crate) fn seal_needs_take_over(
 /// producer state starts empty at the fetcher's offset (nothing below it
 /// is this episode's: the barrier ended the one before), and nothing is
 /// replayed; this instance serves it.
-fn start_episode(mirror: &MirrorContext, key: &PartitionKey, entry: &crate::lifecycle::Entry) {
+pub(super) fn start_episode(
+    mirror: &MirrorContext,
+    key: &PartitionKey,
+    entry: &crate::lifecycle::Entry,
+) {
     let Some(start) = entry.episode_start else {
         return;
     };
@@ -608,7 +590,7 @@ fn start_episode(mirror: &MirrorContext, key: &PartitionKey, entry: &crate::life
 
 /// Counts a refused fetch of a controlled partition and says why, once per
 /// partition (the fetcher retries after its back-off).
-fn refuse(mirror: &MirrorContext, key: &PartitionKey, why: String) {
+pub(super) fn refuse(mirror: &MirrorContext, key: &PartitionKey, why: String) {
     mirror.seal_metrics.fetches_refused.inc();
     let first = mirror
         .seal_metrics

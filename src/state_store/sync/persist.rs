@@ -157,85 +157,31 @@ impl StateSync {
         // one type-5 record (about 3,900), they go as a chunk generation
         // (type 7), each record below MAX_SNAPSHOT_BYTES.
         let mut seal_chunks = None;
-        if let (LifecycleState::Stopping, Some(cut), Some(plan)) =
-            (entry.state, entry.cut, &entry.seal)
-        {
-            let value = MirrorProducerSnapshotValue {
-                snapshot_offset: cut,
-                producers: plan
-                    .open_txns
-                    .iter()
-                    .map(|t| SnapshotProducer {
-                        producer_id: t.producer_id,
-                        origin_cluster_id: t.origin_cluster,
-                        original_pid: t.original_pid,
-                        producer_epoch: t.producer_epoch,
-                        last_sequence: -1,
-                        last_offset: -1,
-                        coordinator_epoch: t.coordinator_epoch,
-                        txn_first_offset: t.first_offset,
-                        last_timestamp: -1,
-                    })
-                    .collect(),
-                unknown_tagged_fields: Vec::new(),
-            };
-            // With the closings below the cut: the seal planned again
-            // further back (a new destination leader that truncated) after
-            // a restart, or by another instance, needs the transactions they
-            // closed; without them it reports the cut.
-            let pk = PartitionKey::new([0; 16], entry.topic.as_str(), entry.partition);
-            let closings = self
-                .registry
-                .get(&pk)
-                .and_then(|h| h.with(|s| s.closings_at_cut(cut)));
-            if needs_chunks(value.producers.len()) {
-                let generation = self.next_chunk_generation(crate::lifecycle::now_ms());
-                let (keys, records) = chunk_records(
-                    topic_id,
-                    entry.partition,
-                    generation,
-                    &value,
-                    closings.as_ref(),
-                )?;
-                self.append_claims(records).await?;
-                self.count("seal_snapshot_chunked");
-                tracing::info!(topic = %entry.topic, partition = entry.partition, cut,
-                    open_transactions = value.producers.len(), chunks = keys.len(), generation,
-                    "seal's open transactions written as a chunked snapshot");
-                seal_chunks = Some(keys);
-            } else {
-                let key = MirrorProducerSnapshotKey {
-                    topic_id,
-                    partition: entry.partition,
-                };
-                let mut value = value;
-                if let Some(tag) = closings.and_then(|c| {
-                    snapshots::encode_closings(&c, value.producers.len(), MAX_SNAPSHOT_BYTES)
-                }) {
-                    value.unknown_tagged_fields.push(tag?);
+        if let Some(snapshot) = self.seal_snapshot(&entry, topic_id)? {
+            match snapshot {
+                SealSnapshot::Record(k, v) => {
+                    self.append_record(k, v).await?;
                 }
-                let v = value.encode()?;
-                let k = key.encode();
-                self.append_record(k, v).await?;
+                SealSnapshot::Chunked { value, closings } => {
+                    let generation = self.next_chunk_generation(crate::lifecycle::now_ms());
+                    let (keys, records) = chunk_records(
+                        topic_id,
+                        entry.partition,
+                        generation,
+                        &value,
+                        closings.as_ref(),
+                    )?;
+                    self.append_claims(records).await?;
+                    self.count("seal_snapshot_chunked");
+                    tracing::info!(topic = %entry.topic, partition = entry.partition,
+                        cut = value.snapshot_offset, open_transactions = value.producers.len(),
+                        chunks = keys.len(), generation,
+                        "seal's open transactions written as a chunked snapshot");
+                    seal_chunks = Some(keys);
+                }
             }
         }
-        let key = MirrorPartitionStateKey {
-            topic_id,
-            partition: entry.partition,
-        };
-        let value = MirrorPartitionStateValue {
-            mirror: entry.mirror.clone(),
-            topic_name: entry.topic.clone(),
-            state: entry.state.into(),
-            source_cluster_id: entry.source_cluster_id.clone(),
-            cut_offset: entry.cut.unwrap_or(-1),
-            seal_batches: entry.seal_batches.unwrap_or(-1),
-            reason: entry.reason.clone(),
-            timestamp_ms: entry.since_ms,
-            unknown_tagged_fields: episode_fields(&entry).encode_tags()?,
-        };
-        let v = value.encode()?;
-        let k = key.encode();
+        let (k, v) = state_record(&entry, topic_id)?;
         let offset = self.append_record(k, v).await?;
         tracing::debug!(offset, topic = %entry.topic, partition = entry.partition,
             state = entry.state.name(), "partition state persisted");
@@ -250,6 +196,104 @@ impl StateSync {
             }
         }
         Ok(topic_id)
+    }
+
+    /// The snapshot a seal's STOPPING record (with its cut) must find: its
+    /// open transactions, with the closings below the cut (the seal planned
+    /// again further back after a restart, or by another instance, needs the
+    /// transactions they closed). One type-5 record, or a chunk generation
+    /// (type 7) when too many for one (about 3,900). `None`: the entry has
+    /// no seal to snapshot.
+    fn seal_snapshot(
+        &self,
+        entry: &Entry,
+        topic_id: [u8; 16],
+    ) -> Result<Option<SealSnapshot>, SyncError> {
+        let (LifecycleState::Stopping, Some(cut), Some(plan)) =
+            (entry.state, entry.cut, &entry.seal)
+        else {
+            return Ok(None);
+        };
+        let mut value = MirrorProducerSnapshotValue {
+            snapshot_offset: cut,
+            producers: plan
+                .open_txns
+                .iter()
+                .map(|t| SnapshotProducer {
+                    producer_id: t.producer_id,
+                    origin_cluster_id: t.origin_cluster,
+                    original_pid: t.original_pid,
+                    producer_epoch: t.producer_epoch,
+                    last_sequence: -1,
+                    last_offset: -1,
+                    coordinator_epoch: t.coordinator_epoch,
+                    txn_first_offset: t.first_offset,
+                    last_timestamp: -1,
+                })
+                .collect(),
+            unknown_tagged_fields: Vec::new(),
+        };
+        let pk = PartitionKey::new([0; 16], entry.topic.as_str(), entry.partition);
+        let closings = self
+            .registry
+            .get(&pk)
+            .and_then(|h| h.with(|s| s.closings_at_cut(cut)));
+        if needs_chunks(value.producers.len()) {
+            return Ok(Some(SealSnapshot::Chunked { value, closings }));
+        }
+        if let Some(tag) = closings
+            .and_then(|c| snapshots::encode_closings(&c, value.producers.len(), MAX_SNAPSHOT_BYTES))
+        {
+            value.unknown_tagged_fields.push(tag?);
+        }
+        let key = MirrorProducerSnapshotKey {
+            topic_id,
+            partition: entry.partition,
+        };
+        Ok(Some(SealSnapshot::Record(key.encode(), value.encode()?)))
+    }
+
+    /// Persists the life-cycle records of many partitions in as few Produce
+    /// requests as the 256 KiB bound allows, each seal's snapshot record
+    /// just before its state record (as [`Self::persist_entry`] writes
+    /// them); returns each entry's destination topic id, in order. A batch
+    /// holding a seal too large for one snapshot record (chunks) goes one by
+    /// one through [`Self::persist_entry`].
+    pub(super) async fn persist_entries(
+        self: Arc<Self>,
+        entries: Vec<Entry>,
+    ) -> Result<Vec<[u8; 16]>, SyncError> {
+        let mut ids = Vec::with_capacity(entries.len());
+        let mut records = Vec::with_capacity(entries.len());
+        for e in &entries {
+            let topic_id = self.topic_id_for(&e.topic).await?;
+            match self.seal_snapshot(e, topic_id)? {
+                Some(SealSnapshot::Chunked { .. }) => {
+                    let mut ids = Vec::with_capacity(entries.len());
+                    for e in entries {
+                        ids.push(self.clone().persist_entry(e).await?);
+                    }
+                    return Ok(ids);
+                }
+                Some(SealSnapshot::Record(k, v)) => records.push((k, Some(v))),
+                None => {}
+            }
+            let (k, v) = state_record(e, topic_id)?;
+            ids.push(topic_id);
+            records.push((k, Some(v)));
+        }
+        let keys: Vec<Vec<u8>> = records.iter().map(|(k, _)| k.clone()).collect();
+        let offsets = self
+            .store
+            .append_many_at(records)
+            .await
+            .map_err(|e| self.append_failed(e))?;
+        for (k, offset) in keys.iter().zip(&offsets) {
+            self.advance(k, *offset);
+        }
+        self.count("append");
+        tracing::debug!(records = offsets.len(), last = ?offsets.last(), "partition states persisted");
+        Ok(ids)
     }
 
     pub(super) async fn persist_all(
@@ -429,15 +473,50 @@ impl SaltStore for StateSync {
 }
 
 impl TransitionStore for StateSync {
-    fn persist(&self, entry: Entry) -> crate::BoxFuture<'static, Result<[u8; 16], PersistError>> {
+    fn persist_many(
+        &self,
+        entries: Vec<Entry>,
+    ) -> crate::BoxFuture<'static, Result<Vec<[u8; 16]>, PersistError>> {
         let me = self.me.upgrade();
         Box::pin(async move {
             match me {
-                Some(me) => Ok(me.persist_entry(entry).await?),
+                Some(me) => Ok(me.persist_entries(entries).await?),
                 None => Err(SyncError::ShuttingDown.into()),
             }
         })
     }
+}
+
+/// A seal's snapshot of its open transactions, as written.
+enum SealSnapshot {
+    /// One type-5 record: (key, value) encoded.
+    Record(Vec<u8>, Vec<u8>),
+    /// Too many producers for one record: written as a chunk generation.
+    Chunked {
+        value: MirrorProducerSnapshotValue,
+        closings: Option<ps::ClosingsSnapshot>,
+    },
+}
+
+/// The life-cycle record (type 4) of `entry`, keyed by its destination
+/// topic id: (key, value) encoded.
+fn state_record(entry: &Entry, topic_id: [u8; 16]) -> Result<(Vec<u8>, Vec<u8>), SyncError> {
+    let key = MirrorPartitionStateKey {
+        topic_id,
+        partition: entry.partition,
+    };
+    let value = MirrorPartitionStateValue {
+        mirror: entry.mirror.clone(),
+        topic_name: entry.topic.clone(),
+        state: entry.state.into(),
+        source_cluster_id: entry.source_cluster_id.clone(),
+        cut_offset: entry.cut.unwrap_or(-1),
+        seal_batches: entry.seal_batches.unwrap_or(-1),
+        reason: entry.reason.clone(),
+        timestamp_ms: entry.since_ms,
+        unknown_tagged_fields: episode_fields(entry).encode_tags()?,
+    };
+    Ok((key.encode(), value.encode()?))
 }
 
 /// The episode fields of `entry`'s life-cycle record.
