@@ -22,7 +22,7 @@
 
 pub mod seal;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -370,9 +370,15 @@ pub struct Lifecycle {
     /// every entry under the lock (110 us at 10,000 entries).
     controlled_lists: Mutex<ControlledLists>,
     store: Mutex<Option<Arc<dyn TransitionStore>>>,
-    /// Serialises transitions so a persisted record and the in-memory state
-    /// never disagree (held across the persistence await: admin path only).
-    transitions: tokio::sync::Mutex<()>,
+    /// Partitions whose next transition is being persisted. A transition
+    /// reserves its partitions here (waiting while another holds one), is
+    /// checked, persisted and installed, then releases them: transitions of
+    /// one partition go one after the other, so a persisted record and the
+    /// in-memory state never disagree, while no lock is held across the
+    /// append and other partitions' transitions go on meanwhile.
+    in_flight: Mutex<HashSet<PartitionKey>>,
+    /// Woken whenever partitions are released from `in_flight`.
+    released: tokio::sync::Notify,
     metrics: Arc<crate::metrics::Metrics>,
 }
 
@@ -382,6 +388,23 @@ struct ControlledLists {
     generation: Option<u64>,
     by_mirror: HashMap<String, Arc<[ControlledRef]>>,
     none: Arc<[ControlledRef]>,
+}
+
+/// Partitions reserved by one transition step; released on drop.
+struct Reserved<'a> {
+    lifecycle: &'a Lifecycle,
+    keys: Vec<PartitionKey>,
+}
+
+impl Drop for Reserved<'_> {
+    fn drop(&mut self) {
+        let mut in_flight = lock(&self.lifecycle.in_flight);
+        for key in &self.keys {
+            in_flight.remove(key);
+        }
+        drop(in_flight);
+        self.lifecycle.released.notify_waiters();
+    }
 }
 
 /// Wall-clock milliseconds.
@@ -401,7 +424,8 @@ impl Lifecycle {
             generation: AtomicU64::new(0),
             controlled_lists: Mutex::new(ControlledLists::default()),
             store: Mutex::new(None),
-            transitions: tokio::sync::Mutex::new(()),
+            in_flight: Mutex::new(HashSet::new()),
+            released: tokio::sync::Notify::new(),
             metrics,
         })
     }
@@ -523,9 +547,9 @@ impl Lifecycle {
         source_cluster_id: &str,
         op: Operation,
     ) -> (Vec<Entry>, Option<TransitionError>) {
-        let _serial = self.transitions.lock().await;
         let mut done = Vec::with_capacity(keys.len());
         for batch in keys.chunks(REQUEST_BATCH) {
+            let _reserved = self.reserve(batch.iter()).await;
             let mut next = Vec::with_capacity(batch.len());
             let mut failed = None;
             for key in batch {
@@ -629,6 +653,33 @@ impl Lifecycle {
         Ok(())
     }
 
+    /// Reserves `keys` for one transition step (see `in_flight`), waiting
+    /// while another step holds any of them; released when the returned
+    /// guard is dropped (also when the step is cancelled).
+    async fn reserve<'k>(
+        &self,
+        keys: impl Iterator<Item = &'k PartitionKey> + Clone,
+    ) -> Reserved<'_> {
+        loop {
+            // Registered before the check, so a release after it wakes us.
+            let released = self.released.notified();
+            tokio::pin!(released);
+            released.as_mut().enable();
+            {
+                let mut in_flight = lock(&self.in_flight);
+                if !keys.clone().any(|k| in_flight.contains(k)) {
+                    let keys: Vec<PartitionKey> = keys.cloned().collect();
+                    in_flight.extend(keys.iter().cloned());
+                    return Reserved {
+                        lifecycle: self,
+                        keys,
+                    };
+                }
+            }
+            released.await;
+        }
+    }
+
     /// Persists a batch of entries in one [`TransitionStore::persist_many`]
     /// and installs them once acknowledged (nothing is installed if it
     /// fails); `log` says what changed, given the entry it replaced.
@@ -676,9 +727,9 @@ impl Lifecycle {
         &self,
         items: Vec<(PartitionKey, Entry)>,
     ) -> (Vec<bool>, Option<TransitionError>) {
-        let _serial = self.transitions.lock().await;
         let mut applied = Vec::with_capacity(items.len());
         for batch in items.chunks(REQUEST_BATCH) {
+            let _reserved = self.reserve(batch.iter().map(|(key, _)| key)).await;
             let needed: Vec<bool> = batch
                 .iter()
                 .map(|(key, entry)| Self::commit_needed(self.get(key).as_ref(), entry))
@@ -1041,5 +1092,124 @@ mod tests {
         assert_eq!(l.get(&keys[299]).unwrap().cut, Some(5));
         assert_eq!(l.get(&keys[1]).unwrap().state, State::Stopped);
         assert_eq!(l.get(&keys[2]).unwrap().cut, None);
+    }
+}
+
+#[cfg(test)]
+mod concurrency_tests {
+    use super::*;
+
+    /// A store that holds every batch with partition 0 in it until a permit
+    /// is released, acknowledges the others at once, and records each
+    /// persisted entry's partition and state in the order acknowledged.
+    struct GateOnZero {
+        gate: Arc<tokio::sync::Semaphore>,
+        persisted: Persisted,
+    }
+
+    impl TransitionStore for GateOnZero {
+        fn persist_many(
+            &self,
+            entries: Vec<Entry>,
+        ) -> crate::BoxFuture<'static, Result<Vec<[u8; 16]>, crate::PersistError>> {
+            let gate = self.gate.clone();
+            let persisted = self.persisted.clone();
+            Box::pin(async move {
+                if entries.iter().any(|e| e.partition == 0) {
+                    gate.acquire().await.expect("gate open").forget();
+                }
+                lock(&persisted).extend(entries.iter().map(|e| (e.partition, e.state)));
+                Ok(vec![[7; 16]; entries.len()])
+            })
+        }
+    }
+
+    /// What [`GateOnZero`] persisted: partition and state, in order.
+    type Persisted = Arc<Mutex<Vec<(i32, State)>>>;
+
+    fn gated() -> (Arc<Lifecycle>, Arc<tokio::sync::Semaphore>, Persisted) {
+        let gate = Arc::new(tokio::sync::Semaphore::new(0));
+        let persisted = Arc::new(Mutex::new(Vec::new()));
+        let l = Lifecycle::new(crate::metrics::Metrics::new());
+        l.set_store(Arc::new(GateOnZero {
+            gate: gate.clone(),
+            persisted: persisted.clone(),
+        }));
+        (l, gate, persisted)
+    }
+
+    fn key(p: i32) -> PartitionKey {
+        PartitionKey::new([0; 16], "t", p)
+    }
+
+    /// A slow append to the state cluster (a `stop --all` of thousands of
+    /// partitions, a state cluster in trouble) must not hold every other
+    /// partition's transition behind it.
+    #[tokio::test]
+    async fn a_persist_in_flight_does_not_hold_other_partitions_transitions() {
+        let (l, gate, persisted) = gated();
+        let slow = tokio::spawn({
+            let l = l.clone();
+            async move { l.request(&key(0), "m", "A", Operation::Stop).await }
+        });
+        tokio::task::yield_now().await;
+        let other = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            l.request(&key(1), "m", "A", Operation::Stop),
+        )
+        .await
+        .expect("partition 1's stop waited for partition 0's persist");
+        assert_eq!(other.unwrap().state, State::Stopping);
+        let commit = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            l.commit(&key(1), {
+                let mut e = l.get(&key(1)).unwrap();
+                e.cut = Some(3);
+                e
+            }),
+        )
+        .await
+        .expect("partition 1's seal step waited for partition 0's persist");
+        assert!(commit.is_ok());
+        // Partition 0 is not in effect before its record is acknowledged.
+        assert!(l.get(&key(0)).is_none());
+        gate.add_permits(1);
+        assert_eq!(slow.await.unwrap().unwrap().state, State::Stopping);
+        assert_eq!(
+            *lock(&persisted),
+            vec![
+                (1, State::Stopping),
+                (1, State::Stopping),
+                (0, State::Stopping)
+            ]
+        );
+    }
+
+    /// Two requests for one partition still go one after the other: the
+    /// second is checked against what the first made effective, and its
+    /// record is written after the first's.
+    #[tokio::test]
+    async fn requests_for_one_partition_are_checked_and_persisted_in_order() {
+        let (l, gate, persisted) = gated();
+        let pause = tokio::spawn({
+            let l = l.clone();
+            async move { l.request(&key(0), "m", "A", Operation::Pause).await }
+        });
+        tokio::task::yield_now().await;
+        let stop = tokio::spawn({
+            let l = l.clone();
+            async move { l.request(&key(0), "m", "A", Operation::Stop).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        assert!(lock(&persisted).is_empty());
+        assert!(!stop.is_finished());
+        gate.add_permits(2);
+        assert_eq!(pause.await.unwrap().unwrap().state, State::Paused);
+        assert_eq!(stop.await.unwrap().unwrap().state, State::Stopping);
+        assert_eq!(
+            *lock(&persisted),
+            vec![(0, State::Paused), (0, State::Stopping)]
+        );
+        assert_eq!(l.get(&key(0)).unwrap().state, State::Stopping);
     }
 }
