@@ -15,6 +15,14 @@ impl crate::proxy::refresh::RefreshHook for MirrorContext {
             .map_err(crate::proxy::refresh::RefreshError::new)?;
         {
             let mut t = self.topics.write().unwrap_or_else(|p| p.into_inner());
+            if !view.brokers.is_empty() {
+                // A full view of the source (Metadata v12 for every topic):
+                // a topic it no longer names was deleted, and `stop --all`
+                // must not try to seal it.
+                let named: std::collections::HashSet<&str> =
+                    view.topics.iter().map(|(n, _, _)| n.as_str()).collect();
+                t.partitions.retain(|name, _| named.contains(name.as_str()));
+            }
             for (name, id, partitions) in &view.topics {
                 if *id != [0; 16] {
                     t.by_id.insert(*id, Arc::from(name.as_str()));

@@ -375,6 +375,34 @@ mod handle_cache_tests {
         assert_eq!(neg.key().partition, -1);
     }
 
+    /// A topic deleted on the source is forgotten at the next full refresh:
+    /// `stop --all` covers the source's topics, and a deleted one (whose
+    /// destination topic is usually gone too) made every stop fail.
+    #[test]
+    fn a_topic_deleted_on_the_source_leaves_the_mirrors_topics() {
+        let m = ctx("b.");
+        let view = |topics: &[&str]| ClusterView {
+            cluster_id: None,
+            topics: topics.iter().map(|t| (t.to_string(), [0; 16], 2)).collect(),
+            brokers: vec![crate::mirror::offline::Broker {
+                node_id: 1,
+                host: "h".into(),
+                port: 1,
+            }],
+            ..Default::default()
+        };
+        m.on_refresh(&view(&["kept", "deleted"])).unwrap();
+        let mut topics = m.destination_topics();
+        topics.sort();
+        assert_eq!(topics, vec![("b.deleted".into(), 2), ("b.kept".into(), 2)]);
+        m.on_refresh(&view(&["kept"])).unwrap();
+        assert_eq!(m.destination_topics(), vec![("b.kept".into(), 2)]);
+        // A refresh that names no brokers is not a full view of the source
+        // (below Metadata v12): it forgets nothing.
+        m.on_refresh(&ClusterView::default()).unwrap();
+        assert_eq!(m.destination_topics(), vec![("b.kept".into(), 2)]);
+    }
+
     #[test]
     fn topic_id_is_cached_only_once_its_name_is_known() {
         let m = ctx("");
