@@ -442,6 +442,7 @@ async fn mutate(
     let known: BTreeMap<String, i32> = mirror.destination_topics().into_iter().collect();
     // Resolve the selection completely before changing anything.
     let mut targets: Vec<(String, i32)> = Vec::new();
+    let selection_is_all = selection.is_none();
     match selection {
         None => {
             // Internal topics (`__consumer_offsets`, `__transaction_state`,
@@ -479,6 +480,34 @@ async fn mutate(
     }
     targets.sort();
     targets.dedup();
+    // `--all` covers the source's topics; one the destination never created
+    // has nothing mirrored to seal and no topic id to key a record by: it is
+    // left out and named in the answer, not a reason to refuse the rest (a
+    // disaster stop must not hinge on a topic nobody mirrored).
+    let mut skipped = Vec::new();
+    if selection_is_all {
+        let mut topics: Vec<String> = targets.iter().map(|(t, _)| t.clone()).collect();
+        topics.dedup();
+        let missing = match s.lifecycle.missing_destination_topics(topics).await {
+            Ok(m) => m,
+            Err(e) => {
+                return (
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    Json(json!({"error": "transition_failed", "message": e.to_string(), "applied": []})),
+                )
+                    .into_response();
+            }
+        };
+        if !missing.is_empty() {
+            tracing::warn!(mirror = %mirror.name, topics = ?missing, operation = ?op,
+                "source topics with no destination topic left out of --all (nothing of them is mirrored)");
+            targets.retain(|(t, _)| !missing.contains(t));
+            skipped = missing
+                .into_iter()
+                .map(|t| json!({"topic": t, "reason": "no_destination_topic"}))
+                .collect();
+        }
+    }
     // Every transition must be allowed before any is made. Protecting a
     // partition this mirror already mirrors changes nothing.
     let mut unchanged = Vec::new();
@@ -546,14 +575,14 @@ async fn mutate(
         )
             .into_response();
     }
+    let mut answer = json!({"applied": done});
     if op == Operation::Protect {
-        return (
-            StatusCode::OK,
-            Json(json!({"applied": done, "unchanged": unchanged})),
-        )
-            .into_response();
+        answer["unchanged"] = json!(unchanged);
     }
-    (StatusCode::OK, Json(json!({"applied": done}))).into_response()
+    if !skipped.is_empty() {
+        answer["skipped"] = json!(skipped);
+    }
+    (StatusCode::OK, Json(answer)).into_response()
 }
 
 /// Kafka's internal topics and mirrorguard's own: names starting with `__`.

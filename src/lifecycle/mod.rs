@@ -348,6 +348,17 @@ pub trait TransitionStore: Send + Sync {
         &self,
         entries: Vec<Entry>,
     ) -> crate::BoxFuture<'static, Result<Vec<[u8; 16]>, crate::PersistError>>;
+
+    /// Those of `topics` the destination cluster has no topic of (its
+    /// listing read again first if one is not known): a record cannot be
+    /// keyed by them. A store that keys nothing by destination topic knows
+    /// every name.
+    fn missing_destination_topics(
+        &self,
+        _topics: Vec<String>,
+    ) -> crate::BoxFuture<'static, Result<Vec<String>, crate::PersistError>> {
+        Box::pin(async { Ok(Vec::new()) })
+    }
 }
 
 /// Entries [`Lifecycle::request_many`] persists per batch. A life-cycle
@@ -531,6 +542,28 @@ impl Lifecycle {
                 message: "nothing was persisted".into(),
             }),
         }
+    }
+
+    /// Those of `topics` that have no topic on the destination cluster (a
+    /// source topic the destination never created): `stop --all` leaves
+    /// them out, as nothing of them was mirrored and no record of them can
+    /// be keyed.
+    pub async fn missing_destination_topics(
+        &self,
+        topics: Vec<String>,
+    ) -> Result<Vec<String>, TransitionError> {
+        let store = lock(&self.store)
+            .clone()
+            .ok_or_else(|| TransitionError::NotPersisted {
+                message: "no [state] cluster is configured; transitions cannot be made durable"
+                    .into(),
+            })?;
+        store
+            .missing_destination_topics(topics)
+            .await
+            .map_err(|e| TransitionError::NotPersisted {
+                message: e.to_string(),
+            })
     }
 
     /// Applies an operator request to many partitions (`stop --all`): each

@@ -473,6 +473,32 @@ impl SaltStore for StateSync {
 }
 
 impl TransitionStore for StateSync {
+    fn missing_destination_topics(
+        &self,
+        topics: Vec<String>,
+    ) -> crate::BoxFuture<'static, Result<Vec<String>, PersistError>> {
+        let me = self.me.upgrade();
+        Box::pin(async move {
+            let Some(me) = me else {
+                return Err(SyncError::ShuttingDown.into());
+            };
+            let unknown = |me: &StateSync| -> Vec<String> {
+                topics
+                    .iter()
+                    .filter(|t| me.destination_topic_id(t).is_none())
+                    .cloned()
+                    .collect()
+            };
+            if unknown(&me).is_empty() {
+                return Ok(Vec::new());
+            }
+            me.refresh_destination_topics()
+                .await
+                .map_err(SyncError::Read)?;
+            Ok(unknown(&me))
+        })
+    }
+
     fn persist_many(
         &self,
         entries: Vec<Entry>,
