@@ -28,19 +28,25 @@ from kafka_dest import data_batch
 PID_BASE = 1_000_000
 
 
-def produce_synthetic(bootstrap: str, topic: str, n: int, pid_base: int = PID_BASE, window: int = 500) -> float:
+def produce_synthetic(bootstrap: str, topic: str, n: int, pid_base: int = PID_BASE, window: int = 500,
+                      partitions: int = 1) -> float:
     """Writes one idempotent batch per synthetic producer id (Produce v3, acks=1,
-    pipelined `window` deep on one connection). Returns the seconds it took; raises if
-    any batch is refused."""
+    pipelined `window` deep on one connection), producer i into partition i % `partitions`.
+    Returns the seconds it took; raises if any batch is refused."""
     host, port = bootstrap.rsplit(":", 1)
 
     # Right after CreateTopics the broker may not lead the partition yet
     # (NOT_LEADER_OR_FOLLOWER): wait until a Fetch of it is served, without writing.
+    unled = set(range(min(n, partitions)))
+
     def led() -> bool:
         with rawkafka.Connection(host, int(port), timeout=5) as c:
-            return rawkafka.fetch_v4(c, topic, 0, 0, max_wait_ms=0).error_code == 0
+            for p in sorted(unled):
+                if rawkafka.fetch_v4(c, topic, p, 0, max_wait_ms=0).error_code == 0:
+                    unled.discard(p)
+        return not unled
 
-    harness.wait_until(led, 30, interval=0.1, what=f"{topic}-0 led by {bootstrap}")
+    harness.wait_until(led, 30 + partitions / 100, interval=0.1, what=f"every partition of {topic} led by {bootstrap}")
     sock = socket.create_connection((host, int(port)), timeout=30)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     t0 = time.monotonic()
@@ -67,7 +73,7 @@ def produce_synthetic(bootstrap: str, topic: str, n: int, pid_base: int = PID_BA
     in_flight = 0
     for i in range(n):
         batch = data_batch([b"v"], pid=pid_base + i, epoch=0, seq=0, ts=int(time.time() * 1000))
-        body = string(None) + i16(1) + i32(30000) + array([string(topic) + array([i32(0) + i32(len(batch)) + batch])])
+        body = string(None) + i16(1) + i32(30000) + array([string(topic) + array([i32(i % partitions) + i32(len(batch)) + batch])])
         frame = i16(0) + i16(3) + i32(i) + string("claims-scale") + body
         sock.sendall(i32(len(frame)) + frame)
         in_flight += 1

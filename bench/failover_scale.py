@@ -1,0 +1,313 @@
+#!/usr/bin/env python3
+"""Benchmark: a disaster failover at scale (issue 31). Not part of the CI suite
+(tests/integration/test_seal_scale.py is the bounded version: 1,000 partitions, correctness).
+
+For each N and each source condition it mirrors N partitions of an Apache Kafka 4.4 source
+through mirrorguard to the Kafka-engine destination (tests/kafka-dest: Kafka's
+FetchSessionHandler on one connection, every partition in each Fetch v12, a broker's 30 s
+request timeout), then stops every partition at once and measures the seal:
+
+- each partition holds ten idle idempotent producers (synthetic producer ids, one batch
+  each, written as bench/claims_scale.py writes them), and a tenth of the partitions a
+  transaction left open (N/100 transactional producers, each with one 10-partition
+  transaction);
+- conditions: the source `alive`, `killed` (SIGKILL) or `hung` (SIGSTOP, a black hole)
+  when the stop comes, each `fresh` (the same mirrorguard process that mirrored) or
+  `restarted` (mirrorguard killed -9 and started again first: with no snapshot round since
+  the mirroring began, every partition's state must be replayed from the source, and a dead
+  or hung source makes each Fetch wait out the replay deadline before the seal is planned
+  from the persisted claims);
+- figures per run: seconds from `POST /v1/partitions/stop {"mirror": ..., "all": true}` to
+  its answer and to every partition STOPPED (the destination's high watermark past each
+  seal), the fetcher's reconnects and request timeouts meanwhile, `__mirror_state` records
+  and bytes (segment bytes on disk) written meanwhile, mirrorguard's CPU-seconds meanwhile,
+  its RSS before the stop and its peak RSS, and the partitions whose open transaction the
+  seal left open on the destination (must be 0).
+
+Each run has a topic, a destination process, a mirrorguard process and a state topic of its
+own on the same source and state clusters (deleted after it); a killed source is restarted
+and a hung one resumed between runs.
+
+    .tools/venv/bin/python bench/failover_scale.py --partitions 100 1000 10000 --release \\
+        --out target/failover-scale.json
+    .tools/venv/bin/python bench/failover_scale.py --binary /path/to/other/mirrorguard ...
+    .tools/plot-venv/bin/python bench/plot_failover_scale.py target/failover-scale.json \\
+        docs/failover-scale.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "integration"))
+
+MIRROR = "a-to-b"
+IDLE_PRODUCERS = 10  # per partition
+TXN_WIDTH = 10  # partitions per open transaction
+CONDITIONS = ["alive", "killed", "hung"]
+
+
+def say(what: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {what}", file=sys.stderr, flush=True)
+
+
+def proc_stat(pid: int) -> tuple[float, int, int]:
+    """CPU-seconds (user + system), current and peak RSS in bytes of process `pid`."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    kib = lambda k: int(status[k].split()[0]) * 1024  # noqa: E731
+    return cpu, kib("VmRSS"), kib("VmHWM")
+
+
+def segment_bytes(cluster, topic: str) -> int:
+    d = cluster.nodes[0].data_dir / f"{topic}-0"
+    return sum(f.stat().st_size for f in d.glob("*.log")) if d.exists() else 0
+
+
+def make_topic(bootstrap: str, topic: str, n: int, timeout: float) -> None:
+    """A topic of `n` partitions. A KRaft controller refuses one operation of more than
+    10,000 records (a topic record and one per partition: POLICY_VIOLATION), so a larger
+    topic is created in steps of 5,000 partitions."""
+    import harness
+    from confluent_kafka.admin import NewPartitions
+
+    step = 5000
+    harness.create_topics(bootstrap, [topic], partitions=min(n, step), timeout=timeout)
+    a = harness.admin(bootstrap)
+    have = min(n, step)
+    while have < n:
+        have = min(n, have + step)
+        for f in a.create_partitions([NewPartitions(topic, have)], operation_timeout=timeout).values():
+            f.result(timeout=timeout)
+
+    def visible() -> bool:
+        t = a.list_topics(topic, timeout=10).topics.get(topic)
+        return t is not None and len(t.partitions) == n and all(p.leader >= 0 for p in t.partitions.values())
+
+    harness.wait_until(visible, timeout, interval=0.5, what=f"{topic}: {n} partitions led")
+
+
+def delete_topics(cluster, names: list[str]) -> None:
+    import harness
+
+    bootstrap = cluster.bootstrap
+    a = harness.admin(bootstrap)
+    for f in a.delete_topics(names, operation_timeout=60).values():
+        try:
+            f.result(timeout=60)
+        except Exception as e:  # noqa: BLE001 - a topic never made is fine
+            print(f"  (delete {names}: {e})", file=sys.stderr)
+    # Gone from Metadata before the next run's mirrorguard starts: `stop --all` covers every
+    # topic of the source, and a deleted topic's partitions have no destination topic id.
+    import rawkafka
+
+    host, port = bootstrap.split(",")[0].rsplit(":", 1)
+
+    def gone() -> bool:
+        with rawkafka.Connection(host, int(port), timeout=10) as c:
+            return not set(names) & set(rawkafka.metadata_v1(c, None).topics)
+
+    harness.wait_until(gone, 300, interval=0.5, what=f"{names} deleted")
+    data = cluster.nodes[0].data_dir
+    harness.wait_until(lambda: not any(p.name.endswith("-delete") for p in data.iterdir()), 300, interval=1.0,
+                       what=f"{names}: files removed")
+
+
+def run_one(work: Path, src, state, n: int, condition: str, restarted: bool, binary: Path | None,
+            run_timeout: float) -> dict:
+    import harness
+    from claims_scale import produce_synthetic
+    from kafka_dest import KafkaDest, dest_hw_bootstrap
+    from mirror_harness import MirrorGuard, MirrorSpec, high_watermark, transactional_producer
+
+    tag = f"{n}-{condition}-{'restarted' if restarted else 'fresh'}"
+    T = f"fo-{tag}-{os.urandom(2).hex()}"
+    out: dict = {"partitions": n, "condition": condition, "restarted": restarted}
+    create_s = max(60.0, n / 50)
+    t0 = time.monotonic()
+    # The run's state topic before the large topics: a broker creating 10,000 partition logs
+    # answers a new topic's Metadata late, past mirrorguard's start-up budget for it.
+    harness.create_topics(state.bootstrap, [f"__mirror_state_{T}"], config={"cleanup.policy": "compact"})
+    make_topic(src.bootstrap, T, n, create_s)
+    make_topic(state.bootstrap, T, n, create_s)
+    out["create_topics_s"] = round(time.monotonic() - t0, 1)
+    dest = KafkaDest(work, f"dest-{tag}").start(timeout=60)
+    say(f"{tag}: topics made")
+    mg = None
+    tps = []
+    resume = None
+    try:
+        spec = MirrorSpec.of(MIRROR, src, destination_hw=dest_hw_bootstrap(dest))
+        # No snapshot round: after a restart only the claims are persisted, so every
+        # partition needs a replay of the source (the worst case for a dead source).
+        mg = MirrorGuard(work, f"mg-{tag}", state.bootstrap, [spec], state_topic=f"__mirror_state_{T}",
+                         snapshot_interval_ms=600_000, log_level="info", binary=binary)
+        mg.start(timeout=120)
+        mg.wait_sources_known(timeout=60)
+        say(f"{tag}: mirrorguard up")
+        out["produce_s"] = round(produce_synthetic(src.bootstrap, T, IDLE_PRODUCERS * n, partitions=n), 1)
+        open_in: dict[int, int] = {}
+        for i in range(max(1, n // 100)):
+            tp = transactional_producer(src.bootstrap, f"t{i}-{T}", **{"transaction.timeout.ms": 900_000})
+            tp.begin_transaction()
+            for j in range(TXN_WIDTH):
+                p = ((i * TXN_WIDTH + j) * 10) % n
+                tp.produce(T, value=b"open-%d" % i, partition=p)
+                open_in[p] = open_in.get(p, 0) + 1
+            assert tp.flush(60) == 0
+            tps.append(tp)
+        out["open_transaction_partitions"] = len(open_in)
+        f = dest.mirror("f", spec.bootstrap, [(T, p) for p in range(n)], request_timeout_ms=30000,
+                        max_wait_ms=500)
+        t0 = time.monotonic()
+
+        def caught_up() -> bool:
+            parts = f.report()["partitions"]
+            return len(parts) == n and all(
+                x["position"] == x["source_high_watermark"] == IDLE_PRODUCERS + open_in.get(x["partition"], 0)
+                for x in parts)
+
+        harness.wait_until(caught_up, max(120.0, n / 10), interval=1.0, what=f"{T}: every partition mirrored")
+        out["mirror_s"] = round(time.monotonic() - t0, 1)
+        say(f"{tag}: mirrored")
+        node = src.nodes[0]
+        if restarted:
+            mg.kill9()
+        if condition == "killed":
+            node.kill()
+            resume = lambda: node.restart(timeout=max(60.0, n / 50))  # noqa: E731 - log recovery of n partitions
+        elif condition == "hung":
+            node.pause()
+            resume = node.resume
+        if condition != "alive":
+            for tp in tps:
+                harness.abandon_client(tp)
+            tps = []
+        if restarted:
+            t0 = time.monotonic()
+            mg.start(timeout=300)
+            out["restart_to_ready_s"] = round(time.monotonic() - t0, 1)
+            seen = f.report()["responses"]
+            harness.wait_until(lambda: f.report()["responses"] > seen, 120, interval=0.5,
+                               what="the fetcher answered again after the restart")
+        before = f.report()
+        say(f"{tag}: stopping every partition")
+        cpu0, rss0, _ = proc_stat(mg.proc.pid)
+        st_records0 = high_watermark(state.bootstrap, mg.state_topic)
+        st_bytes0 = segment_bytes(state, mg.state_topic)
+
+        t0 = time.monotonic()
+        status, body = mg.post("stop", MIRROR, all_=True, timeout=120.0)
+        out["stop_answered_s"] = round(time.monotonic() - t0, 2)
+        assert status == 200, body
+        stopped = 0
+        while time.monotonic() - t0 < run_timeout:
+            mine = [e for e in mg.partitions() if e["topic"] == T]
+            stopped = sum(e["state"] == "STOPPED" for e in mine)
+            if stopped == n:
+                break
+            time.sleep(0.25)
+        out["all_stopped_s"] = round(time.monotonic() - t0, 2) if stopped == n else None
+        out["stopped"] = stopped
+        cpu1, _, hwm = proc_stat(mg.proc.pid)
+        after = f.report()
+        out["fetcher_reconnects"] = after["connects"] - before["connects"]
+        out["fetcher_timeouts"] = after["timeouts"] - before["timeouts"]
+        out["state_records"] = high_watermark(state.bootstrap, mg.state_topic) - st_records0
+        out["state_bytes"] = segment_bytes(state, mg.state_topic) - st_bytes0
+        out["cpu_s"] = round(cpu1 - cpu0, 2)
+        out["rss_before_stop_mib"] = round(rss0 / 2**20, 1)
+        out["peak_rss_mib"] = round(hwm / 2**20, 1)
+        # The seal's point: no transaction left open on the destination.
+        still_open = [p for p in open_in if (lambda st: st["last_stable_offset"] < st["log_end_offset"])(dest.state(T, p))]
+        out["open_transactions_left"] = len(still_open)
+        f.stop()
+    finally:
+        if mg is not None:
+            mg.terminate()
+        dest.stop()
+        if resume is not None:
+            resume()
+            src.wait_brokers(1, 120)
+        for tp in tps:
+            harness.abandon_client(tp)
+        try:
+            delete_topics(src, [T])
+            delete_topics(state, [T, f"__mirror_state_{T}"])
+        except Exception as e:  # noqa: BLE001 - the figures stand; the next run may be disturbed
+            say(f"{tag}: clean-up failed: {e}")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--partitions", type=int, nargs="+", default=[100, 1000])
+    ap.add_argument("--conditions", nargs="+", default=CONDITIONS, choices=CONDITIONS)
+    ap.add_argument("--restarted", choices=["both", "fresh", "restarted"], default="both")
+    ap.add_argument("--release", action="store_true", help="use target/release/mirrorguard")
+    ap.add_argument("--binary", type=Path, help="another mirrorguard binary (a 'before' build)")
+    ap.add_argument("--run-timeout", type=float, default=300.0,
+                    help="seconds to wait for every partition STOPPED before reporting how many are")
+    ap.add_argument("--work", type=Path, help="keep the clusters' and processes' files here (default: a temporary directory)")
+    ap.add_argument("--out", type=Path, help="append each run's figures (JSON lines) to this file")
+    args = ap.parse_args()
+    if args.release:
+        os.environ["MIRRORGUARD_BIN"] = str(ROOT / "target" / "release" / "mirrorguard")
+    import harness  # noqa: E402 - after MIRRORGUARD_BIN
+    import kafka_dest
+    from kafka_broker import KafkaCluster
+
+    biggest = max(args.partitions)
+    heap = "-Xmx2g" if biggest > 2000 else "-Xmx768m"
+    kafka_dest.JVM_OPTS[:] = [o for o in kafka_dest.JVM_OPTS if not o.startswith("-Xmx")] + [heap]
+    binary = args.binary or Path(os.environ.get("MIRRORGUARD_BIN", harness.MIRRORGUARD_BIN))
+    restarts = {"both": [False, True], "fresh": [False], "restarted": [True]}[args.restarted]
+    label = os.environ.get("BENCH_LABEL", str(binary))
+    with tempfile.TemporaryDirectory(prefix="failover-scale-") as tmp:
+        work = args.work or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        # No auto-created topics: a transactional producer abandoned with its source killed
+        # recreates its deleted topic when the source comes back, and that topic (with no
+        # destination topic) would be part of the next run's `stop --all`.
+        # A deleted topic's files are removed at once (default: a minute later), so two runs'
+        # topics never hold open files together (20,000 per process here).
+        overrides = {"num.io.threads": "4", "num.network.threads": "2", "auto.create.topics.enable": "false",
+                     "file.delete.delay.ms": "0"}
+        src = KafkaCluster(work / "src", nodes=1, name="src", overrides=overrides, jvm_opts=[heap]).start()
+        state = KafkaCluster(work / "state", nodes=1, name="state", overrides=overrides, jvm_opts=[heap]).start()
+        try:
+            # The transaction coordinators of both clusters loaded before the first large
+            # topic: mirrorguard's first InitProducerId on the state cluster must not wait
+            # behind a broker creating 20,000 partition logs (COORDINATOR_LOAD_IN_PROGRESS).
+            from mirror_harness import transactional_producer
+
+            for cluster in (src, state):
+                harness.abandon_client(transactional_producer(cluster.bootstrap, f"warm-{os.urandom(2).hex()}"))
+            for n in args.partitions:
+                for condition in args.conditions:
+                    for restarted in restarts:
+                        t0 = time.monotonic()
+                        r = run_one(work, src, state, n, condition, restarted, binary, args.run_timeout)
+                        r["binary"] = label
+                        r["run_timeout"] = args.run_timeout
+                        r["run_s"] = round(time.monotonic() - t0, 1)
+                        line = json.dumps(r)
+                        print(line, flush=True)
+                        if args.out:
+                            with open(args.out, "a") as fh:
+                                fh.write(line + "\n")
+        finally:
+            src.stop()
+            state.stop()
+
+
+if __name__ == "__main__":
+    main()
