@@ -1175,16 +1175,23 @@ mod concurrency_tests {
         PartitionKey::new([0; 16], "t", p)
     }
 
+    /// `op` on partition `p`, run on its own task.
+    fn spawn_request(
+        l: &Arc<Lifecycle>,
+        p: i32,
+        op: Operation,
+    ) -> tokio::task::JoinHandle<Result<Entry, TransitionError>> {
+        let l = l.clone();
+        tokio::spawn(async move { l.request(&key(p), "m", "A", op).await })
+    }
+
     /// A slow append to the state cluster (a `stop --all` of thousands of
     /// partitions, a state cluster in trouble) must not hold every other
     /// partition's transition behind it.
     #[tokio::test]
     async fn a_persist_in_flight_does_not_hold_other_partitions_transitions() {
         let (l, gate, persisted) = gated();
-        let slow = tokio::spawn({
-            let l = l.clone();
-            async move { l.request(&key(0), "m", "A", Operation::Stop).await }
-        });
+        let slow = spawn_request(&l, 0, Operation::Stop);
         tokio::task::yield_now().await;
         let other = tokio::time::timeout(
             std::time::Duration::from_secs(5),
@@ -1224,15 +1231,9 @@ mod concurrency_tests {
     #[tokio::test]
     async fn requests_for_one_partition_are_checked_and_persisted_in_order() {
         let (l, gate, persisted) = gated();
-        let pause = tokio::spawn({
-            let l = l.clone();
-            async move { l.request(&key(0), "m", "A", Operation::Pause).await }
-        });
+        let pause = spawn_request(&l, 0, Operation::Pause);
         tokio::task::yield_now().await;
-        let stop = tokio::spawn({
-            let l = l.clone();
-            async move { l.request(&key(0), "m", "A", Operation::Stop).await }
-        });
+        let stop = spawn_request(&l, 0, Operation::Stop);
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         assert!(lock(&persisted).is_empty());
         assert!(!stop.is_finished());
