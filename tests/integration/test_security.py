@@ -543,8 +543,8 @@ bootstrap = "{HOST}:{bs}"
 node_port_base = {harness.free_node_port_base({dest.port, bs}, nodes=ksec.node_ids)}
 source_bootstrap = ["{ksec.bootstrap}"]
 destination_bootstrap = ["{HOST}:{dest.port}"]
-stopped_when = "fetcher_offset"
-fetcher_identity = "any-reader"
+{new_setting('stopped_when = "fetcher_offset"')}
+{new_setting('fetcher_identity = "any-reader"')}
 """)
     proc = subprocess.Popen([harness.MIRRORGUARD_BIN, "run", "--config", cfg], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env={**os.environ, "NO_COLOR": "1"})
