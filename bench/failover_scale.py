@@ -247,6 +247,72 @@ def run_one(work: Path, src, state, n: int, condition: str, restarted: bool, bin
     return out
 
 
+def restart_with_producers(work: Path, src, state, total: int, partitions: int, binary: Path | None) -> dict:
+    """Issue 31: restart-to-ready and RSS with `total` producers in state (`partitions`
+    partitions, one synthetic producer per batch), first with only their claims persisted
+    (no snapshot round), then after a snapshot round superseded them (chunked snapshots)."""
+    import harness
+    from claims_scale import produce_synthetic
+    from kafka_dest import KafkaDest
+    from mirror_harness import MirrorGuard, MirrorSpec
+
+    T = f"ps-{total}-{os.urandom(2).hex()}"
+    st_topic = f"__mirror_state_{T}"
+    out: dict = {"producers": total, "partitions": partitions}
+    harness.create_topics(state.bootstrap, [st_topic], config={"cleanup.policy": "compact"})
+    make_topic(src.bootstrap, T, partitions, 120)
+    make_topic(state.bootstrap, T, partitions, 120)
+    dest = KafkaDest(work, f"dest-{T}").start(timeout=60)
+    mg = None
+    try:
+        spec = MirrorSpec.of(MIRROR, src)
+        mg = MirrorGuard(work, f"mg-{T}", state.bootstrap, [spec], state_topic=st_topic,
+                         snapshot_interval_ms=600_000, log_level="info", binary=binary)
+        mg.start(timeout=120)
+        mg.wait_sources_known(timeout=60)
+        out["produce_s"] = round(produce_synthetic(src.bootstrap, T, total, partitions=partitions), 1)
+        say(f"{T}: {total} producers written")
+        f = dest.mirror("f", spec.bootstrap, [(T, p) for p in range(partitions)], request_timeout_ms=30000,
+                        max_wait_ms=500)
+        t0 = time.monotonic()
+        per = total // partitions
+        harness.wait_until(lambda: all(x["position"] == per for x in f.report()["partitions"]), 1800,
+                           interval=1.0, what=f"{T}: every producer mirrored")
+        out["mirror_s"] = round(time.monotonic() - t0, 1)
+        f.stop()
+        _, rss, hwm = proc_stat(mg.proc.pid)
+        out["mirrored"] = {"rss_mib": round(rss / 2**20, 1), "peak_rss_mib": round(hwm / 2**20, 1)}
+        say(f"{T}: mirrored; restarting")
+
+        def restart(label: str) -> None:
+            mg.kill9()
+            t0 = time.monotonic()
+            mg.start(timeout=600)
+            ready = round(time.monotonic() - t0, 1)
+            _, rss, hwm = proc_stat(mg.proc.pid)
+            loaded = [line for line in mg.log_text().splitlines() if "__mirror_state loaded" in line][-1]
+            out[label] = {"restart_to_ready_s": ready, "rss_mib": round(rss / 2**20, 1),
+                          "peak_rss_mib": round(hwm / 2**20, 1),
+                          "producers_tracked": mg.metrics().sum("mirrorguard_producer_state_producers"),
+                          "startup_read": loaded.split("loaded", 1)[1].strip()[:200]}
+            say(f"{T}: {label}: {out[label]}")
+
+        restart("restart_with_claims")
+        mg.kill9()
+        # Another instance on the same state topic with a snapshot round every 2 s: chunked
+        # snapshots supersede the claims.
+        mg = MirrorGuard(work, f"mg2-{T}", state.bootstrap, [MirrorSpec.of(MIRROR, src)], state_topic=st_topic,
+                         snapshot_interval_ms=2000, log_level="info", binary=binary)
+        mg.start(timeout=600)
+        time.sleep(30)
+        restart("restart_with_snapshots")
+    finally:
+        if mg is not None:
+            mg.terminate()
+        dest.stop()
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--partitions", type=int, nargs="+", default=[100, 1000])
@@ -257,6 +323,9 @@ def main() -> None:
     ap.add_argument("--run-timeout", type=float, default=300.0,
                     help="seconds to wait for every partition STOPPED before reporting how many are")
     ap.add_argument("--work", type=Path, help="keep the clusters' and processes' files here (default: a temporary directory)")
+    ap.add_argument("--producers-in-state", type=int, metavar="N",
+                    help="instead: restart-to-ready and RSS with N producers in state (--producer-partitions)")
+    ap.add_argument("--producer-partitions", type=int, default=100)
     ap.add_argument("--out", type=Path, help="append each run's figures (JSON lines) to this file")
     args = ap.parse_args()
     if args.release:
@@ -291,6 +360,14 @@ def main() -> None:
 
             for cluster in (src, state):
                 harness.abandon_client(transactional_producer(cluster.bootstrap, f"warm-{os.urandom(2).hex()}"))
+            if args.producers_in_state:
+                r = restart_with_producers(work, src, state, args.producers_in_state, args.producer_partitions, binary)
+                r["binary"] = label
+                print(json.dumps(r), flush=True)
+                if args.out:
+                    with open(args.out, "a") as fh:
+                        fh.write(json.dumps(r) + "\n")
+                return
             for n in args.partitions:
                 for condition in args.conditions:
                     for restarted in restarts:

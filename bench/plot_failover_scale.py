@@ -27,7 +27,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 def main() -> None:
     src, dst = sys.argv[1], sys.argv[2]
-    runs = [json.loads(line) for line in open(src) if line.strip()]
+    runs = [r for r in (json.loads(line) for line in open(src) if line.strip()) if "condition" in r]
     binaries = list(dict.fromkeys(r["binary"] for r in runs))
     fig, axes = plt.subplots(1, len(binaries), figsize=(6 * len(binaries), 4.5), squeeze=False, sharey=True)
     for ax, binary in zip(axes[0], binaries):
