@@ -552,18 +552,10 @@ impl Lifecycle {
         &self,
         topics: Vec<String>,
     ) -> Result<Vec<String>, TransitionError> {
-        let store = lock(&self.store)
-            .clone()
-            .ok_or_else(|| TransitionError::NotPersisted {
-                message: "no [state] cluster is configured; transitions cannot be made durable"
-                    .into(),
-            })?;
-        store
+        self.store()?
             .missing_destination_topics(topics)
             .await
-            .map_err(|e| TransitionError::NotPersisted {
-                message: e.to_string(),
-            })
+            .map_err(not_persisted)
     }
 
     /// Applies an operator request to many partitions (`stop --all`): each
@@ -686,6 +678,16 @@ impl Lifecycle {
         Ok(())
     }
 
+    /// Where transitions are persisted; none configured is an error.
+    fn store(&self) -> Result<Arc<dyn TransitionStore>, TransitionError> {
+        lock(&self.store)
+            .clone()
+            .ok_or_else(|| TransitionError::NotPersisted {
+                message: "no [state] cluster is configured; transitions cannot be made durable"
+                    .into(),
+            })
+    }
+
     /// Reserves `keys` for one transition step (see `in_flight`), waiting
     /// while another step holds any of them; released when the returned
     /// guard is dropped (also when the step is cancelled).
@@ -725,18 +727,11 @@ impl Lifecycle {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
-        let store = lock(&self.store)
-            .clone()
-            .ok_or_else(|| TransitionError::NotPersisted {
-                message: "no [state] cluster is configured; transitions cannot be made durable"
-                    .into(),
-            })?;
-        let ids = store
+        let ids = self
+            .store()?
             .persist_many(batch.iter().map(|(_, e)| e.clone()).collect())
             .await
-            .map_err(|e| TransitionError::NotPersisted {
-                message: e.to_string(),
-            })?;
+            .map_err(not_persisted)?;
         let mut entries = lock(&self.entries);
         let mut installed = Vec::with_capacity(batch.len());
         for ((key, mut entry), id) in batch.into_iter().zip(ids) {
@@ -851,6 +846,12 @@ impl Lifecycle {
             e.fetcher_offset = Some(fetch_offset);
             e.last_fetch_ms = Some(now_ms());
         }
+    }
+}
+
+fn not_persisted(e: crate::PersistError) -> TransitionError {
+    TransitionError::NotPersisted {
+        message: e.to_string(),
     }
 }
 

@@ -324,12 +324,8 @@ pub(super) fn decide_all(
         // planned (a leadership move mid-seal, a restart) takes the
         // partition over too: only the instance serving the current
         // fetcher completes the seal (`dest_hw`), so it is completed once.
-        let takes_cut =
-            entry.state == State::Stopping && entry.cut.is_none_or(|cut| c.fetch_offset < cut);
-        let gated = mirror.destination_hw().is_some();
-        if (takes_cut || gated)
-            && seal_needs_take_over(&entry, mirror.is_owned(&c.key), mirror.salts.shared())
-        {
+        let takes_cut = takes_cut(&entry, c);
+        if fetch_takes_over(mirror, &entry, c) {
             // Taken over since `take_overs_needed` looked (another instance's
             // serving record read meanwhile): next round.
             with_job.insert(c.key.clone());
@@ -532,7 +528,6 @@ fn take_overs_needed(
     if !plan.fetcher || !mirror.salts.shared() {
         return Vec::new();
     }
-    let gated = mirror.destination_hw().is_some();
     let mut seen = std::collections::HashSet::new();
     let mut out = Vec::new();
     for c in &plan.controlled {
@@ -542,9 +537,7 @@ fn take_overs_needed(
         if entry.mirror != mirror.name || !seen.insert(c.key.clone()) {
             continue;
         }
-        let takes_cut =
-            entry.state == State::Stopping && entry.cut.is_none_or(|cut| c.fetch_offset < cut);
-        if (takes_cut || gated) && seal_needs_take_over(&entry, mirror.is_owned(&c.key), true) {
+        if fetch_takes_over(mirror, &entry, c) {
             out.push(crate::mirror::handover::TakeOver {
                 key: c.key.clone(),
                 from_offset: c.fetch_offset,
@@ -552,6 +545,24 @@ fn take_overs_needed(
         }
     }
     out
+}
+
+/// Whether this fetch takes the cut of a STOPPING partition (none taken
+/// yet, or a fetch below it: the seal is planned again there).
+fn takes_cut(entry: &crate::lifecycle::Entry, c: &Controlled) -> bool {
+    entry.state == State::Stopping && entry.cut.is_none_or(|cut| c.fetch_offset < cut)
+}
+
+/// Whether the fetcher's fetch of `c` must take the partition over before
+/// it is decided: it takes the cut, or (under the destination rule) serves
+/// a seal, of a partition this instance does not serve.
+fn fetch_takes_over(
+    mirror: &MirrorContext,
+    entry: &crate::lifecycle::Entry,
+    c: &Controlled,
+) -> bool {
+    (takes_cut(entry, c) || mirror.destination_hw().is_some())
+        && seal_needs_take_over(entry, mirror.is_owned(&c.key), mirror.salts.shared())
 }
 
 /// Whether the destination fetcher's fetch of a controlled partition must
