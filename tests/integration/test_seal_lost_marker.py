@@ -59,6 +59,19 @@ def test_transaction_closed_in_a_lost_response_is_aborted_at_the_cut(kafka1, kaf
         ps = mg.get(f"/v1/partitions/{topic}/0/producers")["producers"]
         return any(p["producer_id"] == open_pid and p["open_transaction_first_offset"] is None for p in ps)
 
+    def fetch_waiting_at_source() -> bool:
+        # A Fetch received by mirrorguard and not yet answered: the long poll that the COMMIT
+        # marker will end. Freezing the fetcher before it has sent that request (it is still
+        # appending the last response) would leave nobody to carry the marker through.
+        m = mg.metrics()
+        labels = {"listener": f"{MIRROR}-fetcher", "api": "Fetch"}
+        received = m.counter("mirrorguard_requests_total", **labels)
+        answered = m.sum("mirrorguard_request_duration_seconds_count", **labels)
+        return received > answered
+
+    harness.wait_until(fetch_waiting_at_source, 15, interval=0.02,
+                       what="the fetcher's next Fetch waiting at the source")
+
     # The next response is lost. The fetcher is frozen meanwhile, so the commit's response
     # is walked by mirrorguard and the partition is stopped before the fetcher (dropping that
     # response, reconnecting, fetching again from offset 3) can append the marker.
