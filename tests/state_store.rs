@@ -506,6 +506,44 @@ async fn many_records_are_read_in_several_fetches() {
         assert_eq!(&r.key[..], &[0, 77, i as u8]);
         assert_eq!(r.value.as_deref(), Some(&value[..]));
     }
+    // A piece at a time (the start-up load): the same records, in order, in
+    // pieces that stop once past the budget (each read is whole fetches of
+    // up to 1 MiB, so a piece may pass the budget by up to one fetch).
+    let budget = 256 << 10;
+    let mut pieces: Vec<Vec<StoredRecord>> = Vec::new();
+    let read = store
+        .read_all_each(budget, |piece| pieces.push(piece))
+        .await
+        .unwrap();
+    assert_eq!(read, 40);
+    assert!(
+        pieces.len() >= 3,
+        "40 x 64 KiB in pieces of 256 KiB: {} pieces",
+        pieces.len()
+    );
+    for piece in &pieces[..pieces.len() - 1] {
+        let bytes: usize = piece
+            .iter()
+            .map(|r| r.key.len() + r.value.as_ref().map_or(0, |v| v.len()))
+            .sum();
+        assert!(
+            bytes >= budget && bytes <= budget + (1 << 20) + (64 << 10),
+            "piece of {bytes} bytes"
+        );
+    }
+    let flat: Vec<StoredRecord> = pieces.into_iter().flatten().collect();
+    assert_eq!(pairs(&flat), pairs(&recs));
+    assert_eq!(
+        flat.iter().map(|r| r.offset).collect::<Vec<_>>(),
+        (0..40).collect::<Vec<i64>>()
+    );
+    // A detached copy is equal and shares nothing with the response it came from.
+    let d = recs[3].detached();
+    assert_eq!(pairs(std::slice::from_ref(&d)), pairs(&recs[3..4]));
+    assert_ne!(
+        d.value.as_ref().unwrap().as_ptr(),
+        recs[3].value.as_ref().unwrap().as_ptr()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,6 +1,6 @@
 //! Start-up with destination topic ids not known yet (issue 13, item 3),
 //! against Apache Kafka (started through tests/integration/kafka_broker.py):
-//! salt and producer-snapshot records of a topic id the topic-id lookup
+//! salt, producer-snapshot and claim records of a topic id the topic-id lookup
 //! cannot see at start-up are kept, and applied once the topic shows up,
 //! instead of being dropped for good.
 
@@ -14,8 +14,9 @@ use mirrorguard::metrics::Metrics;
 use mirrorguard::mirror::SaltStore;
 use mirrorguard::producer_state::{ClusterId, Origin, PartitionKey, ProducerStateRegistry};
 use mirrorguard::state_store::schema::{
-    MirrorPidCollisionKey, MirrorPidCollisionValue, MirrorProducerSnapshotKey,
-    MirrorProducerSnapshotValue, SnapshotProducer,
+    MirrorPidCollisionKey, MirrorPidCollisionValue, MirrorProducerClaimKey,
+    MirrorProducerClaimValue, MirrorProducerSnapshotKey, MirrorProducerSnapshotValue,
+    SnapshotProducer,
 };
 use mirrorguard::state_store::sync::StateSync;
 use mirrorguard::state_store::{StateStore, StateStoreConfig};
@@ -115,6 +116,29 @@ async fn records_of_unknown_topic_ids_are_applied_when_the_topic_appears() {
         .await
         .unwrap();
 
+    // And a claim of another producer after the snapshot (the start-up load
+    // defers claims to its end and keeps only their values: the record is
+    // made again to be kept).
+    let claimed_pid = 0x4000_0000_0000_000b;
+    let claim = MirrorProducerClaimValue {
+        origin_cluster_id: origin_cluster,
+        original_pid: 11,
+        timestamp_ms: 2,
+        unknown_tagged_fields: vec![(7, vec![1, 2, 3])],
+    };
+    store
+        .append(
+            MirrorProducerClaimKey {
+                topic_id,
+                partition: 0,
+                producer_id: claimed_pid,
+            }
+            .encode(),
+            Some(claim.encode().unwrap()),
+        )
+        .await
+        .unwrap();
+
     // A new instance whose topic-id lookup cannot reach the cluster yet.
     let parked = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let lookup = parked.local_addr().unwrap();
@@ -130,7 +154,7 @@ async fn records_of_unknown_topic_ids_are_applied_when_the_topic_appears() {
     sync.load().await.unwrap();
     let key = PartitionKey::new([0; 16], TOPIC, 0);
     let producers = |r: &ProducerStateRegistry| r.get(&key).map(|h| h.with(|s| s.producer_count()));
-    assert_eq!(sync.pending_records(), 2, "both records kept");
+    assert_eq!(sync.pending_records(), 3, "every record kept");
     assert_eq!(producers(&registry), None, "nothing applied yet");
 
     // The lookup comes back: the kept records are applied.
@@ -140,10 +164,18 @@ async fn records_of_unknown_topic_ids_are_applied_when_the_topic_appears() {
     assert_eq!(sync.pending_records(), 0);
     assert_eq!(
         producers(&registry),
-        Some(1),
-        "the snapshot's producer is restored"
+        Some(2),
+        "the snapshot's producer is restored and the claimed one added"
     );
     let h = registry.get(&key).unwrap();
+    assert_eq!(
+        h.with(|s| s.holder_of(claimed_pid)),
+        Some(Origin {
+            source_cluster: ClusterId(origin_cluster),
+            original_pid: 11,
+        }),
+        "the claim is applied"
+    );
     let origin = Origin {
         source_cluster: ClusterId(origin_cluster),
         original_pid: 5,

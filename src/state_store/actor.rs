@@ -99,8 +99,13 @@ impl<C: Connector> Actor<C> {
                     let r = self.append(records).await;
                     let _ = reply.send(r);
                 }
-                Command::Read { from, upto, reply } => {
-                    let r = self.read_from(from, upto).await;
+                Command::Read {
+                    from,
+                    upto,
+                    budget,
+                    reply,
+                } => {
+                    let r = self.read_from(from, upto, budget).await;
                     let _ = reply.send(r);
                 }
             }

@@ -93,6 +93,19 @@ pub struct StoredRecord {
     pub value: Option<Bytes>,
 }
 
+impl StoredRecord {
+    /// The record with its own copy of key and value: a record read is a
+    /// slice of its whole fetch response and keeps all of it alive.
+    pub fn detached(&self) -> StoredRecord {
+        StoredRecord {
+            offset: self.offset,
+            timestamp: self.timestamp,
+            key: Bytes::copy_from_slice(&self.key),
+            value: self.value.as_deref().map(Bytes::copy_from_slice),
+        }
+    }
+}
+
 /// Handle to the state store. Cheap to clone; the connection lives in a
 /// background task that ends when the last handle is dropped.
 #[derive(Debug, Clone)]
@@ -118,6 +131,10 @@ pub(super) enum Command {
         /// Stop once the read passed this offset (exclusive; `i64::MAX`:
         /// read to the high watermark). Records at or past it are dropped.
         upto: i64,
+        /// Hand back what was read once its keys and values pass this many
+        /// bytes (`usize::MAX`: no bound), not complete, so the caller can
+        /// apply it and read on.
+        budget: usize,
         /// Records, next offset, and whether the read reached the high
         /// watermark.
         reply: oneshot::Sender<Result<(Vec<StoredRecord>, i64, bool)>>,
@@ -293,13 +310,31 @@ impl StateStore {
     /// reach the end is an error, never a partial result that looks whole.
     pub async fn read_all(&self) -> Result<Vec<StoredRecord>> {
         let mut out = Vec::new();
+        self.read_all_each(usize::MAX, |records| out.extend(records))
+            .await?;
+        Ok(out)
+    }
+
+    /// [`Self::read_all`] a piece at a time: `each` gets the records of one
+    /// read of at most about `budget` bytes (at least one fetch), in offset
+    /// order, and the read goes on once it returns. The start-up load
+    /// applies each piece and drops it, so the whole topic is never held
+    /// at once (1,000,000 producers' claims are ~100 MB of records).
+    /// Returns the records read.
+    pub async fn read_all_each(
+        &self,
+        budget: usize,
+        mut each: impl FnMut(Vec<StoredRecord>),
+    ) -> Result<usize> {
         let mut pos = 0;
         let mut stalled = 0;
+        let mut read = 0;
         loop {
-            let (records, next, complete) = self.read_checked(pos).await?;
-            out.extend(records);
+            let (records, next, complete) = self.read_checked(pos, budget).await?;
+            read += records.len();
+            each(records);
             if complete {
-                return Ok(out);
+                return Ok(read);
             }
             if next > pos {
                 stalled = 0;
@@ -318,12 +353,17 @@ impl StateStore {
         }
     }
 
-    async fn read_checked(&self, offset: i64) -> Result<(Vec<StoredRecord>, i64, bool)> {
+    async fn read_checked(
+        &self,
+        offset: i64,
+        budget: usize,
+    ) -> Result<(Vec<StoredRecord>, i64, bool)> {
         let (reply, rx) = oneshot::channel();
         self.tx
             .send(Command::Read {
                 from: offset,
                 upto: i64::MAX,
+                budget,
                 reply,
             })
             .await
@@ -335,7 +375,7 @@ impl StateStore {
     /// returns them with the offset to read from next (for tailing: call
     /// again with it to see other instances' writes).
     pub async fn read_from(&self, offset: i64) -> Result<(Vec<StoredRecord>, i64)> {
-        let (records, next, _) = self.read_checked(offset).await?;
+        let (records, next, _) = self.read_checked(offset, usize::MAX).await?;
         Ok((records, next))
     }
 
@@ -352,6 +392,7 @@ impl StateStore {
                 .send(Command::Read {
                     from: pos,
                     upto,
+                    budget: usize::MAX,
                     reply,
                 })
                 .await

@@ -126,10 +126,13 @@ impl<C: Connector> Actor<C> {
 
     /// Reads from `from` to the high watermark, or until `upto` (exclusive;
     /// records at or past it are dropped, and reaching it counts as the end).
+    /// Hands back what it read, not complete, once the keys and values read
+    /// pass `budget` bytes.
     pub(super) async fn read_from(
         &mut self,
         from: i64,
         upto: i64,
+        budget: usize,
     ) -> Result<(Vec<StoredRecord>, i64, bool)> {
         if from < 0 {
             return Err(StateStoreError::Config(format!("read offset {from}")));
@@ -146,6 +149,7 @@ impl<C: Connector> Actor<C> {
             RANGE_FETCH_BYTES
         };
         let mut max_bytes = first_bytes;
+        let mut read_bytes = 0usize;
         loop {
             let step = match self.fetch_once(pos, max_bytes).await {
                 Ok(s) => s,
@@ -157,7 +161,14 @@ impl<C: Connector> Actor<C> {
                 }
             };
             let progressed = step.next > pos;
+            let before = out.len();
             out.extend(step.records.into_iter().filter(|r| r.offset < upto));
+            read_bytes = read_bytes.saturating_add(
+                out[before..]
+                    .iter()
+                    .map(|r| r.key.len() + r.value.as_ref().map_or(0, |v| v.len()))
+                    .sum(),
+            );
             if progressed {
                 pos = step.next;
                 max_bytes = first_bytes;
@@ -185,6 +196,10 @@ impl<C: Connector> Actor<C> {
             if !progressed {
                 // Nothing readable at `pos` although the high watermark is
                 // past it: not the end.
+                return Ok((out, pos, false));
+            }
+            if read_bytes >= budget {
+                // The caller's piece is full: it applies it and reads on.
                 return Ok((out, pos, false));
             }
             if Instant::now() >= retry.deadline {

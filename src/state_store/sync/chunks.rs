@@ -174,7 +174,7 @@ impl StateSync {
                 Some(v) => {
                     gens.entry(key.generation)
                         .or_default()
-                        .insert(key.chunk, (v, r.clone()));
+                        .insert(key.chunk, (v, r.detached()));
                 }
                 None => {
                     if let Some(g) = gens.get_mut(&key.generation) {

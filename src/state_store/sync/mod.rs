@@ -206,9 +206,9 @@ struct ClaimSet {
     pids: std::collections::HashMap<i64, Origin>,
 }
 
-/// A claim read at start-up: its value and the record (kept if its topic
-/// id is not known yet).
-type KeptClaim = (MirrorProducerClaimValue, StoredRecord);
+/// A claim read at start-up: its value and its record's offset and
+/// timestamp (the record is made again if its topic id is not known yet).
+type KeptClaim = (MirrorProducerClaimValue, i64, i64);
 
 /// Largest type-5 snapshot value written (bytes). Far below Kafka's default
 /// `message.max.bytes` (1 MiB): a partition with more producers (about

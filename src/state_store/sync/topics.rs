@@ -153,7 +153,8 @@ impl StateSync {
                 "__mirror_state record for a topic id the destination does not list (yet); kept \
                  and applied when the topic appears");
         }
-        list.push((r.clone(), start_up));
+        // Kept for long: its own copy, not a slice of a whole response.
+        list.push((r.detached(), start_up));
     }
 
     /// Number of records kept for topic ids not known yet.
