@@ -94,10 +94,13 @@ use crate::codec::{FrameError, FrameReader};
 use crate::records::{BatchError, BatchHeader, RECORD_BATCH_OVERHEAD};
 use crate::wire::Reader;
 
-/// The most waits one streamed response may go through (each a durable
-/// write or a read of the state): a bound against a wait that changes
-/// nothing. Claims of the buffered batches are written together, so a
-/// response with many new producers needs a handful.
+/// The most waits a streamed response may go through at one place of its
+/// walk (each a durable write or a read of the state): a bound against a
+/// wait that changes nothing. A place needs a few (a take-over, a replay,
+/// a claim); a wait after which the walk moves on is progress and is not
+/// bounded, so a response of thousands of partitions that each wait once
+/// (a take-over after a leadership move, a new producer's claim) streams
+/// whole instead of closing the fetcher's connection every so many.
 pub const MAX_STREAM_WAITS: usize = 256;
 
 /// What the walker needs next.
@@ -194,8 +197,10 @@ pub struct FetchStream {
     /// relative to the hold point (reused across partitions).
     aborted: Vec<usize>,
     sink: Vec<Anomaly>,
-    /// Waits so far.
+    /// Waits so far at the current place of the walk.
     waits: usize,
+    /// The frame position of the last wait.
+    waited_at: usize,
     /// Claims the current partition's batches made in this response (what
     /// the held path's scan remembers; cleared per partition).
     claimed: std::collections::HashMap<i64, Origin>,
@@ -236,6 +241,7 @@ impl FetchStream {
             aborted: Vec::new(),
             sink: Vec::new(),
             waits: 0,
+            waited_at: 0,
             claimed: std::collections::HashMap::new(),
             tail_of: None,
             mirror,
@@ -907,10 +913,15 @@ where
                 return Ok(written);
             }
             Step::Wait(pending) => {
+                let at = walker.drained + walker.cur;
+                if at != walker.waited_at {
+                    walker.waited_at = at;
+                    walker.waits = 0;
+                }
                 walker.waits += 1;
                 if walker.waits > MAX_STREAM_WAITS {
                     let e = walker.err(format!(
-                        "response still blocked after {MAX_STREAM_WAITS} waits"
+                        "response still blocked after {MAX_STREAM_WAITS} waits at frame byte {at}"
                     ));
                     return Err(fail(e, written));
                 }

@@ -25,6 +25,8 @@ pub struct MemStore {
     durable: bool,
     registry: Arc<ProducerStateRegistry>,
     offset: AtomicI64,
+    /// Salts "persisted" but never applied: a wait that changes nothing.
+    forgets_salts: bool,
 }
 
 impl SaltStore for MemStore {
@@ -47,7 +49,7 @@ impl SaltStore for MemStore {
         &self,
         salts: Vec<PendingSalt>,
     ) -> crate::BoxFuture<'static, Result<(), PersistError>> {
-        for s in salts {
+        for s in salts.into_iter().filter(|_| !self.forgets_salts) {
             let at = self.offset.fetch_add(1, Ordering::SeqCst);
             let record = s.choice.to_record(s.origin, 0, at);
             self.registry
@@ -60,6 +62,11 @@ impl SaltStore for MemStore {
 
 /// A mirror on a [`MemStore`] (`durable`: claims are kept) and its metrics.
 pub fn mirror(durable: bool) -> (Arc<MirrorContext>, Arc<Metrics>) {
+    mirror_on(durable, false)
+}
+
+/// [`mirror`] whose store never applies a salt it is given (`forgets_salts`).
+pub fn mirror_on(durable: bool, forgets_salts: bool) -> (Arc<MirrorContext>, Arc<Metrics>) {
     let cfg: MirrorConfig = toml::from_str(&format!(
         "name = \"m\"\nbootstrap = \"127.0.0.1:1\"\nadvertised_host = \"127.0.0.1\"\n\
          node_port_base = 20000\nsource_bootstrap = [\"127.0.0.1:2\"]\n\
@@ -72,6 +79,7 @@ pub fn mirror(durable: bool) -> (Arc<MirrorContext>, Arc<Metrics>) {
         durable,
         registry: registry.clone(),
         offset: AtomicI64::new(0),
+        forgets_salts,
     });
     let m = MirrorContext::new(
         &cfg,

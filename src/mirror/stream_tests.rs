@@ -383,6 +383,93 @@ async fn a_large_response_streams_in_bounded_memory() {
     assert_eq!(b.metrics.streamed.get(), 2);
 }
 
+/// A response of one batch in each of `n` partitions, each from a new
+/// producer (its first batch waits for a claim when `durable`).
+fn new_producer_per_partition(n: usize) -> Vec<u8> {
+    let parts: Vec<FetchPartitionResponse> = (0..n)
+        .map(|i| {
+            let mut p = FetchPartitionResponse::new(i as i32);
+            p.high_watermark = 1;
+            p.last_stable_offset = 1;
+            p.records = Some(
+                build_batch(
+                    &BatchSpec {
+                        base_offset: 0,
+                        partition_leader_epoch: 3,
+                        producer_id: 1000 + i as i64,
+                        producer_epoch: 0,
+                        base_sequence: 0,
+                        ..BatchSpec::default()
+                    },
+                    &[RecordSpec {
+                        value: Some(b"v"),
+                        ..RecordSpec::default()
+                    }],
+                )
+                .into(),
+            );
+            p
+        })
+        .collect();
+    build_fetch_response(12, 0, 0, 0, &[(FetchTopic::Name("a"), parts)]).unwrap()
+}
+
+/// A wait that makes progress never ends the relay: a response listing
+/// more partitions than `MAX_STREAM_WAITS`, each waiting on its own (a new
+/// producer's claim here; a take-over after a leadership move), streams
+/// whole, as the held path rewrites it. Before, the relay gave up after 256
+/// waits and the fetcher's connection was closed, every 256 partitions.
+#[tokio::test]
+async fn a_response_with_more_waiting_partitions_than_the_bound_streams_whole() {
+    let n = stream::MAX_STREAM_WAITS + 44;
+    let (reference, _) = mirror(false);
+    let (m, _) = mirror(true);
+    let body = new_producer_per_partition(n);
+    let want = held(&reference, 12, &body).await.unwrap();
+    let (got, _) = streamed_peak(&m, frame(12, &body)).await;
+    assert_eq!(got, frame(12, &want));
+    assert_eq!(m.metrics.streamed.get(), 1);
+}
+
+/// A wait that changes nothing still ends the relay: PID 5's first batch
+/// waits for a salt the store never applies, so the walk stays at that
+/// batch; the relay fails after `MAX_STREAM_WAITS` waits there (the
+/// connection then closes) instead of waiting for ever.
+#[tokio::test]
+async fn a_wait_that_changes_nothing_ends_the_relay() {
+    let (m, _) = mirror_on(true, true);
+    let mut p = FetchPartitionResponse::new(0);
+    p.high_watermark = 1;
+    p.records = Some(
+        build_batch(
+            &BatchSpec {
+                producer_id: 5,
+                producer_epoch: 0,
+                base_sequence: 0,
+                ..BatchSpec::default()
+            },
+            &[RecordSpec::default()],
+        )
+        .into(),
+    );
+    let body = build_fetch_response(12, 0, 0, 0, &[(FetchTopic::Name("a"), vec![p])]).unwrap();
+    let f = frame(12, &body);
+    let mut reader = FrameReader::new(std::io::Cursor::new(f), 1 << 26);
+    let total = reader.peek(8).await.unwrap().unwrap();
+    let mut w = stream::FetchStream::new(m.clone(), &header(12), true).unwrap();
+    w.start(total);
+    let mut out = Vec::new();
+    let failure = stream::relay(w, &mut reader, &mut out).await.unwrap_err();
+    assert!(
+        failure
+            .error
+            .to_string()
+            .contains("still blocked after 256 waits"),
+        "{}",
+        failure.error
+    );
+}
+
 const READ_CHUNK_FOR_TESTS: usize = crate::codec::frame::READ_CHUNK;
 
 /// An upstream that ends mid-response after bytes went to the client: the
