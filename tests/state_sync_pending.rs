@@ -155,6 +155,11 @@ async fn records_of_unknown_topic_ids_are_applied_when_the_topic_appears() {
     let key = PartitionKey::new([0; 16], TOPIC, 0);
     let producers = |r: &ProducerStateRegistry| r.get(&key).map(|h| h.with(|s| s.producer_count()));
     assert_eq!(sync.pending_records(), 3, "every record kept");
+    assert_eq!(
+        sync.record_keys_tracked(),
+        2,
+        "the salt's and the snapshot's keys tracked, not the claim's"
+    );
     assert_eq!(producers(&registry), None, "nothing applied yet");
 
     // The lookup comes back: the kept records are applied.

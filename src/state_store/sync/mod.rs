@@ -335,6 +335,13 @@ impl StateSync {
         Ok(offset)
     }
 
+    /// Record keys whose highest offset is kept (what the tail skips by):
+    /// one per salt, life-cycle, snapshot and serving record key, none per
+    /// claim. For the memory account and its test.
+    pub fn record_keys_tracked(&self) -> usize {
+        self.applied.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
     /// Notes that the record for `key` at `offset` is known (applied or ours);
     /// false if a later record for the key was already seen.
     fn advance(&self, key: &[u8], offset: i64) -> bool {
