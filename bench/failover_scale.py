@@ -31,6 +31,8 @@ and a hung one resumed between runs.
     .tools/venv/bin/python bench/failover_scale.py --partitions 100 1000 10000 --release \\
         --out target/failover-scale.json
     .tools/venv/bin/python bench/failover_scale.py --binary /path/to/other/mirrorguard ...
+    .tools/venv/bin/python bench/failover_scale.py --handover 1000 --release    # two instances
+    .tools/venv/bin/python bench/failover_scale.py --producers-in-state 1000000 --release
     .tools/plot-venv/bin/python bench/plot_failover_scale.py target/failover-scale.json \\
         docs/failover-scale.png
 """
@@ -281,7 +283,8 @@ def restart_with_producers(work: Path, src, state, total: int, partitions: int, 
         out["mirror_s"] = round(time.monotonic() - t0, 1)
         f.stop()
         _, rss, hwm = proc_stat(mg.proc.pid)
-        out["mirrored"] = {"rss_mib": round(rss / 2**20, 1), "peak_rss_mib": round(hwm / 2**20, 1)}
+        out["mirrored"] = {"rss_mib": round(rss / 2**20, 1), "peak_rss_mib": round(hwm / 2**20, 1),
+                           "producer_state_mib": round(mg.metrics().sum("mirrorguard_producer_state_bytes") / 2**20, 1)}
         say(f"{T}: mirrored; restarting")
 
         def restart(label: str) -> None:
@@ -294,6 +297,9 @@ def restart_with_producers(work: Path, src, state, total: int, partitions: int, 
             out[label] = {"restart_to_ready_s": ready, "rss_mib": round(rss / 2**20, 1),
                           "peak_rss_mib": round(hwm / 2**20, 1),
                           "producers_tracked": mg.metrics().sum("mirrorguard_producer_state_producers"),
+                          # The producer state's own account of its tables: the rest of the
+                          # RSS is everything else.
+                          "producer_state_mib": round(mg.metrics().sum("mirrorguard_producer_state_bytes") / 2**20, 1),
                           "startup_read": loaded.split("loaded", 1)[1].strip()[:200]}
             say(f"{T}: {label}: {out[label]}")
 
@@ -313,6 +319,108 @@ def restart_with_producers(work: Path, src, state, total: int, partitions: int, 
     return out
 
 
+def handover(work: Path, src, state, n: int, kill_first: bool, binary: Path | None) -> dict:
+    """Issue 31: handover time of `n` partitions when destination leadership moves from one
+    mirrorguard instance to another. Both instances share the state topic; the fetcher of
+    the broker that led every partition fetches through instance A until caught up (ten idle
+    producers per partition, A's snapshot round done), then stops (its broker lost
+    leadership; with `kill_first` A is also killed -9, the broker's host gone), and the new
+    leader's fetcher fetches every partition through instance B. B takes a partition over
+    when it first has a batch of it to forward (reads the state, restores A's snapshot,
+    persists its serving record): measured as the seconds from writing one more batch to
+    every partition until the new fetcher holds them all, against the same step through A
+    before the move, then until B serves all n and A has let all n go (it drops its stale
+    state once it reads B's serving records)."""
+    import harness
+    from claims_scale import PID_BASE, produce_synthetic
+    from kafka_dest import KafkaDest
+    from mirror_harness import MirrorGuard, MirrorSpec, high_watermark
+
+    tag = f"handover-{n}-{'a-killed' if kill_first else 'a-alive'}"
+    T = f"ho-{n}-{os.urandom(2).hex()}"
+    st_topic = f"__mirror_state_{T}"
+    out: dict = {"handover_partitions": n, "a_killed": kill_first}
+    harness.create_topics(state.bootstrap, [st_topic], config={"cleanup.policy": "compact"})
+    make_topic(src.bootstrap, T, n, max(60.0, n / 50))
+    make_topic(state.bootstrap, T, n, max(60.0, n / 50))
+    dest = KafkaDest(work, f"dest-{tag}").start(timeout=60)
+    mgs: list = []
+    try:
+        for name in ("a", "b"):
+            mg = MirrorGuard(work, f"mg{name}-{tag}", state.bootstrap, [MirrorSpec.of(MIRROR, src)],
+                             state_topic=st_topic, snapshot_interval_ms=2000, log_level="info", binary=binary)
+            mg.start(timeout=120)
+            mg.wait_sources_known(timeout=60)
+            mgs.append(mg)
+        mg_a, mg_b = mgs
+        out["produce_s"] = round(produce_synthetic(src.bootstrap, T, IDLE_PRODUCERS * n, partitions=n), 1)
+        served = lambda mg: mg.metrics().sum("mirrorguard_partitions_served", mirror=MIRROR)  # noqa: E731
+
+        def at(f, offset: int) -> bool:
+            parts = f.report()["partitions"]
+            return len(parts) == n and all(x["position"] == x["source_high_watermark"] == offset for x in parts)
+
+        def one_more_batch_each(f, offset: int, what: str) -> float:
+            """Seconds from writing one more batch to every partition (a new producer each:
+            producer ids past those written so far) until the fetcher `f` holds them all."""
+            t0 = time.monotonic()
+            produce_synthetic(src.bootstrap, T, n, partitions=n, pid_base=PID_BASE + (offset - 1) * n)
+            harness.wait_until(lambda: at(f, offset), 300, interval=0.05, what=what)
+            return round(time.monotonic() - t0, 2)
+
+        fa = dest.mirror("fa", mg_a.mirrors[MIRROR].bootstrap, [(T, p) for p in range(n)],
+                         request_timeout_ms=30000, max_wait_ms=500)
+        harness.wait_until(lambda: at(fa, IDLE_PRODUCERS), max(120.0, n / 10), interval=0.5,
+                           what=f"{T}: mirrored through A")
+        harness.wait_until(lambda: served(mg_a) == n, 60, interval=0.5, what="A serves every partition")
+        # The same step with no move: what a batch per partition costs to write and mirror.
+        out["batch_each_through_a_s"] = one_more_batch_each(fa, IDLE_PRODUCERS + 1, "a batch each through A")
+        # A's snapshot round (every 2 s) after the last batch: B restores it instead of
+        # replaying each partition from the source.
+        time.sleep(6)
+        fa.stop()
+        if kill_first:
+            mg_a.kill9()
+        records0 = high_watermark(state.bootstrap, st_topic)
+        cpu0, _, _ = proc_stat(mg_b.proc.pid)
+        say(f"{tag}: leadership moves to B")
+        t0 = time.monotonic()
+        fb = dest.mirror("fb", mg_b.mirrors[MIRROR].bootstrap, [(T, p) for p in range(n)],
+                         request_timeout_ms=30000, max_wait_ms=500)
+        harness.wait_until(lambda: at(fb, IDLE_PRODUCERS + 1), 300, interval=0.05,
+                           what=f"{T}: the new leader's fetcher answered through B")
+        out["fetcher_answered_through_b_s"] = round(time.monotonic() - t0, 2)
+        # B takes a partition over when it has a batch of it to forward: the handover proper.
+        t0 = time.monotonic()
+        out["batch_each_through_b_s"] = one_more_batch_each(fb, IDLE_PRODUCERS + 2, "a batch each through B")
+        harness.wait_until(lambda: served(mg_b) == n, 60, interval=0.05, what="B serves every partition")
+        out["b_serves_all_s"] = round(time.monotonic() - t0, 2)
+        if not kill_first:
+            harness.wait_until(lambda: served(mg_a) == 0, 120, interval=0.1, what="A lets every partition go")
+            out["a_lets_go_s"] = round(time.monotonic() - t0, 2)
+        cpu1, rss, hwm = proc_stat(mg_b.proc.pid)
+        rep = fb.report()
+        out["fetcher_reconnects"] = rep["connects"] - 1
+        out["fetcher_timeouts"] = rep["timeouts"]
+        out["fetcher_errors"] = rep["errors"]
+        out["state_records"] = high_watermark(state.bootstrap, st_topic) - records0
+        out["b_cpu_s"] = round(cpu1 - cpu0, 2)
+        out["b_rss_mib"] = round(rss / 2**20, 1)
+        out["b_peak_rss_mib"] = round(hwm / 2**20, 1)
+        out["take_overs"] = mg_b.metrics().sum("mirrorguard_mirror_events_total", mirror=MIRROR, kind="take_over")
+        fb.stop()
+    finally:
+        for mg in mgs:
+            mg.terminate()
+        dest.stop()
+    try:
+        delete_topics(src, [T])
+        delete_topics(state, [T, st_topic])
+    except Exception as e:  # noqa: BLE001 - the figures stand
+        say(f"{tag}: clean-up failed: {e}")
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--partitions", type=int, nargs="+", default=[100, 1000])
@@ -326,6 +434,8 @@ def main() -> None:
     ap.add_argument("--producers-in-state", type=int, metavar="N",
                     help="instead: restart-to-ready and RSS with N producers in state (--producer-partitions)")
     ap.add_argument("--producer-partitions", type=int, default=100)
+    ap.add_argument("--handover", type=int, metavar="N",
+                    help="instead: handover time of N partitions between two instances (A alive, then A killed)")
     ap.add_argument("--out", type=Path, help="append each run's figures (JSON lines) to this file")
     args = ap.parse_args()
     if args.release:
@@ -360,6 +470,15 @@ def main() -> None:
 
             for cluster in (src, state):
                 harness.abandon_client(transactional_producer(cluster.bootstrap, f"warm-{os.urandom(2).hex()}"))
+            if args.handover:
+                for kill_first in (False, True):
+                    r = handover(work, src, state, args.handover, kill_first, binary)
+                    r["binary"] = label
+                    print(json.dumps(r), flush=True)
+                    if args.out:
+                        with open(args.out, "a") as fh:
+                            fh.write(json.dumps(r) + "\n")
+                return
             if args.producers_in_state:
                 r = restart_with_producers(work, src, state, args.producers_in_state, args.producer_partitions, binary)
                 r["binary"] = label
