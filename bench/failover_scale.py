@@ -470,36 +470,29 @@ def main() -> None:
 
             for cluster in (src, state):
                 harness.abandon_client(transactional_producer(cluster.bootstrap, f"warm-{os.urandom(2).hex()}"))
-            if args.handover:
-                for kill_first in (False, True):
-                    r = handover(work, src, state, args.handover, kill_first, binary)
-                    r["binary"] = label
-                    print(json.dumps(r), flush=True)
-                    if args.out:
-                        with open(args.out, "a") as fh:
-                            fh.write(json.dumps(r) + "\n")
-                return
-            if args.producers_in_state:
-                r = restart_with_producers(work, src, state, args.producers_in_state, args.producer_partitions, binary)
+            def emit(r: dict) -> None:
                 r["binary"] = label
-                print(json.dumps(r), flush=True)
+                line = json.dumps(r)
+                print(line, flush=True)
                 if args.out:
                     with open(args.out, "a") as fh:
-                        fh.write(json.dumps(r) + "\n")
+                        fh.write(line + "\n")
+
+            if args.handover:
+                for kill_first in (False, True):
+                    emit(handover(work, src, state, args.handover, kill_first, binary))
+                return
+            if args.producers_in_state:
+                emit(restart_with_producers(work, src, state, args.producers_in_state, args.producer_partitions, binary))
                 return
             for n in args.partitions:
                 for condition in args.conditions:
                     for restarted in restarts:
                         t0 = time.monotonic()
                         r = run_one(work, src, state, n, condition, restarted, binary, args.run_timeout)
-                        r["binary"] = label
                         r["run_timeout"] = args.run_timeout
                         r["run_s"] = round(time.monotonic() - t0, 1)
-                        line = json.dumps(r)
-                        print(line, flush=True)
-                        if args.out:
-                            with open(args.out, "a") as fh:
-                                fh.write(line + "\n")
+                        emit(r)
         finally:
             src.stop()
             state.stop()

@@ -383,33 +383,36 @@ async fn a_large_response_streams_in_bounded_memory() {
     assert_eq!(b.metrics.streamed.get(), 2);
 }
 
+/// Partition `partition` answering one batch at offset 0: the first of
+/// producer `pid` (epoch 0, sequence 0).
+fn first_batch_of(partition: i32, pid: i64) -> FetchPartitionResponse<'static> {
+    let mut p = FetchPartitionResponse::new(partition);
+    p.high_watermark = 1;
+    p.last_stable_offset = 1;
+    p.records = Some(
+        build_batch(
+            &BatchSpec {
+                partition_leader_epoch: 3,
+                producer_id: pid,
+                producer_epoch: 0,
+                base_sequence: 0,
+                ..BatchSpec::default()
+            },
+            &[RecordSpec {
+                value: Some(b"v"),
+                ..RecordSpec::default()
+            }],
+        )
+        .into(),
+    );
+    p
+}
+
 /// A response of one batch in each of `n` partitions, each from a new
 /// producer (its first batch waits for a claim when `durable`).
 fn new_producer_per_partition(n: usize) -> Vec<u8> {
     let parts: Vec<FetchPartitionResponse> = (0..n)
-        .map(|i| {
-            let mut p = FetchPartitionResponse::new(i as i32);
-            p.high_watermark = 1;
-            p.last_stable_offset = 1;
-            p.records = Some(
-                build_batch(
-                    &BatchSpec {
-                        base_offset: 0,
-                        partition_leader_epoch: 3,
-                        producer_id: 1000 + i as i64,
-                        producer_epoch: 0,
-                        base_sequence: 0,
-                        ..BatchSpec::default()
-                    },
-                    &[RecordSpec {
-                        value: Some(b"v"),
-                        ..RecordSpec::default()
-                    }],
-                )
-                .into(),
-            );
-            p
-        })
+        .map(|i| first_batch_of(i as i32, 1000 + i as i64))
         .collect();
     build_fetch_response(12, 0, 0, 0, &[(FetchTopic::Name("a"), parts)]).unwrap()
 }
@@ -438,20 +441,7 @@ async fn a_response_with_more_waiting_partitions_than_the_bound_streams_whole() 
 #[tokio::test]
 async fn a_wait_that_changes_nothing_ends_the_relay() {
     let (m, _) = mirror_on(true, true);
-    let mut p = FetchPartitionResponse::new(0);
-    p.high_watermark = 1;
-    p.records = Some(
-        build_batch(
-            &BatchSpec {
-                producer_id: 5,
-                producer_epoch: 0,
-                base_sequence: 0,
-                ..BatchSpec::default()
-            },
-            &[RecordSpec::default()],
-        )
-        .into(),
-    );
+    let p = first_batch_of(0, 5);
     let body = build_fetch_response(12, 0, 0, 0, &[(FetchTopic::Name("a"), vec![p])]).unwrap();
     let f = frame(12, &body);
     let mut reader = FrameReader::new(std::io::Cursor::new(f), 1 << 26);
