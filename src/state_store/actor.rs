@@ -221,9 +221,14 @@ impl<C: Connector> Actor<C> {
             )));
         };
         match err {
-            // Another instance created it first: fine, it is read back next.
-            code::NONE | code::TOPIC_ALREADY_EXISTS => {
+            code::NONE => {
                 tracing::info!(topic, "state store: created compacted topic");
+                Ok(())
+            }
+            // Another instance (or an earlier attempt of this one whose
+            // answer was lost) created it first: fine, it is read back next.
+            code::TOPIC_ALREADY_EXISTS => {
+                tracing::info!(topic, "state store: topic already exists (created meanwhile)");
                 Ok(())
             }
             c if proto::is_authorization(c) => {
