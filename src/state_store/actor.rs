@@ -228,7 +228,10 @@ impl<C: Connector> Actor<C> {
             // Another instance (or an earlier attempt of this one whose
             // answer was lost) created it first: fine, it is read back next.
             code::TOPIC_ALREADY_EXISTS => {
-                tracing::info!(topic, "state store: topic already exists (created meanwhile)");
+                tracing::info!(
+                    topic,
+                    "state store: topic already exists (created meanwhile)"
+                );
                 Ok(())
             }
             c if proto::is_authorization(c) => {
