@@ -38,8 +38,6 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests" / "integration"))
 sys.path.append(str(ROOT / "bench"))  # after tests/integration: its claims_scale, not bench/claims_scale.py
 
-# Top-level modules of src/: the first frame of ours names the allocation site.
-OURS = {p.name.removesuffix(".rs") for p in (ROOT / "src").iterdir()}
 
 
 def sites(leaks: Path, top: int = 12) -> None:
@@ -51,9 +49,11 @@ def sites(leaks: Path, top: int = 12) -> None:
         if m:
             blocks.append([float(m.group(1)) * size[m.group(2)], int(m.group(3)), None])
             continue
-        m = re.match(r"\s+at src/([^/:]+)(\S*)", line)
-        if blocks and blocks[-1][2] is None and m and m.group(1).removesuffix(".rs") in OURS:
-            blocks[-1][2] = f"src/{m.group(1)}{m.group(2)}"
+        # The first frame in a file of this checkout's src/ names the site (a dependency's
+        # frames are relative paths too, such as src/metrics/histogram.rs).
+        m = re.match(r"\s+at (src/[^:\s]+)(:\d+)?", line)
+        if blocks and blocks[-1][2] is None and m and (ROOT / m.group(1)).is_file():
+            blocks[-1][2] = m.group(1) + (m.group(2) or "")
     agg: collections.Counter = collections.Counter()
     calls: collections.Counter = collections.Counter()
     for b in blocks[1:]:  # the first block is every allocation merged
