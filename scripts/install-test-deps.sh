@@ -6,6 +6,7 @@
 #   .tools/schemathesis  schemathesis (admin API contract test), a venv of its own
 #   .tools/clients/java kafka-clients 4.4.0 jars and the compiled tests/clients/java program.
 #   .tools/bin/kgo-client  the franz-go test client (tests/clients/go), pinned by go.sum.
+#   .tools/bin/toxiproxy-server  Toxiproxy v2.5.0 (go install), the fault proxy of the tests.
 #   .tools/kafka/libs  Apache Kafka 4.4.0 (org.apache.kafka:kafka_2.13 and kafka-tools with their
 #                      runtime dependencies) from Maven Central only, as listed in
 #                      tests/kafka/pom.xml; re-copied whenever that pom changes.
@@ -179,8 +180,19 @@ if command -v go >/dev/null; then
     mv "$TOOLS/bin/kgo-client.tmp" "$TOOLS/bin/kgo-client"
     echo "$go_sum" > "$TOOLS/bin/.kgo-client.stamp"
   fi
+  # Toxiproxy (the fault proxy of tests/integration/fault_proxy.py): connection resets,
+  # latency and black holes between mirrorguard and a broker. v2.5.0 is the newest the Go
+  # module proxy serves (checked against its checksum database by `go install`).
+  TOXIPROXY_VERSION="v2.5.0"
+  if [ "$(cat "$TOOLS/bin/.toxiproxy.version" 2>/dev/null)" != "$TOXIPROXY_VERSION" ] || [ ! -x "$TOOLS/bin/toxiproxy-server" ]; then
+    rm -rf "$TOOLS/toxiproxy-build"
+    GOBIN="$TOOLS/toxiproxy-build" go install "github.com/Shopify/toxiproxy/v2/cmd/server@${TOXIPROXY_VERSION}"
+    mv "$TOOLS/toxiproxy-build/server" "$TOOLS/bin/toxiproxy-server"
+    rm -rf "$TOOLS/toxiproxy-build"
+    echo "$TOXIPROXY_VERSION" > "$TOOLS/bin/.toxiproxy.version"
+  fi
 else
-  echo "install-test-deps: go not found: the franz-go client tests will fail" >&2
+  echo "install-test-deps: go not found: the franz-go client and fault-proxy tests will fail" >&2
 fi
 
 # The reference destination (tests/kafka-dest): a Java program on Kafka's own storage engine

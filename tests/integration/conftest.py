@@ -290,3 +290,15 @@ def kafka_factory(request, tmp_path):
     harness.close_clients()
     for c in started:
         c.stop()
+
+
+@pytest.fixture
+def fault_proxy(request, tmp_path):
+    """A Toxiproxy server of this test (tests/integration/fault_proxy.py), stopped at
+    teardown."""
+    from fault_proxy import FaultProxy
+
+    fp = FaultProxy(tmp_path)
+    _register_log(request, "toxiproxy", fp.process.log_path)
+    yield fp
+    fp.stop()

@@ -206,10 +206,22 @@ class KafkaNode:
         self.log_path = cluster.work_dir / f"{self.name}.log"
         self.proc: ManagedProcess | None = None
         self.paused = False
+        # Behind a fault proxy (KafkaCluster's behind_proxy): the PLAINTEXT listener on
+        # `port` advertises the proxy's port; DIRECT is everything else's way in.
+        self.proxy_port: int | None = None
+        self.direct_port: int | None = None
 
     @property
     def bootstrap(self) -> str:
-        return f"{HOST}:{self.port}"
+        return f"{HOST}:{self.direct_port or self.port}"
+
+    @property
+    def proxied_bootstrap(self) -> str:
+        """The fault proxy's address, which this node advertises to clients that come
+        through it (only for a node behind a proxy)."""
+        if self.proxy_port is None:
+            raise HarnessError(f"{self.name} is not behind a fault proxy")
+        return f"{HOST}:{self.proxy_port}"
 
     @property
     def sasl_bootstrap(self) -> str:
@@ -265,6 +277,15 @@ class KafkaNode:
             "controlled.shutdown.enable": "true",
             "unclean.leader.election.enable": "false",
         }
+        if self.proxy_port is not None:
+            # Metadata names the address of the listener a request came in on: clients of
+            # the proxy are sent back to the proxy, clients of DIRECT (the harness, the
+            # inter-broker traffic) never meet its faults.
+            props["listeners"] += f",DIRECT://{HOST}:{self.direct_port}"
+            props["advertised.listeners"] = (f"PLAINTEXT://{HOST}:{self.proxy_port},"
+                                             f"DIRECT://{HOST}:{self.direct_port}")
+            props["listener.security.protocol.map"] += ",DIRECT:PLAINTEXT"
+            props["inter.broker.listener.name"] = "DIRECT"
         if c.sasl is not None:
             props["listeners"] += f",SASL_PLAINTEXT://{HOST}:{self.sasl_port}"
             props["advertised.listeners"] += f",SASL_PLAINTEXT://{HOST}:{self.sasl_port}"
@@ -401,7 +422,10 @@ class KafkaCluster:
         sasl: dict[str, str] | None = None,
         ssl: CertAuthority | None = None,
         ssl_client_auth: str = "required",
+        behind_proxy: dict[int, int] | None = None,
     ):
+        """`behind_proxy`: node id -> the port of a fault proxy in front of that node's
+        PLAINTEXT listener (tests/integration/fault_proxy.py), which the node advertises."""
         self.work_dir = Path(work_dir)
         self.cluster_id = cluster_id or harness.cluster_id()
         self.name = name
@@ -414,6 +438,14 @@ class KafkaCluster:
         for i, node_ports in enumerate(listener_ports(nodes, port=port, sasl=sasl is not None,
                                                       ssl=ssl is not None)):
             self.nodes.append(KafkaNode(self, first_node_id + i, *node_ports))
+        taken = {p for n in self.nodes for p in (n.port, n.controller_port, n.sasl_port, n.ssl_port,
+                                                 n.sasl_ssl_port) if p is not None}
+        for n in self.nodes:
+            if behind_proxy and n.node_id in behind_proxy:
+                n.proxy_port = behind_proxy[n.node_id]
+                taken.add(n.proxy_port)
+                n.direct_port = harness.free_port(exclude=taken)
+                taken.add(n.direct_port)
 
     # -- the interface shared with harness.TansuBroker ----------------------------
     @property
