@@ -377,7 +377,8 @@ impl Metrics {
              oversized_source_pid, corrupt_records, state_limit, take_over (a partition taken \
              over from another instance or at its first fetch here), stale_dropped (another \
              instance took a partition served here over), response_streamed (a large Fetch \
-             response rewritten as it arrived), source_truncated (the source's log was \
+             response rewritten as it arrived), response_held_long (a streamed response held \
+             10 s or more by its waits: take-overs, replays, claims), source_truncated (the source's log was \
              truncated below what a partition's producer state observed: the state started \
              over and the source is replayed)",
             mirror_events.clone(),

@@ -224,6 +224,8 @@ pub struct MirrorMetrics {
     stale_dropped: Counter,
     /// Fetch responses relayed as they arrived ([`stream`]).
     streamed: Counter,
+    /// Streamed responses whose waits added up to [`stream::SLOW_WAITS`].
+    pub(crate) held_long: Counter,
     /// Partitions whose state started over after the source truncated its
     /// log below it ([`source_truncation`]).
     source_truncations: Counter,
@@ -260,6 +262,7 @@ impl MirrorMetrics {
             take_overs: m("take_over"),
             stale_dropped: m("stale_dropped"),
             streamed: m("response_streamed"),
+            held_long: m("response_held_long"),
             source_truncations: m("source_truncated"),
             served: metrics
                 .partitions_served

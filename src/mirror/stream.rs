@@ -103,6 +103,11 @@ use crate::wire::Reader;
 /// whole instead of closing the fetcher's connection every so many.
 pub const MAX_STREAM_WAITS: usize = 256;
 
+/// Waits of one streamed response that add up to this much are told to the
+/// operator (a WARN line and `response_held_long`): a third of a broker
+/// fetcher's default request timeout.
+pub const SLOW_WAITS: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// What the walker needs next.
 pub enum Step {
     /// At least this many bytes past the cursor.
@@ -201,6 +206,8 @@ pub struct FetchStream {
     waits: usize,
     /// The frame position of the last wait.
     waited_at: usize,
+    /// [`SLOW_WAITS`], lower in tests.
+    slow_waits: std::time::Duration,
     /// Claims the current partition's batches made in this response (what
     /// the held path's scan remembers; cleared per partition).
     claimed: std::collections::HashMap<i64, Origin>,
@@ -242,6 +249,7 @@ impl FetchStream {
             sink: Vec::new(),
             waits: 0,
             waited_at: 0,
+            slow_waits: SLOW_WAITS,
             claimed: std::collections::HashMap::new(),
             tail_of: None,
             mirror,
@@ -257,6 +265,12 @@ impl FetchStream {
     /// Bytes at the front of the buffer that are final (may be written).
     pub fn releasable(&self) -> usize {
         self.hold.unwrap_or(self.cur)
+    }
+
+    /// Reports a response whose waits add up to `d` as held long (tests).
+    #[cfg(test)]
+    pub(crate) fn set_slow_waits(&mut self, d: std::time::Duration) {
+        self.slow_waits = d;
     }
 
     /// The caller wrote (and removed) the first `n` bytes of the buffer.
@@ -889,6 +903,10 @@ where
 {
     let mut buf = BytesMut::new();
     let mut written = 0usize;
+    // Time spent in waits (take-overs, replays, claims), told to the operator
+    // when it nears what a fetcher waits for a response.
+    let mut waited = std::time::Duration::ZERO;
+    let mut waits = 0usize;
     let fail = |error: StreamError, written: usize| StreamFailure { error, written };
     loop {
         let step = walker.advance(&mut buf[..]).map_err(|e| fail(e, written))?;
@@ -910,6 +928,15 @@ where
                     ));
                 }
                 walker.mirror.metrics.streamed.inc();
+                if waits > 0 && waited >= walker.slow_waits {
+                    walker.mirror.metrics.held_long.inc();
+                    tracing::warn!(mirror = %walker.mirror.name, waits,
+                        waited_ms = waited.as_millis() as u64,
+                        "a streamed Fetch response was held this long by its waits (taking \
+                         partitions over, replaying, persisting claims, one after another): a \
+                         destination fetcher gives up on a response after its request timeout \
+                         (30 s by default) and fetches again");
+                }
                 return Ok(written);
             }
             Step::Wait(pending) => {
@@ -926,8 +953,11 @@ where
                     return Err(fail(e, written));
                 }
                 let wait = walker.mirror.pending_wait(pending, walker.version);
-                wait.await
-                    .map_err(|e| fail(StreamError::Rewrite(e), written))?;
+                let started = std::time::Instant::now();
+                let done = wait.await;
+                waited += started.elapsed();
+                waits += 1;
+                done.map_err(|e| fail(StreamError::Rewrite(e), written))?;
             }
             Step::Need(_) => {
                 let missing = walker.missing(buf.len());

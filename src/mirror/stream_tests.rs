@@ -434,6 +434,45 @@ async fn a_response_with_more_waiting_partitions_than_the_bound_streams_whole() 
     assert_eq!(m.metrics.streamed.get(), 1);
 }
 
+/// A response held by its waits past the threshold is counted (and logged)
+/// as `response_held_long`; one that streams without a wait is not.
+#[tokio::test]
+async fn a_response_held_long_by_its_waits_is_counted() {
+    for (body, slow, counted) in [
+        (new_producer_per_partition(3), std::time::Duration::ZERO, 1),
+        (
+            new_producer_per_partition(3),
+            std::time::Duration::from_secs(3600),
+            0,
+        ),
+    ] {
+        let (m, _) = mirror(true);
+        let f = frame(12, &body);
+        let mut reader = FrameReader::new(std::io::Cursor::new(f), 1 << 26);
+        let total = reader.peek(8).await.unwrap().unwrap();
+        let mut w = stream::FetchStream::new(m.clone(), &header(12), true).unwrap();
+        w.start(total);
+        w.set_slow_waits(slow);
+        let mut out = Vec::new();
+        stream::relay(w, &mut reader, &mut out).await.unwrap();
+        assert_eq!(m.metrics.held_long.get(), counted, "threshold {slow:?}");
+    }
+    // No wait at all (producers known): never counted, even at a zero threshold.
+    let (m, _) = mirror(true);
+    let body = new_producer_per_partition(3);
+    held(&m, 12, &body).await.unwrap();
+    let f = frame(12, &body);
+    let mut reader = FrameReader::new(std::io::Cursor::new(f), 1 << 26);
+    let total = reader.peek(8).await.unwrap().unwrap();
+    let mut w = stream::FetchStream::new(m.clone(), &header(12), true).unwrap();
+    w.start(total);
+    w.set_slow_waits(std::time::Duration::ZERO);
+    stream::relay(w, &mut reader, &mut Vec::new())
+        .await
+        .unwrap();
+    assert_eq!(m.metrics.held_long.get(), 0);
+}
+
 /// A wait that changes nothing still ends the relay: PID 5's first batch
 /// waits for a salt the store never applies, so the walk stays at that
 /// batch; the relay fails after `MAX_STREAM_WAITS` waits there (the

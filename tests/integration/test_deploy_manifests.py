@@ -243,6 +243,9 @@ tests:
         values: '0x40 1x20'
       - series: 'mirrorguard_mirror_events_total{{job="mirrorguard",instance="mg-a",mirror="m",kind="response_streamed"}}'
         values: '0+5x60'
+      # mg-b held one streamed response long by its waits at minute 50.
+      - series: 'mirrorguard_mirror_events_total{{job="mirrorguard",instance="mg-b",mirror="n",kind="response_held_long"}}'
+        values: '0x50 1x10'
     alert_rule_test:
       - eval_time: 5m
         alertname: MirrorguardSealAwaitingDestinationHw
@@ -278,6 +281,16 @@ tests:
       - eval_time: 55m
         alertname: MirrorguardFetchRefused
         exp_alerts: []
+      - eval_time: 45m
+        alertname: MirrorguardResponsesHeldLong
+        exp_alerts: []
+      - eval_time: 55m
+        alertname: MirrorguardResponsesHeldLong
+        exp_alerts:
+          - exp_labels: {{severity: warning, job: mirrorguard, instance: mg-b, mirror: n, kind: response_held_long}}
+            exp_annotations:
+              summary: "Mirror n held a streamed Fetch response 10 s or more by its waits"
+              description: "Taking many partitions over, replaying them or persisting many new producers' claims, one after another, held a response to the destination fetcher (the WARN line gives the waits and the time); past the fetcher's request timeout (30 s by default) the fetcher gives up and fetches again. Check the state cluster's latency from this instance, and whether many partitions moved to it at once."
       - eval_time: 35m
         alertname: MirrorguardSourceTruncated
         exp_alerts: []

@@ -27,6 +27,9 @@ fn release_freed_memory() {
 
 impl StateSync {
     /// Reads the whole topic and applies it; returns the records applied.
+    /// Run once, at start-up: a read that fails part of the way has applied
+    /// what it read (and noted its keys as seen), so a failed load ends the
+    /// process rather than being tried again.
     pub async fn load(&self) -> anyhow::Result<usize> {
         if let Err(e) = self.refresh_destination_topics().await {
             tracing::warn!(error = %e, "cannot read destination topic ids; collision records of \
