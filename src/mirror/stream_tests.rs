@@ -434,6 +434,23 @@ async fn a_response_with_more_waiting_partitions_than_the_bound_streams_whole() 
     assert_eq!(m.metrics.streamed.get(), 1);
 }
 
+/// Relays a whole response frame held in memory through the streaming walker
+/// (as the fetcher's connection would), counting a response whose waits add
+/// up to `slow` as held long; the bytes out, or the failure.
+async fn relay_whole(
+    m: &Arc<MirrorContext>,
+    frame: Vec<u8>,
+    slow: std::time::Duration,
+) -> Result<Vec<u8>, stream::StreamFailure> {
+    let mut reader = FrameReader::new(std::io::Cursor::new(frame), 1 << 26);
+    let total = reader.peek(8).await.unwrap().unwrap();
+    let mut w = stream::FetchStream::new(m.clone(), &header(12), true).unwrap();
+    w.start(total);
+    w.set_slow_waits(slow);
+    let mut out = Vec::new();
+    stream::relay(w, &mut reader, &mut out).await.map(|_| out)
+}
+
 /// A response held by its waits past the threshold is counted (and logged)
 /// as `response_held_long`; one that streams without a wait is not.
 #[tokio::test]
@@ -447,27 +464,14 @@ async fn a_response_held_long_by_its_waits_is_counted() {
         ),
     ] {
         let (m, _) = mirror(true);
-        let f = frame(12, &body);
-        let mut reader = FrameReader::new(std::io::Cursor::new(f), 1 << 26);
-        let total = reader.peek(8).await.unwrap().unwrap();
-        let mut w = stream::FetchStream::new(m.clone(), &header(12), true).unwrap();
-        w.start(total);
-        w.set_slow_waits(slow);
-        let mut out = Vec::new();
-        stream::relay(w, &mut reader, &mut out).await.unwrap();
+        relay_whole(&m, frame(12, &body), slow).await.unwrap();
         assert_eq!(m.metrics.held_long.get(), counted, "threshold {slow:?}");
     }
     // No wait at all (producers known): never counted, even at a zero threshold.
     let (m, _) = mirror(true);
     let body = new_producer_per_partition(3);
     held(&m, 12, &body).await.unwrap();
-    let f = frame(12, &body);
-    let mut reader = FrameReader::new(std::io::Cursor::new(f), 1 << 26);
-    let total = reader.peek(8).await.unwrap().unwrap();
-    let mut w = stream::FetchStream::new(m.clone(), &header(12), true).unwrap();
-    w.start(total);
-    w.set_slow_waits(std::time::Duration::ZERO);
-    stream::relay(w, &mut reader, &mut Vec::new())
+    relay_whole(&m, frame(12, &body), std::time::Duration::ZERO)
         .await
         .unwrap();
     assert_eq!(m.metrics.held_long.get(), 0);
@@ -482,13 +486,9 @@ async fn a_wait_that_changes_nothing_ends_the_relay() {
     let (m, _) = mirror_on(true, true);
     let p = first_batch_of(0, 5);
     let body = build_fetch_response(12, 0, 0, 0, &[(FetchTopic::Name("a"), vec![p])]).unwrap();
-    let f = frame(12, &body);
-    let mut reader = FrameReader::new(std::io::Cursor::new(f), 1 << 26);
-    let total = reader.peek(8).await.unwrap().unwrap();
-    let mut w = stream::FetchStream::new(m.clone(), &header(12), true).unwrap();
-    w.start(total);
-    let mut out = Vec::new();
-    let failure = stream::relay(w, &mut reader, &mut out).await.unwrap_err();
+    let failure = relay_whole(&m, frame(12, &body), stream::SLOW_WAITS)
+        .await
+        .unwrap_err();
     assert!(
         failure
             .error

@@ -28,16 +28,13 @@ from kafka_dest import data_batch
 PID_BASE = 1_000_000
 
 
-def produce_synthetic(bootstrap: str, topic: str, n: int, pid_base: int = PID_BASE, window: int = 500,
-                      partitions: int = 1) -> float:
-    """Writes one idempotent batch per synthetic producer id (Produce v3, acks=1,
-    pipelined `window` deep on one connection), producer i into partition i % `partitions`.
-    Returns the seconds it took; raises if any batch is refused."""
-    host, port = bootstrap.rsplit(":", 1)
-
-    # Right after CreateTopics the broker may not lead the partition yet
-    # (NOT_LEADER_OR_FOLLOWER): wait until a Fetch of it is served, without writing.
-    unled = set(range(min(n, partitions)))
+def wait_every_partition_led(bootstrap: str, topic: str, partitions: int, timeout: float,
+                             interval: float = 0.2) -> None:
+    """Until partitions 0..`partitions` of `topic` each answer a Fetch without an error:
+    right after CreateTopics a broker may not lead a partition yet (NOT_LEADER_OR_FOLLOWER),
+    and one creating thousands of logs does so one by one. Writes nothing."""
+    host, port = bootstrap.split(",")[0].rsplit(":", 1)
+    unled = set(range(partitions))
 
     def led() -> bool:
         with rawkafka.Connection(host, int(port), timeout=5) as c:
@@ -46,7 +43,16 @@ def produce_synthetic(bootstrap: str, topic: str, n: int, pid_base: int = PID_BA
                     unled.discard(p)
         return not unled
 
-    harness.wait_until(led, 30 + partitions / 100, interval=0.1, what=f"every partition of {topic} led by {bootstrap}")
+    harness.wait_until(led, timeout, interval=interval, what=f"every partition of {topic} led on {bootstrap}")
+
+
+def produce_synthetic(bootstrap: str, topic: str, n: int, pid_base: int = PID_BASE, window: int = 500,
+                      partitions: int = 1) -> float:
+    """Writes one idempotent batch per synthetic producer id (Produce v3, acks=1,
+    pipelined `window` deep on one connection), producer i into partition i % `partitions`.
+    Returns the seconds it took; raises if any batch is refused."""
+    host, port = bootstrap.rsplit(":", 1)
+    wait_every_partition_led(bootstrap, topic, min(n, partitions), 30 + partitions / 100, interval=0.1)
     sock = socket.create_connection((host, int(port)), timeout=30)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     t0 = time.monotonic()

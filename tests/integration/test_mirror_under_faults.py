@@ -110,6 +110,7 @@ def test_transactions_across_the_faults_land_with_their_markers(fault_proxy, kaf
                                                                 mirror_factory):  # noqa: F811
     px, a, T, dest, spec, mg = _topology(fault_proxy, kafka_factory, kafka_dest_factory, mirror_factory, "txfaults")
     tp = transactional_producer(a.bootstrap, f"tx-{T}")  # direct listener
+    errors_before = mg.metrics().sum("mirrorguard_upstream_errors_total")
     aborted = {p: 0 for p in range(PARTITIONS)}
     n_txn = 0
 
@@ -168,4 +169,6 @@ def test_transactions_across_the_faults_land_with_their_markers(fault_proxy, kaf
         assert len(st["aborted_txns"]) == aborted[p], st["aborted_txns"]
     assert mg.proc.alive(), "mirrorguard exited"
     assert "panicked" not in mg.log_text()
+    assert mg.metrics().sum("mirrorguard_upstream_errors_total") > errors_before, \
+        "the faults never reached mirrorguard's upstream side"
     f.stop()

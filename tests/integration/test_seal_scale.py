@@ -28,7 +28,7 @@ import time
 import pytest
 
 import harness
-import rawkafka
+from claims_scale import wait_every_partition_led
 from kafka_dest import dest_hw_bootstrap, kafka_dest_factory  # noqa: F401 - fixture
 from mirror_harness import (  # noqa: F401 - mirror_factory is a fixture
     MirrorSpec,
@@ -41,23 +41,6 @@ MIRROR = "a-to-b"
 PARTITIONS = 1_000
 TXN_PRODUCERS = 10
 TXN_WIDTH = 10  # partitions per open transaction: a tenth of the partitions in all
-
-
-def _wait_every_partition_led(bootstrap: str, topic: str) -> None:
-    """Until each partition's log exists and is served (a broker creates 1,000 logs one by
-    one, and mirrorguard's state topic created meanwhile would wait behind them past its
-    start-up budget on a busy machine)."""
-    host, port = bootstrap.split(",")[0].rsplit(":", 1)
-    todo = set(range(PARTITIONS))
-
-    def led() -> bool:
-        with rawkafka.Connection(host, int(port), timeout=5) as c:
-            for p in sorted(todo):
-                if rawkafka.fetch_v4(c, topic, p, 0, max_wait_ms=0).error_code == 0:
-                    todo.discard(p)
-        return not todo
-
-    harness.wait_until(led, 60, interval=0.2, what=f"every partition of {topic} led on {bootstrap}")
 
 
 @pytest.mark.parametrize("case", ["source-alive", "restarted-source-hung"])
@@ -75,7 +58,10 @@ def test_stop_all_of_a_thousand_partitions_seals_each_without_dropping_the_fetch
         state = kafka_factory(name="S")
         harness.create_topics(state.bootstrap, [T], partitions=PARTITIONS, timeout=60)
     for cluster in {a.bootstrap: a, state.bootstrap: state}.values():
-        _wait_every_partition_led(cluster.bootstrap, T)
+        # Each partition's log exists and is served before mirrorguard's state topic is
+        # created: a broker creates 1,000 logs one by one, and the state topic would wait
+        # behind them past mirrorguard's start-up budget on a busy machine.
+        wait_every_partition_led(cluster.bootstrap, T, PARTITIONS, 60)
     dest = kafka_dest_factory("B")
     # A hung source's requests give up after 3 s (10 s by default): the fetch waits out one
     # such deadline for all its replays, where each partition waited out its own before.

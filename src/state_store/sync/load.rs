@@ -292,10 +292,20 @@ impl StateSync {
             return;
         }
         let Some(value) = value else { return };
-        let Some(topic) = self.destination_topic_name(&key.topic_id) else {
-            self.keep_pending(key.topic_id, r, start_up);
-            return;
-        };
+        match self.destination_topic_name(&key.topic_id) {
+            Some(topic) => self.claim_own(topic, &key, &value),
+            None => self.keep_pending(key.topic_id, r, start_up),
+        }
+    }
+
+    /// One of this instance's own claims, read at start-up, of `topic`: in
+    /// the producer state (unless the PID is held already) and known as live.
+    fn claim_own(
+        &self,
+        topic: String,
+        key: &MirrorProducerClaimKey,
+        value: &MirrorProducerClaimValue,
+    ) {
         let pk = PartitionKey::new([0; 16], topic, key.partition);
         let origin = Origin {
             source_cluster: ps::ClusterId(value.origin_cluster_id),
@@ -325,22 +335,26 @@ impl StateSync {
         );
         let n = claims.len();
         for (key, (value, offset, timestamp)) in claims {
-            // The record again, for a claim of a topic not known yet (kept
-            // as a record until it appears).
+            if let Some(topic) = self.destination_topic_name(&key.topic_id) {
+                self.claim_own(topic, &key, &value);
+                continue;
+            }
+            // A topic not known yet: the record made again, kept until it
+            // appears (the key and a v0 value with its tagged fields
+            // encode as they were read).
             let record = StateRecord::ProducerClaim {
                 key,
-                value: Some(value.clone()),
+                value: Some(value),
             };
-            let Some(Ok((k, v))) = record.encode() else {
-                continue;
-            };
-            let r = StoredRecord {
-                offset,
-                timestamp,
-                key: k.into(),
-                value: v.map(Into::into),
-            };
-            self.apply_claim(&r, key, Some(value), true);
+            if let Some(Ok((k, v))) = record.encode() {
+                let r = StoredRecord {
+                    offset,
+                    timestamp,
+                    key: k.into(),
+                    value: v.map(Into::into),
+                };
+                self.keep_pending(key.topic_id, &r, true);
+            }
         }
         n
     }
